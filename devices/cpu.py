@@ -1,0 +1,82 @@
+"""The numpy CPU device: the correctness oracle.
+
+Weights are dequantized to float32 at load (the f32 forward of the DESIGN's measured
+facts); KV lives in float32 numpy pools. Every op is a kernels.reference call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from zinfer.kernels import reference as ref
+from zinfer.kernels.quants import dequantize
+from zinfer.models.batch import ForwardBatch
+from zinfer.models.gguf_file import TensorData
+
+
+@dataclass
+class CpuKV:
+    """Per layer K and V pools, [num_blocks * block_size, Hkv, hd] float32 (flat slots)."""
+
+    k: list[np.ndarray]
+    v: list[np.ndarray]
+    num_blocks: int
+    block_size: int
+
+    def gather(self, layer: int, block_table: np.ndarray, context_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """K, V of one sequence in position order: each [context_len, Hkv, hd]."""
+        n_blocks = -(-context_len // self.block_size)
+        slots = (block_table[:n_blocks, None] * self.block_size + np.arange(self.block_size)).reshape(-1)[:context_len]
+        return self.k[layer][slots], self.v[layer][slots]
+
+
+class CpuDevice:
+    name = "cpu"
+
+    def upload(self, name: str, tensor: TensorData) -> np.ndarray:
+        return np.ascontiguousarray(dequantize(tensor.data, tensor.qtype, tensor.shape), dtype=np.float32)
+
+    def alloc_kv(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int) -> CpuKV:
+        shape = (num_blocks * block_size, n_kv_heads, head_dim)
+        return CpuKV(
+            k=[np.zeros(shape, np.float32) for _ in range(n_layers)],
+            v=[np.zeros(shape, np.float32) for _ in range(n_layers)],
+            num_blocks=num_blocks,
+            block_size=block_size,
+        )
+
+    def embed(self, table: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+        return table[token_ids]
+
+    def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        return ref.rms_norm(x, w, eps)
+
+    def linear(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        return ref.linear(x, w, b)
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, base: float, rope_dim: int, interleaved: bool) -> np.ndarray:
+        return ref.rope(x, positions, base, rope_dim, interleaved)
+
+    def write_kv(self, kv: CpuKV, layer: int, k: np.ndarray, v: np.ndarray, slots: np.ndarray) -> None:
+        kv.k[layer][slots] = k
+        kv.v[layer][slots] = v
+
+    def attention(self, q: np.ndarray, kv: CpuKV, layer: int, batch: ForwardBatch, scale: float, window: int) -> np.ndarray:
+        out = np.empty_like(q)  # [T, H, hd]
+        for s in batch.seqs:
+            rows = slice(s.start, s.start + s.n_tokens)
+            k, v = kv.gather(layer, s.block_table, s.context_len)
+            out[rows] = ref.attention(q[rows], k, v, batch.positions[rows], scale, window)
+        return out
+
+    def glu(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
+        return ref.glu(gate, up, act)
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        return np.asarray(x)
+
+    def from_numpy(self, x: np.ndarray) -> np.ndarray:
+        return x

@@ -1,0 +1,106 @@
+"""numpy reference kernels: the correctness oracle every faster path is checked against.
+
+Parameterised by shapes only; they know no model. All math is float32 with float32
+accumulation, as llama.cpp's CPU path does (except where noted).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x * w / sqrt(mean(x^2) + eps) over the last axis. x [..., d], w [d]."""
+    ms = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True)
+    return x * (1.0 / np.sqrt(ms + np.float32(eps))) * w
+
+
+def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """x @ w.T (+ b). x [tokens, in], w [out, in] -> [tokens, out]."""
+    y = x @ w.T
+    if b is not None:
+        y += b
+    return y
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation (PyTorch's gelu_pytorch_tanh, ggml's gelu)."""
+    return 0.5 * x * (1.0 + np.tanh(np.float32(_GELU_C) * (x + np.float32(0.044715) * x * x * x)))
+
+
+def glu(gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
+    """act(gate) * up: SwiGLU for act='silu', GeGLU for act='gelu_tanh'. [tokens, d_ff]."""
+    fn = silu if act == "silu" else gelu_tanh
+    return fn(gate) * up
+
+
+def rope_angles(positions: np.ndarray, base: float, rope_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of pos * base^(-2i/rope_dim), each [tokens, rope_dim/2]."""
+    inv_freq = np.float32(base) ** (-np.arange(0, rope_dim, 2, dtype=np.float32) / np.float32(rope_dim))
+    theta = positions.astype(np.float32)[:, None] * inv_freq[None, :]
+    return np.cos(theta), np.sin(theta)
+
+
+def rope(x: np.ndarray, positions: np.ndarray, base: float, rope_dim: int, interleaved: bool) -> np.ndarray:
+    """Rotate the first rope_dim dims of each head; x [tokens, heads, head_dim], new array.
+
+    interleaved: pairs (2i, 2i+1) (llama.cpp normal mode on permuted GGUF llama Q/K);
+    else halves (i, i + rope_dim/2) (HF / NEOX mode).
+    """
+    cos, sin = rope_angles(positions, base, rope_dim)
+    cos, sin = cos[:, None, :], sin[:, None, :]  # [tokens, 1, rope_dim/2]
+    out = x.copy()
+    if interleaved:
+        a, b = x[..., 0:rope_dim:2], x[..., 1:rope_dim:2]
+        out[..., 0:rope_dim:2] = a * cos - b * sin
+        out[..., 1:rope_dim:2] = a * sin + b * cos
+    else:
+        half = rope_dim // 2
+        a, b = x[..., :half], x[..., half:rope_dim]
+        out[..., :half] = a * cos - b * sin
+        out[..., half:rope_dim] = a * sin + b * cos
+    return out
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    m = np.max(x, axis=axis, keepdims=True)
+    e = np.exp(x - m)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    q_pos: np.ndarray,
+    scale: float,
+    window: int = 0,
+) -> np.ndarray:
+    """Causal (optionally sliding-window) attention of one sequence, grouped-query.
+
+    q [n, n_heads, hd] at positions q_pos [n]; k, v [ctx, n_kv, hd] at positions 0..ctx-1.
+    Key j is visible to query i when j <= q_pos[i] and (window == 0 or q_pos[i] - j < window).
+    Returns [n, n_heads, hd].
+    """
+    n, n_heads, hd = q.shape
+    ctx, n_kv, _ = k.shape
+    group = n_heads // n_kv
+    qg = q.reshape(n, n_kv, group, hd).transpose(1, 2, 0, 3).reshape(n_kv, group * n, hd)  # [n_kv, g*n, hd]
+    scores = (qg @ k.transpose(1, 2, 0)) * np.float32(scale)  # [n_kv, g*n, ctx]
+    scores = scores.reshape(n_kv, group, n, ctx)
+    kpos = np.arange(ctx)
+    visible = kpos[None, :] <= q_pos[:, None]  # [n, ctx]
+    if window:
+        visible &= (q_pos[:, None] - kpos[None, :]) < window
+    scores = np.where(visible, scores, np.float32(-np.inf))
+    p = softmax(scores).reshape(n_kv, group * n, ctx)
+    out = p @ v.transpose(1, 0, 2)  # [n_kv, g*n, hd]
+    return out.reshape(n_kv, group, n, hd).transpose(2, 0, 1, 3).reshape(n, n_heads, hd)

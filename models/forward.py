@@ -1,0 +1,59 @@
+"""The forward pass, written once for every supported architecture over the device ops.
+
+llama / mistral / qwen2 / qwen3 / gemma3 differ only in what the spec switches on:
+attention biases, per-head q/k norms, sandwich norms, GeGLU, embedding scale and
+sliding-window layers with their own RoPE base.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from zinfer.devices.base import Device, KVStore
+from zinfer.models.batch import ForwardBatch
+from zinfer.models.spec import ModelSpec
+from zinfer.models.weights import LayerWeights, ModelWeights
+
+
+def forward(spec: ModelSpec, w: ModelWeights, dev: Device, kv: KVStore, batch: ForwardBatch) -> np.ndarray:
+    """Run one round: write every token's K/V into `kv` and return logits [S, vocab] float32
+    for the rows in batch.logits_rows (S may be 0)."""
+    x = dev.embed(w.tok_embd, batch.token_ids)  # [T, d]
+    if spec.embed_scale != 1.0:
+        x = x * np.float32(spec.embed_scale)
+    positions = dev.from_numpy(batch.positions)
+    slots = dev.from_numpy(batch.slots)
+    for i, layer in enumerate(w.layers):
+        x = _layer(spec, i, layer, dev, kv, batch, x, positions, slots)
+    if len(batch.logits_rows) == 0:
+        return np.zeros((0, spec.vocab_size), np.float32)
+    h = dev.rms_norm(x[dev.from_numpy(batch.logits_rows)], w.out_norm, spec.rms_eps)  # [S, d]
+    return dev.to_numpy(dev.linear(h, w.output))  # [S, vocab]
+
+
+def _layer(spec: ModelSpec, i: int, lw: LayerWeights, dev: Device, kv: KVStore, batch: ForwardBatch, x: Any, positions: Any, slots: Any) -> Any:
+    """One transformer block on x [T, d]; returns the new residual stream."""
+    T = batch.n_tokens
+    h = dev.rms_norm(x, lw.attn_norm, spec.rms_eps)
+    q = dev.linear(h, lw.wq, lw.bq).reshape(T, spec.n_heads, spec.head_dim)
+    k = dev.linear(h, lw.wk, lw.bk).reshape(T, spec.n_kv_heads, spec.head_dim)
+    v = dev.linear(h, lw.wv, lw.bv).reshape(T, spec.n_kv_heads, spec.head_dim)
+    if spec.qk_norm:
+        q = dev.rms_norm(q, lw.q_norm, spec.rms_eps)
+        k = dev.rms_norm(k, lw.k_norm, spec.rms_eps)
+    base = spec.layer_rope_base(i)
+    q = dev.rope(q, positions, base, spec.rope_dim, spec.rope_interleaved)
+    k = dev.rope(k, positions, base, spec.rope_dim, spec.rope_interleaved)
+    dev.write_kv(kv, i, k, v, slots)
+    a = dev.attention(q, kv, i, batch, spec.attn_scale, spec.layer_window(i))  # [T, H, hd]
+    o = dev.linear(a.reshape(T, spec.n_heads * spec.head_dim), lw.wo)  # [T, d]
+    if spec.sandwich_norms:
+        o = dev.rms_norm(o, lw.post_attn_norm, spec.rms_eps)
+    x = x + o
+    h = dev.rms_norm(x, lw.ffn_norm, spec.rms_eps)
+    f = dev.linear(dev.glu(dev.linear(h, lw.w_gate), dev.linear(h, lw.w_up), spec.act), lw.w_down)
+    if spec.sandwich_norms:
+        f = dev.rms_norm(f, lw.post_ffn_norm, spec.rms_eps)
+    return x + f

@@ -1,0 +1,88 @@
+"""Open a model from a GGUF file, an HF safetensors directory or a known name."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+
+from zinfer.models import pull
+from zinfer.models.gguf_file import GGUFFile, TensorData
+from zinfer.models.hf_layout import gguf_name, is_norm_weight
+from zinfer.models.spec import ModelError, ModelSpec, spec_from_gguf, spec_from_hf_config
+
+
+@dataclass
+class ModelSource:
+    """A model's spec and canonical (GGUF-named) tensors, not yet on any device."""
+
+    path: Path
+    format: str  # "gguf" or "safetensors"
+    spec: ModelSpec
+    tensors: dict[str, TensorData]
+    gguf_metadata: dict[str, Any] = field(default_factory=dict)
+    hf_config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def quant_types(self) -> dict[str, int]:
+        """Tensor type name -> count, e.g. {'Q4_1': 210, 'F32': 61}."""
+        counts: dict[str, int] = {}
+        for t in self.tensors.values():
+            counts[t.qtype.name] = counts.get(t.qtype.name, 0) + 1
+        return counts
+
+    @property
+    def n_params(self) -> int:
+        return sum(int(np.prod(t.shape)) for t in self.tensors.values())
+
+    @property
+    def name(self) -> str:
+        return str(self.gguf_metadata.get("general.name") or self.path.name)
+
+
+def resolve(model: str | os.PathLike) -> Path:
+    """A known model name (pulled on first use), or a path to a .gguf file or HF directory."""
+    text = str(model)
+    if text in pull.KNOWN_MODELS:
+        return pull.pull(text)
+    path = Path(text).expanduser()
+    if path.exists():
+        return path
+    known = ", ".join(sorted(pull.KNOWN_MODELS))
+    raise ModelError(f"unknown model {text!r}: not a known name ({known}) and no such file or directory")
+
+
+def open_model(model: str | os.PathLike) -> ModelSource:
+    """Read a model's spec and map its tensors; raises ModelError naming any problem."""
+    path = resolve(model)
+    if path.is_dir():
+        return _open_hf_dir(path)
+    f = GGUFFile(path)
+    spec = spec_from_gguf(f.metadata)
+    return ModelSource(path, "gguf", spec, f.tensors, gguf_metadata=f.metadata)
+
+
+def _open_hf_dir(path: Path) -> ModelSource:
+    from zinfer.models.safetensors_dir import SafetensorsDir
+
+    d = SafetensorsDir(path)
+    spec = spec_from_hf_config(d.config)
+    tensors: dict[str, TensorData] = {}
+    for hf, t in d.tensors.items():
+        name = gguf_name(hf, spec.arch)
+        if name is None:
+            continue
+        if spec.arch == "gemma3" and is_norm_weight(name):
+            t = TensorData(QT.F32, t.shape, _as_f32(t) + np.float32(1.0))  # HF Gemma norms are x * (1 + w)
+        tensors[name] = t
+    return ModelSource(path, "safetensors", spec, tensors, hf_config=d.config)
+
+
+def _as_f32(t: TensorData) -> np.ndarray:
+    if t.qtype == QT.BF16:
+        return (t.data.astype(np.uint32) << 16).view(np.float32)
+    return t.data.astype(np.float32)
