@@ -197,9 +197,9 @@ def test_typed_f16_array_accepted_and_3d_shape():
 
 def test_q8_0_known_block():
     """One hand-built block: scale 0.5, codes -128..-97 -> -64.0..-48.5."""
-    block = np.concatenate(
-        [np.array([0.5], np.float16).view(np.uint8), np.arange(-128, -96, dtype=np.int8).view(np.uint8)]
-    )
+    scale = np.array([0.5], np.float16).view(np.uint8)
+    codes = np.arange(-128, -96, dtype=np.int8).view(np.uint8)
+    block = np.concatenate([scale, codes])
     got = dequantize(block, QT.Q8_0, (32,))
     assert np.array_equal(got, np.arange(-128, -96, dtype=np.float32) * 0.5)
 
