@@ -75,7 +75,10 @@ class RequestSampler:
                 self._rep_ids = np.insert(self._rep_ids, i, token_id)
 
     def sample(self, logits: np.ndarray) -> SampledToken:
-        """Choose the next token from logits [vocab] (not modified); raises ValueError on NaN."""
+        """Choose the next token from logits [vocab] (not modified); does not record it (see accept).
+
+        Raises ValueError on a wrong shape, NaN or +inf, or when every token is -inf.
+        """
         if logits.shape != (self.vocab_size,):
             raise ValueError(f"logits shape {logits.shape} != ({self.vocab_size},)")
         raw_max = logits.max()
