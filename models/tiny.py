@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection, Mapping
 
 import gguf
 import numpy as np
@@ -244,13 +244,17 @@ def write_tiny_gguf(
     qtype: QT = QT.F32,
     *,
     gguf_arch: str | None = None,
+    omit: Collection[str] = (),
+    raw_types: Mapping[str, QT] | None = None,
     **overrides: Any,
 ) -> Path:
     """Write the tiny model of (arch, seed, overrides) as a GGUF file; returns its path.
 
     Matrices whose rows are whole `qtype` blocks are stored as `qtype` (gguf.quants);
-    norms and biases stay F32, as llama.cpp stores them. `gguf_arch` overrides
-    general.architecture (to write files zinfer must refuse).
+    norms and biases stay F32, as llama.cpp stores them. To write files zinfer must
+    refuse: `gguf_arch` overrides general.architecture, `omit` names tensors or
+    metadata keys to leave out, `raw_types` stores the named tensors as zero bytes of
+    another type (one gguf.quants cannot write, e.g. IQ4_NL).
     """
     path = Path(path)
     config = tiny_config(arch, **overrides)
@@ -259,10 +263,17 @@ def write_tiny_gguf(
     writer.add_name(f"tiny-{arch}")
     _gguf_metadata(writer, name_arch, config)
     _gguf_tokenizer(writer)
+    for key in omit:
+        writer.kv_data[0].pop(key, None)
+    raw_types = raw_types or {}
     block = gguf.GGML_QUANT_SIZES[qtype][0]
     for hf, w in tiny_weights(config, seed).items():
         name, w = to_gguf_layout(hf, w, config)
-        if qtype != QT.F32 and w.ndim == 2 and w.shape[-1] % block == 0:
+        if name in omit:
+            continue
+        if name in raw_types:
+            writer.add_tensor(name, _zero_blocks(w.shape, raw_types[name]), raw_dtype=raw_types[name])
+        elif qtype != QT.F32 and w.ndim == 2 and w.shape[-1] % block == 0:
             writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(name, w)
@@ -271,3 +282,11 @@ def write_tiny_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _zero_blocks(shape: tuple[int, ...], qtype: QT) -> np.ndarray:
+    """All-zero raw bytes of a `qtype` tensor of numpy `shape`: uint8 [rows, row_bytes]."""
+    block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    if shape[-1] % block:
+        raise ValueError(f"{qtype.name} needs rows of whole {block}-element blocks, got {shape}")
+    return np.zeros((int(np.prod(shape[:-1])), shape[-1] // block * type_size), np.uint8)
