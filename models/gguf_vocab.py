@@ -101,6 +101,15 @@ def specials_from_gguf(meta: Mapping[str, Any]) -> GGUFSpecials:
     )
 
 
+def read_tokenizer_metadata(path: str) -> dict[str, Any]:
+    """The `tokenizer.*` and `general.*` metadata of a GGUF file, decoded to plain values."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    return {k: f.contents() for k, f in reader.fields.items()
+            if k.startswith(("tokenizer.", "general."))}
+
+
 def tokenizer_json_from_gguf(meta: Mapping[str, Any]) -> str:
     """The tokenizer.json text equivalent to the GGUF vocabulary (for `zinfer convert`).
 
