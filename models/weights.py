@@ -47,7 +47,10 @@ def build_weights(spec: ModelSpec, tensors: Mapping[str, TensorData], upload: Up
             if required:
                 raise ModelError(f"tensor {name!r} is missing")
             return None
-        return upload(name, tensors[name])
+        try:
+            return upload(name, tensors[name])
+        except ValueError as exc:  # kernels.quants.UnsupportedTensorType, bad sizes
+            raise ModelError(f"tensor {name!r}: {exc}") from None
 
     layers = []
     for i in range(spec.n_layers):

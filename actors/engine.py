@@ -1,0 +1,131 @@
+"""The engine: builds the actors of a topology and runs them under one trio nursery.
+
+In the default topology every actor runs in this process over inproc:// sockets of one
+zmq.Context. `serve_actor` runs a single actor, so the same code runs each actor in
+its own process over ipc:// or tcp:// (see actors/processes.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, AsyncIterator
+
+import msgspec
+import structlog
+import trio
+import zmq
+
+from zinfer.actors.kv import KvActor
+from zinfer.actors.sampler import SamplerActor
+from zinfer.actors.scheduler import SchedulerActor
+from zinfer.actors.scheduler_policy import SchedulerConfig
+from zinfer.actors.tokenizer import TokenizerActor
+from zinfer.actors.topology import Addresses
+from zinfer.models.loader import ModelSource, open_model
+from zinfer.models.pull import DEFAULT_MODEL
+
+log = structlog.get_logger("zinfer.engine")
+
+
+class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Everything the engine needs to start; validated before any actor starts."""
+
+    model: str = DEFAULT_MODEL
+    device: str = "cpu"
+    max_model_len: int = 0  # 0: the model's context, capped at 4096
+    block_size: int = 16
+    num_blocks: int = 0  # 0: enough for max_running sequences of 1024 tokens
+    max_running: int = 32
+    max_waiting: int = 256
+    token_budget: int = 512
+    prefix_caching: bool = True
+
+    def scheduler_config(self, source: ModelSource) -> SchedulerConfig:
+        ctx = self.max_model_len or min(source.spec.context_length, 4096)
+        if ctx > source.spec.context_length:
+            raise ValueError(f"max_model_len {ctx} exceeds the model's context of {source.spec.context_length}")
+        blocks = self.num_blocks or self.max_running * -(-1024 // self.block_size)
+        cfg = SchedulerConfig(self.max_running, self.max_waiting, self.token_budget, ctx, self.block_size, blocks)
+        cfg.validate()
+        return cfg
+
+
+def make_device(name: str) -> Any:
+    """A device by name: "cpu", or "cuda" / "cuda:N" where cupy and a GPU exist."""
+    if name == "cpu":
+        from zinfer.devices.cpu import CpuDevice
+
+        return CpuDevice()
+    if name.startswith("cuda"):
+        from zinfer.devices.cuda import CudaDevice  # imports cupy; fails clearly without it
+
+        return CudaDevice(int(name.partition(":")[2] or 0))
+    raise ValueError(f"unknown device {name!r} (cpu, cuda, cuda:N)")
+
+
+def build_actor(name: str, ctx: zmq.Context, addrs: Addresses, config: EngineConfig, source: ModelSource) -> Any:
+    """Construct one actor of the topology (the executor loads its weights here)."""
+    sched = config.scheduler_config(source)
+    if name == "tokenizer":
+        from zinfer.models.prompt import PromptBuilder
+
+        return TokenizerActor(ctx, addrs, PromptBuilder.from_source(source), sched.max_model_len)
+    if name == "scheduler":
+        return SchedulerActor(ctx, addrs, sched)
+    if name == "kv":
+        return KvActor(ctx, addrs.kv, sched.num_blocks, sched.block_size, config.prefix_caching)
+    if name == "sampler":
+        return SamplerActor(ctx, addrs, source.spec.vocab_size)
+    if name == "executor":
+        from zinfer.actors.executor import ExecutorActor
+
+        return ExecutorActor(ctx, addrs, source, make_device(config.device), sched.num_blocks, sched.block_size)
+    raise ValueError(f"unknown actor {name!r}")
+
+
+# Start order: receivers before their senders connect matters little to ZeroMQ, but the
+# tokenizer (front door) starts last so no request arrives before the rest is ready.
+ACTOR_ORDER = ("kv", "sampler", "executor", "scheduler", "tokenizer")
+
+
+class Engine:
+    """A running in-process engine: its context and the front door's address."""
+
+    def __init__(self, ctx: zmq.Context, addrs: Addresses, source: ModelSource, actors: dict[str, Any], config: EngineConfig):
+        self.ctx, self.addrs, self.source, self.actors, self.config = ctx, addrs, source, actors, config
+
+    @property
+    def kv_allocator(self):
+        return self.actors["kv"].allocator
+
+
+@contextlib.asynccontextmanager
+async def open_engine(config: EngineConfig = EngineConfig(), addrs: Addresses | None = None) -> AsyncIterator[Engine]:
+    """Load the model, start every actor in this process, yield the Engine; stop on exit.
+
+    An actor that raises cancels the rest and the exception propagates out of here.
+    """
+    source = await trio.to_thread.run_sync(open_model, config.model)
+    ctx = zmq.Context()
+    addrs = addrs or Addresses.inproc()
+    try:
+        actors = {}
+        for name in ACTOR_ORDER:
+            actors[name] = await trio.to_thread.run_sync(build_actor, name, ctx, addrs, config, source)
+        log.info(
+            "engine started",
+            model=source.name,
+            arch=source.spec.arch,
+            quant_types=source.quant_types,
+            params_m=round(source.n_params / 1e6, 1),
+            device=config.device,
+            kv_blocks=actors["kv"].allocator.num_blocks,
+            block_size=config.block_size,
+        )
+        async with trio.open_nursery() as nursery:
+            for name in ACTOR_ORDER:
+                await nursery.start(actors[name].run)
+            yield Engine(ctx, addrs, source, actors, config)
+            nursery.cancel_scope.cancel()
+    finally:
+        ctx.destroy(linger=0)

@@ -1,0 +1,59 @@
+"""The executor actor: owns one device's weights and KV storage and runs rounds.
+
+The forward runs in a worker thread (numpy and cupy release the GIL), so the other
+actors of an in-process topology keep streaming while it computes. Only numpy logits
+leave the device.
+"""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+import trio
+import zmq
+
+from zinfer.actors.topology import Addresses
+from zinfer.devices.base import Device
+from zinfer.messages.channel import Inbox, Outbox
+from zinfer.messages.engine import ExecutorInbox, Round, RoundLogits, SamplerInbox, Shutdown
+from zinfer.models.batch import ForwardBatch
+from zinfer.models.forward import forward
+from zinfer.models.loader import ModelSource
+from zinfer.models.weights import build_weights
+
+log = structlog.get_logger("zinfer.executor")
+
+
+class ExecutorActor:
+    def __init__(self, ctx: zmq.Context, addrs: Addresses, source: ModelSource, device: Device, num_blocks: int, block_size: int):
+        spec = source.spec
+        started = time.perf_counter()
+        self.spec, self.device, self.block_size = spec, device, block_size
+        self.weights = build_weights(spec, source.tensors, device.upload)
+        self.kv = device.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, num_blocks, block_size)
+        log.info("executor ready", device=device.name, seconds=round(time.perf_counter() - started, 2))
+        self.inbox: Inbox = Inbox(ctx, addrs.executor, ExecutorInbox)
+        self.to_sampler: Outbox = Outbox(ctx, addrs.sampler, SamplerInbox)
+        self.busy_seconds = 0.0  # time inside forward, for the bus-overhead figure
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        try:
+            while True:
+                msg = await self.inbox.recv()
+                if isinstance(msg, Shutdown):
+                    await self.to_sampler.send(msg)
+                    return
+                await self.to_sampler.send(await self.run_round(msg))
+        finally:
+            self.inbox.close()
+            self.to_sampler.close()
+
+    async def run_round(self, r: Round) -> RoundLogits:
+        batch = ForwardBatch.build([(s.token_ids, s.start_pos, s.block_table, s.wants_logits) for s in r.seqs], self.block_size)
+        t0 = time.perf_counter()
+        logits = await trio.to_thread.run_sync(forward, self.spec, self.weights, self.device, self.kv, batch)
+        self.busy_seconds += time.perf_counter() - t0
+        seq_ids = [s.seq_id for s in r.seqs if s.wants_logits]
+        return RoundLogits(r.round_id, seq_ids, logits, r.sampler_updates)

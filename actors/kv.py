@@ -1,0 +1,74 @@
+"""The KV actor: owns the block allocator and answers the scheduler's updates.
+
+It deals in block ids only; the executors own the memory. Request/reply over a
+ROUTER: the scheduler is its one client and waits for each reply (one per round).
+"""
+
+from __future__ import annotations
+
+import trio
+import zmq
+
+from zinfer.actors.kv_allocator import KVAllocator
+from zinfer.messages.bus import AsyncSocket
+from zinfer.messages.codec import Codec
+from zinfer.messages.engine import KvGrant, KvInbox, KvReply, KvStats, KvUpdate, Shutdown
+
+
+class KvActor:
+    def __init__(self, ctx: zmq.Context, address: str, num_blocks: int, block_size: int, prefix_caching: bool = True):
+        self.allocator = KVAllocator(num_blocks, block_size, prefix_caching)
+        self.sock = AsyncSocket(ctx, zmq.ROUTER, bind=address)
+        self.inbox = Codec(KvInbox)
+        self.outbox = Codec(KvReply)
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        try:
+            while True:
+                peer, *frames = await self.sock.recv()
+                msg = self.inbox.decode(frames)
+                if isinstance(msg, Shutdown):
+                    return
+                await self.sock.send([peer, *self.outbox.encode(self.apply(msg))])
+        finally:
+            self.sock.close()
+
+    def apply(self, update: KvUpdate) -> KvReply:
+        """Frees, then commits, then allocations in order, each all-or-nothing."""
+        a = self.allocator
+        for seq_id in update.free:
+            a.free(seq_id)
+        for c in update.commit:
+            a.commit(c.seq_id, c.token_ids, c.num_computed)
+        grants = []
+        for ask in update.allocate:
+            cached = a.allocate(ask.seq_id, ask.token_ids, ask.num_tokens)
+            if cached is None:
+                grants.append(KvGrant(ask.seq_id, False))
+            else:
+                grants.append(KvGrant(ask.seq_id, True, a.block_table(ask.seq_id), cached))
+        return KvReply(grants, self.stats())
+
+    def stats(self) -> KvStats:
+        a = self.allocator
+        return KvStats(a.num_blocks, a.num_used_blocks, a.num_cached_blocks)
+
+
+class KvClient:
+    """The scheduler's end: one request in flight at a time."""
+
+    def __init__(self, ctx: zmq.Context, address: str):
+        self.sock = AsyncSocket(ctx, zmq.DEALER, connect=address)
+        self.out = Codec(KvInbox)
+        self.inp = Codec(KvReply)
+
+    async def call(self, update: KvUpdate) -> KvReply:
+        await self.sock.send(self.out.encode(update))
+        return self.inp.decode(await self.sock.recv())
+
+    async def shutdown(self) -> None:
+        await self.sock.send(self.out.encode(Shutdown()))
+
+    def close(self) -> None:
+        self.sock.close()

