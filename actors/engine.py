@@ -39,6 +39,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_waiting: int = 256
     token_budget: int = 512
     prefix_caching: bool = True
+    zmq_endpoints: tuple[str, ...] = ()  # public ZeroMQ endpoints of the front door, e.g. tcp://127.0.0.1:5555
 
     def scheduler_config(self, source: ModelSource) -> SchedulerConfig:
         ctx = self.max_model_len or min(source.spec.context_length, 4096)
@@ -69,7 +70,7 @@ def build_actor(name: str, ctx: zmq.Context, addrs: Addresses, config: EngineCon
     if name == "tokenizer":
         from zinfer.models.prompt import PromptBuilder
 
-        return TokenizerActor(ctx, addrs, PromptBuilder.from_source(source), sched.max_model_len)
+        return TokenizerActor(ctx, addrs, PromptBuilder.from_source(source), sched.max_model_len, public=list(config.zmq_endpoints))
     if name == "scheduler":
         return SchedulerActor(ctx, addrs, sched)
     if name == "kv":

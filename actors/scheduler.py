@@ -31,6 +31,7 @@ from zinfer.messages.engine import (
     SamplerUpdate,
     Sampled,
     SchedulerInbox,
+    SchedulerStats,
     SeqOutput,
     SeqOutputs,
     SeqRejected,
@@ -107,6 +108,7 @@ class SchedulerActor:
                 log.info("preempted", seq_ids=self.frees, kv_used=reply.stats.used_blocks)
                 continue
             if not accepted:
+                await self.to_tokenizer.send(SeqOutputs([], self.stats()))  # idle: report the freed blocks
                 return
             break
         self.round_id += 1
@@ -133,4 +135,8 @@ class SchedulerActor:
         for seq_id in reasons:
             self._release(seq_id)
         if outputs:
-            await self.to_tokenizer.send(SeqOutputs(outputs))
+            await self.to_tokenizer.send(SeqOutputs(outputs, self.stats()))
+
+    def stats(self) -> SchedulerStats:
+        p, kv = self.policy, self.kv_stats
+        return SchedulerStats(len(p.running), len(p.waiting), kv.num_blocks, kv.used_blocks, kv.cached_blocks, self.round_id)

@@ -32,7 +32,9 @@ from zinfer.messages.client import (
     ClientRequest,
     Delta,
     Detokenize,
+    EngineStats,
     Failed,
+    GetStats,
     Finished,
     Generate,
     Rejected,
@@ -43,7 +45,7 @@ from zinfer.messages.client import (
     Usage,
 )
 from zinfer.messages.codec import Codec
-from zinfer.messages.engine import Abort, ActorFailed, Admit, SchedulerInbox, SeqOutput, SeqOutputs, SeqRejected, Shutdown, TokenizerInbox
+from zinfer.messages.engine import Abort, ActorFailed, Admit, SchedulerInbox, SchedulerStats, SeqOutput, SeqOutputs, SeqRejected, Shutdown, TokenizerInbox
 from zinfer.models.detokenize import IncrementalDetokenizer, StopMatcher
 from zinfer.models.prompt import PromptBuilder
 
@@ -81,9 +83,13 @@ class TokenizerActor:
     max_model_len: int
     requests: dict[tuple[bytes, str], Request] = field(default_factory=dict)
     by_seq: dict[int, Request] = field(default_factory=dict)
+    public: list[str] = field(default_factory=list)  # extra endpoints the front door binds (tcp://...)
+    stats: SchedulerStats = field(default_factory=SchedulerStats)
 
     def __post_init__(self) -> None:
         self.front = AsyncSocket(self.ctx, zmq.ROUTER, bind=self.addrs.frontend)
+        for endpoint in self.public:
+            self.front.socket.bind(endpoint)
         self.inbox: Inbox = Inbox(self.ctx, self.addrs.tokenizer, TokenizerInbox)
         self.to_scheduler: Outbox = Outbox(self.ctx, self.addrs.scheduler, SchedulerInbox)
         self.requests_codec = Codec(ClientRequest)
@@ -135,6 +141,7 @@ class TokenizerActor:
                 self.fail_all("the engine shut down")
                 return
             if isinstance(msg, SeqOutputs):
+                self.stats = msg.stats
                 for out in msg.outputs:
                     self.handle_output(out)
             elif isinstance(msg, SeqRejected):
@@ -157,6 +164,9 @@ class TokenizerActor:
                 self._emit(peer, TokenizeResult(req.request_id, ids))
             except ValueError as exc:
                 self._emit(peer, Rejected(req.request_id, "bad_request", str(exc)))
+        elif isinstance(req, GetStats):
+            s = self.stats
+            self._emit(peer, EngineStats(req.request_id, s.running, s.waiting, s.kv_blocks, s.kv_used_blocks, s.kv_cached_blocks, s.rounds, len(self.requests)))
         elif isinstance(req, Detokenize):
             try:
                 self._emit(peer, TokenizeResult(req.request_id, req.token_ids, self.prompts.tokenizer.decode(req.token_ids)))

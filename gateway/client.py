@@ -22,7 +22,9 @@ from zinfer.messages.client import (
     ClientEvent,
     ClientRequest,
     Detokenize,
+    EngineStats,
     Failed,
+    GetStats,
     Generate,
     Rejected,
     Tokenize,
@@ -134,11 +136,15 @@ class AsyncClient:
     async def detokenize(self, token_ids: list[int]) -> str:
         return (await self._one(Detokenize(uuid.uuid4().hex, list(token_ids)))).text
 
-    async def _one(self, request: ClientRequest) -> TokenizeResult:
+    async def stats(self) -> EngineStats:
+        """Queue depth, running sequences and KV usage as of the last round."""
+        return await self._one(GetStats(uuid.uuid4().hex))
+
+    async def _one(self, request: ClientRequest):
         async for event in self._open(request):
             if isinstance(event, (Rejected, Failed)):
                 raise EngineError(event.message)
-            if isinstance(event, TokenizeResult):
+            if isinstance(event, (TokenizeResult, EngineStats)):
                 return event
         raise EngineError("no reply")
 

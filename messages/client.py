@@ -47,7 +47,11 @@ class Detokenize(msgspec.Struct, tag="detokenize", **_MAP):
     token_ids: list[int]
 
 
-ClientRequest = Union[Generate, Cancel, Tokenize, Detokenize]
+class GetStats(msgspec.Struct, tag="stats", **_MAP):
+    request_id: str
+
+
+ClientRequest = Union[Generate, Cancel, Tokenize, Detokenize, GetStats]
 
 
 class TopLogprob(msgspec.Struct, array_like=True):
@@ -119,5 +123,18 @@ class TokenizeResult(msgspec.Struct, tag="tokenized", **_MAP):
     text: str = ""
 
 
-ClientEvent = Union[Started, Delta, Finished, Cancelled, Rejected, Failed, TokenizeResult]
-TERMINAL_EVENTS = (Finished, Cancelled, Rejected, Failed, TokenizeResult)
+class EngineStats(msgspec.Struct, tag="stats", **_MAP):
+    """The scheduler's state as of its last round."""
+
+    request_id: str = ""
+    running: int = 0
+    waiting: int = 0
+    kv_blocks: int = 0
+    kv_used_blocks: int = 0
+    kv_cached_blocks: int = 0
+    rounds: int = 0
+    open_requests: int = 0
+
+
+ClientEvent = Union[Started, Delta, Finished, Cancelled, Rejected, Failed, TokenizeResult, EngineStats]
+TERMINAL_EVENTS = (Finished, Cancelled, Rejected, Failed, TokenizeResult, EngineStats)

@@ -74,8 +74,18 @@ class SeqOutput(msgspec.Struct, array_like=True, gc=False):
     cached_tokens: int = 0
 
 
+class SchedulerStats(msgspec.Struct, array_like=True, gc=False):
+    running: int = 0
+    waiting: int = 0
+    kv_blocks: int = 0
+    kv_used_blocks: int = 0
+    kv_cached_blocks: int = 0
+    rounds: int = 0
+
+
 class SeqOutputs(msgspec.Struct, tag="outputs", **_BUS):
     outputs: list[SeqOutput]
+    stats: SchedulerStats = msgspec.field(default_factory=SchedulerStats)
 
 
 class SeqRejected(msgspec.Struct, tag="seq_rejected", **_BUS):
