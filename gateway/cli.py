@@ -60,6 +60,11 @@ def parser() -> argparse.ArgumentParser:
     for name, help_ in (("serve", "OpenAI-compatible HTTP, websocket chat and ZeroMQ endpoints"), ("stdio", "JSON lines on stdin/stdout, for embedding")):
         p = sub.add_parser(name, help=help_)
         engine_args(p)
+    serve = sub.choices["serve"]
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all but /health)")
+    serve.add_argument("--zmq", default=None, help="also serve the ZeroMQ protocol here, e.g. tcp://127.0.0.1:5555")
     return ap
 
 
@@ -93,7 +98,15 @@ def dispatch(args: argparse.Namespace) -> int:
         from zinfer.gateway.run_command import run
 
         return run(args)
-    raise UsageError(f"command {args.command!r} is not available yet")
+    if args.command == "serve":
+        from zinfer.gateway.serve import serve
+
+        return serve(args)
+    if args.command == "stdio":
+        from zinfer.gateway.stdio import stdio_main
+
+        return stdio_main(args)
+    raise UsageError(f"unknown command {args.command!r}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_model_len=args.max_model_len,
         max_running=args.max_running,
         num_blocks=args.num_blocks,
+        zmq_endpoints=(args.zmq,) if getattr(args, "zmq", None) else (),
     )
 
 

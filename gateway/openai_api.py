@@ -1,0 +1,5 @@
+"""OpenAI-compatible HTTP routes (placeholder until written)."""
+
+
+def routes(state):
+    return []
