@@ -1,12 +1,53 @@
-"""The ASGI application of `zinfer serve`: OpenAI-compatible HTTP, websocket chat, chat page."""
+"""The ASGI application of `zinfer serve`: OpenAI-compatible HTTP, websocket chat, chat page,
+and the operational routes /health and /metrics.
+
+/health answers before the engine is ready (503 {"status": "loading"}, then 200), and
+needs no API key. Unknown paths and methods get OpenAI-shaped errors too.
+"""
 
 from __future__ import annotations
 
+import trio
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
 
 from zinfer.gateway import openai_api, websocket
+from zinfer.gateway.auth import ApiKeyMiddleware
+from zinfer.gateway.client import EngineError
+from zinfer.gateway.openai_schema import ApiError
 from zinfer.gateway.state import GatewayState
+
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def build_app(state: GatewayState) -> Starlette:
-    return Starlette(routes=[*openai_api.routes(state), *websocket.routes(state)])
+    async def health(request: Request) -> Response:
+        if not state.ready:
+            return JSONResponse({"status": "loading"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    async def metrics(request: Request) -> Response:
+        stats = None
+        if state.ready:
+            with trio.move_on_after(2.0):
+                try:
+                    stats = await state.client.stats()
+                except EngineError:
+                    pass
+        return PlainTextResponse(state.metrics.render(stats), media_type=PROMETHEUS_TEXT)
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        kind = "not_found" if exc.status_code == 404 else "method_not_allowed" if exc.status_code == 405 else None
+        return ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=kind).response()
+
+    middleware = [Middleware(ApiKeyMiddleware, api_key=state.api_key)] if state.api_key else []
+    operational = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]
+    return Starlette(
+        routes=[*operational, *openai_api.routes(state), *websocket.routes(state)],
+        middleware=middleware,
+        exception_handlers={HTTPException: http_error},
+    )

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zinfer.gateway.client import AsyncClient
+from zinfer.gateway.metrics import Metrics
 
 
 @dataclass
@@ -14,9 +15,16 @@ class GatewayState:
     api_key: str | None = None
     client: AsyncClient | None = None  # set once the engine is ready
     max_model_len: int = 0
-    metrics: Any = None  # gateway.metrics.Metrics, when that module is in use
+    model_aliases: set[str] = field(default_factory=set)  # other names a request may use: the model's path
+    max_body_bytes: int = 4 << 20  # larger request bodies get 413
+    metrics: Metrics = field(default_factory=Metrics)
+    token_text: dict[int, str] = field(default_factory=dict)  # token id -> its text, for logprobs
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ready(self) -> bool:
         return self.client is not None
+
+    def serves(self, model: str | None) -> bool:
+        """Whether a request naming this model is for us (no model: yes)."""
+        return model is None or model == self.model_name or model in self.model_aliases

@@ -1,0 +1,182 @@
+"""OpenAI's wire shapes: request bodies in (validated, turned into SamplingParams), errors out.
+
+Requests are decoded with msgspec straight from the body bytes, so a wrong type or an
+out-of-range value is refused with a message that names the field (`$.temperature`
+becomes param "temperature"). Unknown fields are ignored, as OpenAI-compatible servers
+do. Extensions taken the way vLLM and llama-server take them, as extra body fields:
+top_k (-1 or 0: off), min_p, repetition_penalty, ignore_eos.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+from starlette.responses import JSONResponse
+
+from zinfer.messages.params import SamplingParams
+
+
+class ApiError(Exception):
+    """A request refused with an HTTP status and an OpenAI-shaped error body."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None, code: str | None = None, **extra: Any):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code, self.extra = status, message, type, param, code, extra
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code, **self.extra}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+# ---- requests ---------------------------------------------------------------------------
+
+Unit = Annotated[float, Meta(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+
+
+class ContentPart(msgspec.Struct):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(msgspec.Struct):
+    role: str
+    content: str | list[ContentPart] | None = None
+
+
+class _Sampling(msgspec.Struct, kw_only=True):
+    """Fields both endpoints share. None means "not given": the OpenAI default applies."""
+
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Annotated[int, Meta(ge=1, le=16)] | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
+    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    min_p: Unit | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0.0)] | None = None
+    ignore_eos: bool = False
+
+
+class ChatRequest(_Sampling, kw_only=True):
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+
+
+class CompletionRequest(_Sampling, kw_only=True):
+    prompt: Any
+    logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    echo: bool = False
+
+
+_PATH = re.compile(r"at `\$\.?([^`]*)`")
+
+
+def parse(body: bytes, kind: type[ChatRequest] | type[CompletionRequest]) -> ChatRequest | CompletionRequest:
+    """Decode and type-check a request body; ApiError 400 names the bad field."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, f"the request body is not valid UTF-8 (byte {exc.start})", code="invalid_utf8") from None
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        m = _PATH.search(str(exc))
+        missing = re.search(r"missing required field `([^`]*)`", str(exc))
+        param = m.group(1) if m else missing.group(1) if missing else None
+        raise ApiError(400, f"invalid request: {exc}", param=param, code="invalid_value") from None
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
+    """Messages as the chat template takes them: role and text content (text parts joined)."""
+    out = []
+    for i, m in enumerate(req.messages):
+        if isinstance(m.content, list):
+            bad = [p.type for p in m.content if p.type != "text" or p.text is None]
+            if bad:
+                raise ApiError(400, f"only text content parts are supported, got {bad[0]!r}", param=f"messages[{i}].content")
+            content = "".join(p.text for p in m.content)
+        else:
+            content = m.content or ""
+        out.append({"role": m.role, "content": content})
+    return out
+
+
+def completion_prompt(req: CompletionRequest) -> dict[str, Any]:
+    """The prompt as a generate() keyword: text or token ids (one prompt per request)."""
+    p = req.prompt
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+        p = p[0]
+    if isinstance(p, str):
+        return {"prompt": p}
+    if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+        return {"prompt_ids": p}
+    raise ApiError(400, "prompt must be a string, a list of token ids, or a list holding one of those", param="prompt")
+
+
+def sampling_params(req: ChatRequest | CompletionRequest, max_model_len: int) -> SamplingParams:
+    """SamplingParams with OpenAI's defaults (temperature 1, top_p 1, max_tokens up to the context)."""
+    if isinstance(req, CompletionRequest) and req.echo:
+        raise ApiError(400, "echo is not supported", param="echo")
+    bias = {}
+    for key, value in (req.logit_bias or {}).items():
+        try:
+            bias[int(key)] = value
+        except ValueError:
+            raise ApiError(400, f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
+    if isinstance(req, ChatRequest):
+        max_tokens = req.max_completion_tokens or req.max_tokens
+        if req.top_logprobs is not None and not req.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    else:
+        max_tokens, logprobs = req.max_tokens, req.logprobs
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if any(not s for s in stop):
+        raise ApiError(400, "stop sequences must not be empty", param="stop")
+    p = SamplingParams(
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_k=max(req.top_k or 0, 0),
+        top_p=1.0 if req.top_p is None else req.top_p,
+        min_p=req.min_p or 0.0,
+        repetition_penalty=req.repetition_penalty or 1.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        logit_bias=bias,
+        seed=req.seed,
+        max_tokens=max_tokens or max_model_len,
+        stop=stop,
+        ignore_eos=req.ignore_eos,
+        logprobs=logprobs,
+        n=req.n or 1,
+    )
+    try:
+        p.validate()
+    except ValueError as exc:
+        m = re.match(r"invalid value for (\w+)", str(exc))
+        raise ApiError(400, str(exc), param=m.group(1) if m else None, code="invalid_value") from None
+    return p
+
+
+def include_usage(req: ChatRequest | CompletionRequest) -> bool:
+    return bool(req.stream and req.stream_options and req.stream_options.include_usage)
