@@ -52,6 +52,7 @@ class SchedulerActor:
         self.kv = KvClient(ctx, addrs.kv)
         self.kv_stats = KvStats(config.num_blocks, 0, 0)
         self.round_id = 0
+        self.preemptions = 0
         self.in_flight: list[Chunk] | None = None
         self.frees: list[int] = []
         self.commits: list[KvCommit] = []
@@ -105,6 +106,7 @@ class SchedulerActor:
             accepted, victims = self.policy.accept(chunks, reply.grants)
             if victims:
                 self.frees = [v.seq_id for v in victims]
+                self.preemptions += len(victims)
                 log.info("preempted", seq_ids=self.frees, kv_used=reply.stats.used_blocks)
                 continue
             if not accepted:

@@ -1,0 +1,178 @@
+"""The actor engine end to end on the real SmolLM2: batching, prefix cache, preemption, soak."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+import trio
+
+from zinfer.gateway.api import EngineConfig, EngineThread
+from zinfer.gateway.client import AsyncClient
+from zinfer.messages.client import TERMINAL_EVENTS, Cancelled, Delta, Finished, Rejected, Started
+from zinfer.messages.params import SamplingParams
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+    "Water boils at a temperature of",
+    "My favourite fruit is",
+    "In 1969, the first man on the moon",
+    "The quick brown fox",
+]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_path):
+    with EngineThread(EngineConfig(model=str(smollm2_path), max_running=32, num_blocks=1024)) as e:
+        yield e
+
+
+async def collect(client: AsyncClient, prompt, params=GREEDY, **kw) -> tuple[list[int], object, list]:
+    """Run one request; return (token ids, terminal event, all events)."""
+    ids, events = [], []
+    async for ev in client.generate(prompt, params=params, **kw):
+        events.append(ev)
+        if isinstance(ev, Delta):
+            ids += ev.token_ids
+    return ids, events[-1], events
+
+
+async def wait_idle(client: AsyncClient) -> object:
+    """Engine stats once no request is open and no KV block is held by a sequence."""
+    with trio.fail_after(30):
+        while True:
+            stats = await client.stats()
+            if stats.open_requests == 0 and stats.running == 0 and stats.kv_used_blocks == 0:
+                return stats
+            await trio.sleep(0.05)
+
+
+async def test_concurrent_greedy_equals_single(engine):
+    async with AsyncClient(engine.ctx, engine.address) as client:
+        single = {}
+        for p in PROMPTS:
+            single[p], _, _ = await collect(client, p)
+        results = {}
+
+        async def one(i: int) -> None:
+            p = PROMPTS[i % len(PROMPTS)]
+            results[i], terminal, _ = await collect(client, p)
+            assert isinstance(terminal, Finished)
+
+        async with trio.open_nursery() as n:
+            for i in range(32):
+                n.start_soon(one, i)
+        same = sum(results[i] == single[PROMPTS[i % len(PROMPTS)]] for i in range(32))
+        assert same >= 30, f"only {same}/32 batched outputs equal the single-request output"
+        await wait_idle(client)
+
+
+async def test_every_request_one_terminal_event_with_usage(engine):
+    async with AsyncClient(engine.ctx, engine.address) as client:
+        ids, terminal, events = await collect(client, "Hello", SamplingParams(temperature=0, max_tokens=5))
+        assert isinstance(events[0], Started)
+        assert sum(isinstance(e, TERMINAL_EVENTS) for e in events) == 1
+        assert terminal.finish_reasons == ["length"]
+        assert terminal.usage.completion_tokens == 5 == len(ids)
+        assert terminal.usage.prompt_tokens == events[0].prompt_tokens
+
+
+async def test_prefix_cache_skips_shared_prefill(engine):
+    prefix = " ".join(f"item{i}" for i in range(130))  # ~260 tokens
+    async with AsyncClient(engine.ctx, engine.address) as client:
+        await wait_idle(client)
+
+        async def ttft(prompt: str) -> tuple[float, Finished]:
+            t0 = time.perf_counter()
+            first = None
+            async for ev in client.generate(prompt, params=SamplingParams(temperature=0, max_tokens=2)):
+                if isinstance(ev, Delta) and first is None:
+                    first = time.perf_counter() - t0
+                last = ev
+            return first, last
+
+        cold, fin1 = await ttft(prefix + " first question?")
+        warm, fin2 = await ttft(prefix + " second question?")
+        assert fin1.usage.prompt_tokens > 256
+        assert fin2.usage.cached_tokens >= 240, fin2.usage
+        assert warm < cold, (warm, cold)
+
+
+async def test_stop_string_and_stop_token(engine):
+    async with AsyncClient(engine.ctx, engine.address) as client:
+        full, _, events = await collect(client, "The capital of France is", SamplingParams(temperature=0, max_tokens=12))
+        text = "".join(e.text for e in events if isinstance(e, Delta))
+        stop = text.strip().split()[1]  # the second word of the greedy answer
+        _, terminal, events = await collect(client, "The capital of France is", SamplingParams(temperature=0, max_tokens=12, stop=[stop]))
+        cut = "".join(e.text for e in events if isinstance(e, Delta))
+        assert stop not in cut and text.startswith(cut)
+        assert terminal.finish_reasons == ["stop"]
+        ids, terminal, _ = await collect(client, "The capital of France is", SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[full[2]]))
+        assert ids == full[:3] and terminal.finish_reasons == ["stop"]
+
+
+async def test_bad_requests_are_rejected_and_engine_lives(engine):
+    async with AsyncClient(engine.ctx, engine.address) as client:
+        _, terminal, _ = await collect(client, "word " * 5000)
+        assert isinstance(terminal, Rejected) and terminal.code == "too_long"
+        assert terminal.n_prompt_tokens > terminal.n_ctx
+        _, terminal, _ = await collect(client, "hi", SamplingParams(temperature=-1))
+        assert isinstance(terminal, Rejected) and "temperature" in terminal.message
+        _, terminal, _ = await collect(client, None, prompt_ids=[10**9])
+        assert isinstance(terminal, Rejected) and "vocabulary" in terminal.message
+        ids, terminal, _ = await collect(client, "Still alive?")
+        assert isinstance(terminal, Finished) and ids
+
+
+async def test_soak_cancel_and_too_long(engine):
+    """500 requests at concurrency 32: 10% cancelled mid-stream, 5% too long."""
+    rng = random.Random(7)
+    outcomes: dict[str, int] = {}
+    terminals_per_request = []
+    async with AsyncClient(engine.ctx, engine.address) as client:
+        limiter = trio.Semaphore(32)
+
+        async def one(i: int) -> None:
+            kind = rng.random()
+            prompt = "word " * 5000 if kind < 0.05 else PROMPTS[i % len(PROMPTS)] + f" ({i})"
+            cancel = 0.05 <= kind < 0.15
+            params = SamplingParams(temperature=0.8, seed=i, max_tokens=6)
+            async with limiter:
+                terminals = 0
+                agen = client.generate(prompt, params=params)
+                async for ev in agen:
+                    terminals += isinstance(ev, TERMINAL_EVENTS)
+                    if isinstance(ev, TERMINAL_EVENTS):
+                        outcomes[type(ev).__name__] = outcomes.get(type(ev).__name__, 0) + 1
+                    if cancel and isinstance(ev, Delta):
+                        client.cancel(ev.request_id)
+                        cancel = False
+                terminals_per_request.append(terminals)
+
+        with trio.fail_after(600):
+            async with trio.open_nursery() as n:
+                for i in range(500):
+                    n.start_soon(one, i)
+        assert terminals_per_request == [1] * 500
+        assert outcomes.get("Rejected", 0) >= 10 and outcomes.get("Cancelled", 0) >= 20, outcomes
+        stats = await wait_idle(client)
+        assert stats.kv_used_blocks == 0
+        ids, terminal, _ = await collect(client, "Still alive?")
+        assert isinstance(terminal, Finished)
+    engine.engine.kv_allocator.check_invariants()
+
+
+async def test_client_cancel_frees_blocks(engine):
+    async with AsyncClient(engine.ctx, engine.address) as client:
+        events = []
+        async for ev in client.generate("Tell me a long story.", params=SamplingParams(max_tokens=200)):
+            events.append(ev)
+            if isinstance(ev, Delta):
+                break  # leaving the loop cancels the request
+        stats = await wait_idle(client)
+        assert stats.kv_used_blocks == 0
