@@ -1,5 +1,212 @@
-"""Websocket chat endpoint and chat page routes (placeholder until written)."""
+"""The websocket endpoint /v1/ws for chat UIs, and the chat page at / that uses it.
+
+One socket carries any number of generations at once. The client names each with
+its own "id"; the engine sees it as "ws<N>.<id>" (N numbers the sockets), so ids only
+need to be unique within one socket among the generations still running. Messages
+are JSON objects with a "type" (the protocol is written down in gateway/PROTOCOL.md):
+
+  client: generate {id, prompt | messages, params?, add_special?}, cancel {id}, ping
+  server: started, delta {id, index, text}, done {id, finish_reason, usage},
+          cancelled {id}, error {id | null, code, message}, pong
+
+Every generate ends with exactly one of done, cancelled or error. A message that is
+not understood gets an error and the socket stays open. Closing the socket cancels
+its generations. Events queue without bound for the one sender task per socket.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import msgspec
+import structlog
+import trio
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from zinfer.gateway.state import GatewayState
+from zinfer.messages.client import Cancelled, Delta, Failed, Finished, Rejected, Started
+from zinfer.messages.params import SamplingParams
+
+log = structlog.get_logger("zinfer.websocket")
+
+STATIC = Path(__file__).parent / "static"
+ASSETS = {"chat.html": "text/html", "chat.js": "text/javascript", "chat.css": "text/css"}
+SOCKET_NUMBERS = itertools.count(1)
 
 
-def routes(state):
-    return []
+class WsGenerate(msgspec.Struct, tag="generate", tag_field="type", forbid_unknown_fields=True):
+    id: str
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+    params: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    add_special: bool = True
+
+
+class WsCancel(msgspec.Struct, tag="cancel", tag_field="type", forbid_unknown_fields=True):
+    id: str
+
+
+class WsPing(msgspec.Struct, tag="ping", tag_field="type", forbid_unknown_fields=True):
+    pass
+
+
+WsRequest = WsGenerate | WsCancel | WsPing
+
+
+class BadMessage(Exception):
+    """A client message that cannot be acted on: becomes an error message, not a close."""
+
+    def __init__(self, code: str, message: str, id: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.id = code, message, id
+
+
+def error(id: str | None, code: str, message: str) -> dict:
+    return {"type": "error", "id": id, "code": code, "message": message}
+
+
+class ChatSocket:
+    """One accepted websocket: reads client messages, runs one task per generation.
+
+    `running` maps the client's ids to engine request ids for generations not yet
+    ended; the nursery that owns their tasks is cancelled when the socket closes, and
+    AsyncClient.generate then cancels each one in the engine.
+    """
+
+    def __init__(self, ws: WebSocket, state: GatewayState):
+        self.ws = ws
+        self.state = state
+        self.prefix = f"ws{next(SOCKET_NUMBERS)}."
+        self.decoder = msgspec.json.Decoder(WsRequest)
+        self.encoder = msgspec.json.Encoder()
+        self.out_tx, self.out_rx = trio.open_memory_channel[dict](float("inf"))
+        self.running: dict[str, str] = {}
+
+    def send(self, message: dict) -> None:
+        """Queue one message for the sender task."""
+        self.out_tx.send_nowait(message)
+
+    async def run(self) -> None:
+        """Serve the socket until the client closes it."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._send_loop, nursery.cancel_scope)
+            try:
+                while True:
+                    text = await self.ws.receive_text()
+                    try:
+                        self.handle(nursery, self.parse(text))
+                    except BadMessage as exc:
+                        self.send(error(exc.id, exc.code, exc.message))
+            except WebSocketDisconnect:
+                pass
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def _send_loop(self, scope: trio.CancelScope) -> None:
+        async for message in self.out_rx:
+            try:
+                await self.ws.send_text(self.encoder.encode(message).decode())
+            except Exception as exc:  # the peer is gone: whatever the server raises, stop serving it
+                log.debug("websocket send failed", error=repr(exc))
+                scope.cancel()
+                return
+
+    def parse(self, text: str) -> WsRequest:
+        """Decode one client message or raise BadMessage saying what is wrong."""
+        try:
+            msg = self.decoder.decode(text)
+        except msgspec.ValidationError as exc:  # (a DecodeError subclass: test it first)
+            raw = msgspec.json.decode(text)
+            mid = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else None
+            kind = raw.get("type") if isinstance(raw, dict) else None
+            if kind not in ("generate", "cancel", "ping"):
+                raise BadMessage("bad_message", f"unknown message type {kind!r} (generate, cancel, ping)", mid)
+            raise BadMessage("bad_message", str(exc), mid)
+        except msgspec.DecodeError as exc:
+            raise BadMessage("bad_json", f"not a JSON message: {exc}")
+        if isinstance(msg, WsGenerate):
+            if (msg.prompt is None) == (msg.messages is None):
+                raise BadMessage("bad_message", "give exactly one of prompt and messages", msg.id)
+            try:
+                msg.params.validate()
+            except ValueError as exc:
+                raise BadMessage("bad_request", str(exc), msg.id)
+        return msg
+
+    def handle(self, nursery: trio.Nursery, msg: WsRequest) -> None:
+        if isinstance(msg, WsPing):
+            self.send({"type": "pong"})
+        elif isinstance(msg, WsCancel):
+            rid = self.running.get(msg.id)
+            if rid is not None and self.state.client is not None:
+                self.state.client.cancel(rid)  # the generation then ends with "cancelled"
+        else:
+            if msg.id in self.running:
+                raise BadMessage("id_in_use", f"a generation with id {msg.id!r} is still running", msg.id)
+            if self.state.client is None:
+                raise BadMessage("loading", "the model is still loading", msg.id)
+            self.running[msg.id] = self.prefix + msg.id
+            nursery.start_soon(self.generate, msg)
+
+    async def generate(self, msg: WsGenerate) -> None:
+        """Stream one generation's events to the socket, ending with its one terminal."""
+        try:
+            events = self.state.client.generate(
+                msg.prompt, messages=msg.messages, params=msg.params, request_id=self.running[msg.id], add_special=msg.add_special
+            )
+            async for ev in events:
+                if isinstance(ev, Delta):
+                    if ev.text:
+                        self.send({"type": "delta", "id": msg.id, "index": ev.index, "text": ev.text})
+                elif isinstance(ev, Started):
+                    self.send({"type": "started", "id": msg.id, "prompt_tokens": ev.prompt_tokens})
+                elif isinstance(ev, Finished):
+                    usage = msgspec.structs.asdict(ev.usage)
+                    self.send({"type": "done", "id": msg.id, "finish_reason": ev.finish_reasons[0], "finish_reasons": ev.finish_reasons, "usage": usage})
+                elif isinstance(ev, Cancelled):
+                    self.send({"type": "cancelled", "id": msg.id})
+                elif isinstance(ev, Rejected):
+                    self.send(error(msg.id, ev.code, ev.message))
+                elif isinstance(ev, Failed):
+                    self.send(error(msg.id, "failed", ev.message))
+        finally:
+            self.running.pop(msg.id, None)
+
+
+def _authorized(state: GatewayState, headers, query) -> bool:
+    """With an API key set: 'Authorization: Bearer KEY', or ?api_key=KEY (browsers cannot set websocket headers)."""
+    if not state.api_key:
+        return True
+    return headers.get("authorization") == f"Bearer {state.api_key}" or query.get("api_key") == state.api_key
+
+
+def routes(state: GatewayState) -> list:
+    """The websocket route /v1/ws, the chat page / and its script and style under /static/."""
+
+    async def chat_socket(ws: WebSocket) -> None:
+        if not _authorized(state, ws.headers, ws.query_params):
+            await ws.close(code=1008)
+            return
+        await ws.accept()
+        await ChatSocket(ws, state).run()
+
+    def asset(name: str, gated: bool = False):
+        async def endpoint(request: Request) -> Response:
+            if gated and not _authorized(state, request.headers, request.query_params):
+                return PlainTextResponse("missing or wrong API key: add ?api_key=KEY", status_code=401)
+            # a few KiB read per request (Starlette's FileResponse needs anyio threads, which
+            # this trio version lacks); editing the page needs no restart
+            return Response((STATIC / name).read_bytes(), media_type=f"{ASSETS[name]}; charset=utf-8", headers={"Cache-Control": "no-cache"})
+
+        return endpoint
+
+    return [
+        WebSocketRoute("/v1/ws", chat_socket),
+        Route("/", asset("chat.html", gated=True)),
+        Route("/static/chat.js", asset("chat.js")),
+        Route("/static/chat.css", asset("chat.css")),
+    ]
