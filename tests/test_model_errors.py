@@ -11,7 +11,6 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from zinfer.devices.cpu import CpuDevice
-from zinfer.kernels.quants import UnsupportedTensorType
 from zinfer.models.loader import open_model
 from zinfer.models.spec import ModelError
 from zinfer.models.tiny import write_tiny_gguf, write_tiny_hf
@@ -66,12 +65,6 @@ def test_unsupported_hf_architecture_is_named(tmp_path):
         load(d)
 
 
-@pytest.mark.xfail(
-    raises=UnsupportedTensorType,
-    strict=True,
-    reason="models/weights.py build_weights lets kernels.quants.UnsupportedTensorType escape "
-    "instead of a ModelError naming the tensor",
-)
 def test_unsupported_tensor_type_names_type_and_tensor(tmp_path):
     name = "blk.1.ffn_up.weight"
     path = write_tiny_gguf(tmp_path / "m.gguf", "llama", raw_types={name: QT.IQ4_NL})
