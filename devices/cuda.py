@@ -1,0 +1,368 @@
+"""The CUDA device (cupy): GGUF-block weights resident on the GPU, paged f32 KV, our kernels.
+
+Weights stay in their GGUF block formats (rows padded to 16 bytes) and are dequantized
+inside the kernels: a fused matvec for rounds of up to `matvec_max_tokens` rows, and a
+dequantize-into-scratch + cuBLAS GEMM above that. F32 matrices go straight to cuBLAS.
+The KV pool is float32 per layer, [(num_blocks + 1) * block_size, Hkv, hd] (the extra
+block is a trash block the CUDA-graph decode path pads batches into), so attention
+matches the numpy oracle (devices/cpu.py) to f32 rounding.
+
+Round metadata (token ids, positions, slots, block tables, ...) is uploaded once per
+ForwardBatch into reused device buffers; activations come from cupy's memory pool
+(no cudaMalloc once warm), the GEMM scratch is one reused buffer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from zinfer.kernels import cuda_modules as km
+from zinfer.models.batch import ForwardBatch
+
+F32, F16, BF16 = 0, 1, 30
+
+
+@dataclass(frozen=True)
+class CudaConfig:
+    """matvec_max_tokens: rounds up to this many rows use the fused dequantizing matvec
+    (in chunks of 8 rows); bigger ones dequantize to scratch and call cuBLAS.
+    gemm_dtype: 'f32' (parity with the oracle) or 'f16' (tensor cores) for that scratch.
+    cuda_graphs: capture decode rounds per batch-size bucket (devices/cuda_graph.py)."""
+
+    matvec_max_tokens: int = 64
+    gemm_dtype: str = "f32"
+    cuda_graphs: bool = False
+    graph_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    graph_max_context: int = 8192
+
+    def __post_init__(self):
+        if self.gemm_dtype not in ("f32", "f16"):
+            raise ValueError(f"gemm_dtype must be 'f32' or 'f16', not {self.gemm_dtype!r}")
+        if self.matvec_max_tokens < 1:
+            raise ValueError("matvec_max_tokens must be >= 1")
+        if self.graph_buckets and max(self.graph_buckets) > self.matvec_max_tokens:
+            raise ValueError("graph buckets must not exceed matvec_max_tokens (the GEMM path allocates scratch)")
+
+
+@dataclass
+class GpuMatrix:
+    """A [rows, cols] weight on the GPU: f32 [rows, cols] for F32, else uint8 [rows, row_stride] blocks."""
+
+    qtype: int
+    rows: int
+    cols: int
+    data: Any
+    row_stride: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+
+@dataclass
+class CudaKV:
+    """Per layer K and V pools, [(num_blocks + 1) * block_size, Hkv, hd] float32 (flat slots).
+
+    Block `num_blocks` is the trash block: padded graph rows write there, nothing reads it."""
+
+    k: list
+    v: list
+    num_blocks: int
+    block_size: int
+
+    @property
+    def trash_block(self) -> int:
+        return self.num_blocks
+
+
+class RoundMeta:
+    """Device copies of one round's metadata, in two buffers of fixed capacity (so a
+    captured graph keeps reading the same addresses while `fill` changes the values)."""
+
+    def __init__(self, cap_tokens: int, cap_seqs: int, width: int):
+        import cupy
+
+        self.cap_t, self.cap_s, self.width = cap_tokens, cap_seqs, width
+        self.h64 = np.zeros(3 * cap_tokens + cap_seqs, np.int64)
+        self.h32 = np.zeros(4 * cap_tokens + 2 * cap_seqs + cap_seqs * width, np.int32)
+        self.d64 = cupy.zeros(self.h64.shape, cupy.int64)
+        self.d32 = cupy.zeros(self.h32.shape, cupy.int32)
+        T, S = cap_tokens, cap_seqs
+        self.tok, self.pos, self.slots = (self.d64[i * T:(i + 1) * T] for i in range(3))
+        self.rows = self.d64[3 * T:3 * T + S]
+        self.dec_rows, self.dec_seq, self.tile_seq, self.tile_q0 = (self.d32[i * T:(i + 1) * T] for i in range(4))
+        self.seq_start = self.d32[4 * T:4 * T + S]
+        self.seq_ntok = self.d32[4 * T + S:4 * T + 2 * S]
+        self.tables = self.d32[4 * T + 2 * S:].reshape(S, width)
+        self.n_tokens = self.n_dec = self.n_tiles = self.n_rows = 0
+
+    def fits(self, batch: ForwardBatch, width: int) -> bool:
+        return batch.n_tokens <= self.cap_t and len(batch.seqs) <= self.cap_s and width <= self.width
+
+    def fill(self, batch: ForwardBatch) -> None:
+        """Upload batch's metadata (two host-to-device copies on the current stream)."""
+        T, S, W = batch.n_tokens, len(batch.seqs), self.width
+        h64, h32 = self.h64, self.h32
+        cT, cS = self.cap_t, self.cap_s
+        h64[0:T] = batch.token_ids
+        h64[cT:cT + T] = batch.positions
+        h64[2 * cT:2 * cT + T] = batch.slots
+        h64[3 * cT:3 * cT + len(batch.logits_rows)] = batch.logits_rows
+        dec_rows, dec_seq, tile_seq, tile_q0 = [], [], [], []
+        tables = h32[4 * cT + 2 * cS:].reshape(cS, W)
+        for i, s in enumerate(batch.seqs):
+            h32[4 * cT + i] = s.start
+            h32[4 * cT + cS + i] = s.n_tokens
+            tables[i, :len(s.block_table)] = s.block_table
+            if s.n_tokens == 1:
+                dec_rows.append(s.start)
+                dec_seq.append(i)
+            else:
+                for q0 in range(0, s.n_tokens, km.PREFILL_TILE):
+                    tile_seq.append(i)
+                    tile_q0.append(q0)
+        for j, vals in enumerate((dec_rows, dec_seq, tile_seq, tile_q0)):
+            h32[j * cT:j * cT + len(vals)] = vals
+        self.n_tokens, self.n_dec, self.n_tiles, self.n_rows = T, len(dec_rows), len(tile_seq), len(batch.logits_rows)
+        self.d64.set(h64)
+        end32 = 4 * cT + 2 * cS + S * W
+        self.d32[:end32].set(h32[:end32])
+
+
+class CudaDevice:
+    """The Device protocol (devices/base.py) on one NVIDIA GPU."""
+
+    def __init__(self, index: int = 0, config: CudaConfig | None = None):
+        import cupy
+
+        self.index = index
+        self.name = f"cuda:{index}"
+        self.config = config or CudaConfig()
+        self.cupy = cupy
+        cupy.cuda.Device(index).use()
+        self.stream = cupy.cuda.Stream(non_blocking=False)  # blocking: ordered with the legacy stream
+        self._meta: RoundMeta | None = None
+        self._eager_meta: RoundMeta | None = None
+        self._graphs = None  # devices/cuda_graph.DecodeGraphs, made on first use
+        self._meta_batch: ForwardBatch | None = None
+        self._scratch = None  # dequantized weight for the GEMM path, grown to the largest
+        self._static: dict[int, Any] | None = None  # capture mode: id(host array) -> device buffer
+        self.captured_outputs: list = []
+        self.last_output = None  # the last array to_numpy copied: a round's device logits
+
+    # ---- weights and KV ----
+
+    def upload(self, name: str, tensor) -> Any:
+        """Weights stay in GGUF blocks; 1-D tensors (norms, biases) become f32 arrays."""
+        cp = self.cupy
+        qtype, shape = int(tensor.qtype), tuple(int(s) for s in tensor.shape)
+        if len(shape) == 1:
+            return cp.asarray(_host_f32(tensor.data, qtype, shape))
+        rows, cols = int(np.prod(shape[:-1])), shape[-1]
+        raw = np.ascontiguousarray(tensor.data).reshape(-1).view(np.uint8)
+        if qtype == F32:
+            return GpuMatrix(F32, rows, cols, cp.asarray(raw.view(np.float32).reshape(rows, cols)))
+        blocks = km.KERNEL_BLOCKS.get(qtype)
+        if blocks is None or cols % blocks[0]:
+            # no kernel for this type (or rows not whole 32-blocks): keep f32, loudly documented
+            return GpuMatrix(F32, rows, cols, cp.asarray(_host_f32(tensor.data, qtype, shape).reshape(rows, cols)))
+        row_bytes = cols // blocks[0] * blocks[1]
+        if raw.size != rows * row_bytes:
+            raise ValueError(f"{name}: {raw.size} bytes for a {shape} tensor of type {qtype}")
+        stride = -(-row_bytes // 16) * 16
+        host = raw.reshape(rows, row_bytes)
+        if stride != row_bytes:
+            padded = np.zeros((rows, stride), np.uint8)
+            padded[:, :row_bytes] = host
+            host = padded
+        return GpuMatrix(qtype, rows, cols, cp.asarray(host), stride)
+
+    def alloc_kv(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int) -> CudaKV:
+        if head_dim > km.MAX_HEAD_DIM:
+            raise ValueError(f"head_dim {head_dim} > {km.MAX_HEAD_DIM} is not supported by the CUDA attention kernels")
+        cp = self.cupy
+        shape = ((num_blocks + 1) * block_size, n_kv_heads, head_dim)
+        return CudaKV([cp.zeros(shape, cp.float32) for _ in range(n_layers)],
+                      [cp.zeros(shape, cp.float32) for _ in range(n_layers)], num_blocks, block_size)
+
+    # ---- ops ----
+
+    def embed(self, table: GpuMatrix, token_ids: np.ndarray) -> Any:
+        cp = self.cupy
+        ids = self.from_numpy(token_ids)
+        if ids.dtype != cp.int64:
+            ids = ids.astype(cp.int64)
+        if table.qtype == F32:
+            return table.data[ids]  # [T, d]
+        out = cp.empty((ids.shape[0], table.cols), cp.float32)
+        km.dequant_rows(table.qtype, table.data, table.row_stride, table.cols, ids.shape[0], out, rows=ids)
+        return out
+
+    def rms_norm(self, x: Any, w: Any, eps: float) -> Any:
+        x = self.cupy.ascontiguousarray(x, dtype=self.cupy.float32)
+        y = self.cupy.empty_like(x)
+        km.rms_norm(x, w, y, eps)
+        return y
+
+    def linear(self, x: Any, w: GpuMatrix, b: Any = None) -> Any:
+        cp = self.cupy
+        x = cp.ascontiguousarray(x, dtype=cp.float32)  # [T, in]
+        T = x.shape[0]
+        if w.qtype == F32:
+            y = cp.matmul(x, w.data.T)  # cuBLAS SGEMM
+            if b is not None:
+                y += b
+            return y
+        y = cp.empty((T, w.rows), cp.float32)  # [T, out]
+        if T <= self.config.matvec_max_tokens:
+            for c in range(0, T, km.MV_MAX_COLS):
+                km.matvec(w.qtype, w.data, w.row_stride, w.cols, w.rows, x[c:c + km.MV_MAX_COLS], y[c:c + km.MV_MAX_COLS], b)
+            return y
+        dt = cp.float16 if self.config.gemm_dtype == "f16" else cp.float32
+        wf = self._scratch_for(w.rows * w.cols, dt).reshape(w.rows, w.cols)
+        km.dequant_rows(w.qtype, w.data, w.row_stride, w.cols, w.rows, wf)
+        if dt == cp.float16:
+            y[...] = cp.matmul(x.astype(cp.float16), wf.T)  # f16 tensor cores, f32 accumulate
+        else:
+            cp.matmul(x, wf.T, out=y)
+        if b is not None:
+            y += b
+        return y
+
+    def rope(self, x: Any, positions: Any, base: float, rope_dim: int, interleaved: bool) -> Any:
+        cp = self.cupy
+        x = cp.ascontiguousarray(x, dtype=cp.float32)  # [T, heads, hd]
+        if positions.dtype != cp.int64:
+            positions = positions.astype(cp.int64)
+        y = cp.empty_like(x)
+        km.rope(x, positions, y, base, rope_dim, interleaved)
+        return y
+
+    def write_kv(self, kv: CudaKV, layer: int, k: Any, v: Any, slots: Any) -> None:
+        cp = self.cupy
+        if slots.dtype != cp.int64:
+            slots = slots.astype(cp.int64)
+        km.write_kv(cp.ascontiguousarray(k, dtype=cp.float32), cp.ascontiguousarray(v, dtype=cp.float32), slots,
+                    kv.k[layer], kv.v[layer])
+
+    def attention(self, q: Any, kv: CudaKV, layer: int, batch: ForwardBatch, scale: float, window: int) -> Any:
+        cp = self.cupy
+        q = cp.ascontiguousarray(q, dtype=cp.float32)  # [T, H, hd]
+        meta = self.prepare(batch)
+        out = cp.empty_like(q)
+        n_kv = kv.k[layer].shape[1]
+        if meta.n_dec:
+            km.attn_decode(q, kv.k[layer], kv.v[layer], out, meta.dec_rows, meta.dec_seq, meta.n_dec, meta.pos,
+                           meta.tables, kv.block_size, n_kv, scale, window)
+        if meta.n_tiles:
+            km.attn_prefill(q, kv.k[layer], kv.v[layer], out, meta.tile_seq, meta.tile_q0, meta.n_tiles,
+                            meta.seq_start, meta.seq_ntok, meta.pos, meta.tables, kv.block_size, n_kv, scale, window)
+        return out
+
+    def glu(self, gate: Any, up: Any, act: str) -> Any:
+        cp = self.cupy
+        gate = cp.ascontiguousarray(gate, dtype=cp.float32)
+        out = cp.empty_like(gate)
+        km.glu(gate, cp.ascontiguousarray(up, dtype=cp.float32), out, act)
+        return out
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        """Copy to the host. While a graph is being captured it only records x (the
+        graph's output) and returns an uninitialised placeholder."""
+        self.last_output = x
+        if self._static is not None:
+            self.captured_outputs.append(x)
+            return np.empty(x.shape, x.dtype)
+        return self.cupy.asnumpy(x)
+
+    def from_numpy(self, x: np.ndarray) -> Any:
+        if self._static is not None:
+            if id(x) not in self._static:
+                raise RuntimeError("a CUDA graph capture may only read the round's own metadata arrays")
+            return self._static[id(x)]
+        return self.cupy.asarray(x)
+
+    # ---- sampling support ----
+
+    def topk(self, logits: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k best (id, value) of each row of logits [R, V] (device or numpy), best
+        first, ties to the lower id: ids int64 [R, k], values float32 [R, k]. k=1 is argmax."""
+        cp = self.cupy
+        x = cp.ascontiguousarray(cp.asarray(logits, dtype=cp.float32))
+        if x.ndim == 1:
+            x = x[None]
+        R, V = x.shape
+        if not 1 <= k <= V:
+            raise ValueError(f"k must be in 1..{V}, got {k}")
+        ids = cp.empty((R, k), cp.int64)
+        vals = cp.empty((R, k), cp.float32)
+        if R:
+            km.topk_rows(x, k, ids, vals)
+        return cp.asnumpy(ids), cp.asnumpy(vals)
+
+    def run_round(self, round_fn, kv: CudaKV, batch: ForwardBatch) -> np.ndarray:
+        """round_fn(batch) -> logits (models.forward.forward bound to spec, weights, this
+        device and kv); with config.cuda_graphs, a decode round replays a captured graph."""
+        if self.config.cuda_graphs:
+            from zinfer.devices.cuda_graph import DecodeGraphs
+
+            if self._graphs is None or self._graphs.kv is not kv:
+                self._graphs = DecodeGraphs(self, kv, self.config.graph_buckets, self.config.graph_max_context)
+            if self._graphs.eligible(batch):
+                return self._graphs.run(round_fn, batch)
+        return round_fn(batch)
+
+    # ---- round metadata and capture mode (used by devices/cuda_graph.py) ----
+
+    def prepare(self, batch: ForwardBatch, meta: RoundMeta | None = None) -> RoundMeta:
+        """Upload batch's metadata (once per batch object) and return its device copy;
+        with `meta`, into that fixed-capacity buffer set."""
+        if batch is self._meta_batch and meta is None:
+            return self._meta
+        width = max([len(s.block_table) for s in batch.seqs] + [1])
+        if meta is None:
+            meta = self._eager_meta
+            if meta is None or not meta.fits(batch, width):
+                meta = RoundMeta(max(batch.n_tokens, 64) * 2, max(len(batch.seqs), 8) * 2, max(width, 64) * 2)
+                self._eager_meta = meta
+        elif not meta.fits(batch, width):
+            raise ValueError("batch does not fit the given metadata buffers")
+        meta.fill(batch)
+        self._meta, self._meta_batch = meta, batch
+        return meta
+
+    def begin_capture(self, batch: ForwardBatch, meta: RoundMeta) -> None:
+        """Enter capture mode: batch's host arrays resolve to meta's device buffers."""
+        self._meta, self._meta_batch = meta, batch
+        self._static = {id(batch.token_ids): meta.tok[:meta.n_tokens], id(batch.positions): meta.pos[:meta.n_tokens],
+                        id(batch.slots): meta.slots[:meta.n_tokens], id(batch.logits_rows): meta.rows[:meta.n_rows]}
+        self.captured_outputs = []
+
+    def end_capture(self) -> None:
+        self._static = None
+        self._meta_batch = None
+
+    def _scratch_for(self, n: int, dtype) -> Any:
+        cp = self.cupy
+        itemsize = np.dtype(dtype).itemsize
+        if self._scratch is None or self._scratch.nbytes < n * itemsize:
+            self._scratch = None
+            self._scratch = cp.empty(n * itemsize, cp.uint8)
+        return self._scratch[:n * itemsize].view(dtype)
+
+
+def _host_f32(data: np.ndarray, qtype: int, shape: tuple[int, ...]) -> np.ndarray:
+    """float32 values of a tensor on the host (for 1-D tensors and types without a kernel)."""
+    raw = np.ascontiguousarray(data).reshape(-1)
+    if qtype == F32:
+        return raw.view(np.float32).reshape(shape).astype(np.float32)
+    if qtype == F16:
+        return raw.view(np.float16).reshape(shape).astype(np.float32)
+    if qtype == BF16:
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    from zinfer.kernels.quants import dequantize  # needs gguf; only for types without a kernel
+
+    return dequantize(data, qtype, shape).astype(np.float32)
