@@ -9,8 +9,10 @@ are JSON objects with a "type" (the protocol is written down in gateway/PROTOCOL
   server: started, delta {id, index, text}, done {id, finish_reason, usage},
           cancelled {id}, error {id | null, code, message}, pong
 
-Every generate ends with exactly one of done, cancelled or error. A message that is
-not understood gets an error and the socket stays open. Closing the socket cancels
+Every generate ends with exactly one of done, cancelled or error (an error naming an
+id is that generation's terminal; an id still running cannot be reused, and that
+error has id null). A message that is not understood gets an error and the socket
+stays open. Closing the socket cancels
 its generations. Events queue without bound for the one sender task per socket.
 """
 
@@ -146,7 +148,7 @@ class ChatSocket:
                 self.state.client.cancel(rid)  # the generation then ends with "cancelled"
         else:
             if msg.id in self.running:
-                raise BadMessage("id_in_use", f"a generation with id {msg.id!r} is still running", msg.id)
+                raise BadMessage("id_in_use", f"a generation with id {msg.id!r} is still running")  # id null: not its terminal
             if self.state.client is None:
                 raise BadMessage("loading", "the model is still loading", msg.id)
             self.running[msg.id] = self.prefix + msg.id

@@ -13,7 +13,6 @@ import json
 import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import httpx
 import pytest

@@ -122,7 +122,7 @@ def test_bad_messages_get_errors_and_the_socket_stays_open(server):
         msgs = [recv(ws)]
         while msgs[-1]["type"] not in ("done", "cancelled"):
             msgs.append(recv(ws))
-        assert [m["code"] for m in msgs if m["type"] == "error"] == ["id_in_use"], msgs
+        assert [(m["code"], m["id"]) for m in msgs if m["type"] == "error"] == [("id_in_use", None)], msgs
         assert msgs[-1]["type"] == "done" and msgs[-1]["usage"]["completion_tokens"] == 20
 
 
