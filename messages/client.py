@@ -78,7 +78,7 @@ class Delta(msgspec.Struct, tag="delta", **_MAP):
     finish_reason: str | None = None
 
 
-class Usage(msgspec.Struct, **_MAP):
+class Usage(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
