@@ -7,7 +7,7 @@ facts); KV lives in float32 numpy pools. Every op is a kernels.reference call.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -33,11 +33,29 @@ class CpuKV:
         return self.k[layer][slots], self.v[layer][slots]
 
 
-class CpuDevice:
-    name = "cpu"
+class CpuMatrix(NamedTuple):
+    """A weight matrix as float32 [out, in], and how llama.cpp would round its activations."""
 
-    def upload(self, name: str, tensor: TensorData) -> np.ndarray:
-        return np.ascontiguousarray(dequantize(tensor.data, tensor.qtype, tensor.shape), dtype=np.float32)
+    w: np.ndarray
+    activation_type: str | None
+
+
+class CpuDevice:
+    """numpy device. llama_cpp_numerics rounds activations before each quantized matmul as
+    llama.cpp does (Q8_0/Q8_1/Q8_K), so greedy ids match it on near-ties; off, every
+    product is plain float32."""
+
+    name = "numpy"
+
+    def __init__(self, llama_cpp_numerics: bool = True):
+        self.llama_cpp_numerics = llama_cpp_numerics
+
+    def upload(self, name: str, tensor: TensorData) -> np.ndarray | CpuMatrix:
+        w = np.ascontiguousarray(dequantize(tensor.data, tensor.qtype, tensor.shape), dtype=np.float32)
+        if len(tensor.shape) == 1:
+            return w
+        act = ref.ACTIVATION_TYPE.get(tensor.qtype.name) if self.llama_cpp_numerics else None
+        return CpuMatrix(w, act)
 
     def alloc_kv(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int) -> CpuKV:
         shape = (num_blocks * block_size, n_kv_heads, head_dim)
@@ -48,14 +66,14 @@ class CpuDevice:
             block_size=block_size,
         )
 
-    def embed(self, table: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
-        return table[token_ids]
+    def embed(self, table: CpuMatrix, token_ids: np.ndarray) -> np.ndarray:
+        return table.w[token_ids]
 
     def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
         return ref.rms_norm(x, w, eps)
 
-    def linear(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
-        return ref.linear(x, w, b)
+    def linear(self, x: np.ndarray, w: CpuMatrix, b: np.ndarray | None = None) -> np.ndarray:
+        return ref.linear(ref.quantize_activations(x, w.activation_type), w.w, b)
 
     def rope(self, x: np.ndarray, positions: np.ndarray, base: float, rope_dim: int, interleaved: bool) -> np.ndarray:
         return ref.rope(x, positions, base, rope_dim, interleaved)

@@ -104,3 +104,44 @@ def attention(
     p = softmax(scores).reshape(n_kv, group * n, ctx)
     out = p @ v.transpose(1, 0, 2)  # [n_kv, g*n, hd]
     return out.reshape(n_kv, group, n, hd).transpose(2, 0, 1, 3).reshape(n, n_heads, hd)
+
+
+# llama.cpp multiplies a quantized weight by activations quantized to its "vec_dot_type";
+# doing the same keeps the oracle's greedy ids equal to llama.cpp's on near-ties.
+ACTIVATION_TYPE = {
+    "Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0",
+    "Q4_1": "Q8_1", "Q5_1": "Q8_1",
+    "Q2_K": "Q8_K", "Q3_K": "Q8_K", "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K",
+    "F16": "F16", "BF16": "BF16",
+}
+
+
+def quantize_activations(x: np.ndarray, kind: str | None) -> np.ndarray:
+    """x [T, n] rounded as llama.cpp rounds activations of kind (Q8_0/Q8_1/Q8_K/F16/BF16);
+    returns float32 [T, n] holding the dequantized values. None: x unchanged."""
+    if kind is None:
+        return x
+    if kind == "F16":
+        return x.astype(np.float16).astype(np.float32)
+    if kind == "BF16":
+        bits = x.astype(np.float32).view(np.uint32)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # round to nearest even
+        return rounded.astype(np.uint32).view(np.float32)
+    block = 256 if kind == "Q8_K" else 32
+    T, n = x.shape
+    xb = x.reshape(T, n // block, block)  # [T, blocks, block]
+    if kind == "Q8_K":  # scale from the signed value of largest magnitude, float32 scale
+        idx = np.argmax(np.abs(xb), axis=-1)[..., None]
+        maxv = np.take_along_axis(xb, idx, axis=-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            iscale = np.where(maxv != 0, np.float32(-127.0) / maxv, np.float32(0.0)).astype(np.float32)
+            q = np.minimum(np.rint(iscale * xb), 127)
+            d = np.where(iscale != 0, np.float32(1.0) / iscale, np.float32(0.0)).astype(np.float32)
+    else:  # Q8_0 / Q8_1: amax / 127, scale stored as fp16
+        amax = np.max(np.abs(xb), axis=-1, keepdims=True)
+        d = amax / np.float32(127.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inv = np.where(d > 0, np.float32(1.0) / d, np.float32(0.0)).astype(np.float32)
+        q = np.rint(xb * inv)
+        d = d.astype(np.float16).astype(np.float32)
+    return (q * d).astype(np.float32).reshape(T, n)

@@ -1,0 +1,109 @@
+"""Parity with llama.cpp (f32 KV, no flash attention): prompt ids and greedy ids.
+
+The goldens come from tests/goldens/regenerate.py. Teacher forcing runs the prompt plus
+llama.cpp's 32 greedy tokens in one prefill and compares our argmax at every position;
+the greedy run matches llama.cpp up to the first position where the argmax differs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from zinfer.devices.cpu import CpuDevice
+from zinfer.models.batch import ForwardBatch
+from zinfer.models.forward import forward
+from zinfer.models.loader import open_model
+from zinfer.models.tokenizer import Tokenizer
+from zinfer.models.weights import build_weights
+
+GOLDENS = Path(__file__).parent / "goldens"
+
+
+def load_golden(name: str) -> dict:
+    return json.loads((GOLDENS / f"greedy_{name}.json").read_text())
+
+
+def teacher_forced(source, weights, dev, ids: list[int]) -> np.ndarray:
+    """Logits at every position of one prefill of ids: [len(ids), vocab]."""
+    spec = source.spec
+    blocks = -(-len(ids) // 16)
+    kv = dev.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, blocks, 16)
+    batch = ForwardBatch.build([(ids, 0, list(range(blocks)), True)], 16)
+    batch = replace(batch, logits_rows=np.arange(len(ids)))
+    return forward(spec, weights, dev, kv, batch)
+
+
+def greedy(source, weights, dev, prompt: list[int], n: int, eog: frozenset[int]) -> tuple[list[int], list[np.ndarray]]:
+    """Prefill the prompt, then decode token by token as llama.cpp does: ids and logits rows."""
+    spec = source.spec
+    blocks = -(-(len(prompt) + n) // 16)
+    kv = dev.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, blocks, 16)
+    table = list(range(blocks))
+    rows = [forward(spec, weights, dev, kv, ForwardBatch.build([(prompt, 0, table, True)], 16))[0]]
+    out = [int(rows[-1].argmax())]
+    while len(out) < n and out[-1] not in eog:
+        batch = ForwardBatch.build([([out[-1]], len(prompt) + len(out) - 1, table, True)], 16)
+        rows.append(forward(spec, weights, dev, kv, batch)[0])
+        out.append(int(rows[-1].argmax()))
+    return out, rows
+
+
+def until_eog(ids: list[int], eog: frozenset[int]) -> list[int]:
+    for i, t in enumerate(ids):
+        if t in eog:
+            return ids[: i + 1]
+    return ids
+
+
+@pytest.mark.parametrize("name,fixture", [("smollm2-135m", "smollm2_path"), ("gemma3-270m", "gemma3_path")])
+def test_greedy_parity_with_llama_cpp(name, fixture, request, capsys):
+    path = request.getfixturevalue(fixture)
+    golden = load_golden(name)
+    source = open_model(path)
+    tok = Tokenizer.from_gguf_metadata(source.gguf_metadata)
+    dev = CpuDevice()
+    weights = build_weights(source.spec, source.tensors, dev.upload)
+    full_matches, agree, total, report = 0, 0, 0, []
+    for case in golden["cases"]:
+        assert tok.encode(case["prompt"]) == case["prompt_ids"], case["prompt"]
+        ref = until_eog(case["greedy_ids"], tok.eos_ids)
+        p = len(case["prompt_ids"])
+        logits = teacher_forced(source, weights, dev, case["prompt_ids"] + ref)[p - 1 : p - 1 + len(ref)]
+        agree += int((logits.argmax(axis=1) == np.asarray(ref)).sum())
+        total += len(ref)
+        ours, rows = greedy(source, weights, dev, case["prompt_ids"], len(case["greedy_ids"]), tok.eos_ids)
+        if ours == ref:
+            full_matches += 1
+        else:
+            k = next(i for i, (a, b) in enumerate(zip(ours, ref)) if a != b)
+            margin = float(rows[k][ours[k]] - rows[k][ref[k]])
+            report.append(f"{case['prompt'][:30]!r}: first divergence at token {k}, logit margin {margin:.4f}")
+    with capsys.disabled():
+        print(f"\n{name}: greedy equal to llama.cpp on {full_matches}/{len(golden['cases'])} prompts; teacher-forced top-1 agreement {agree}/{total}")
+        for line in report:
+            print("  " + line)
+    # llama.cpp's rounding (int8 activations, its own exp and sums) cannot be reproduced
+    # bit for bit, and these small models flip on tiny differences: see the closing note.
+    assert full_matches >= 4
+    assert agree / total >= 0.95
+
+
+def test_run_json_matches_llama_cpp(smollm2_path):
+    """The CLI path end to end: `zinfer run --raw --temperature 0 --json`."""
+    case = load_golden("smollm2-135m")["cases"][0]
+    out = subprocess.run(
+        [sys.executable, "-m", "zinfer.gateway.cli", "run", "--model", str(smollm2_path), "--raw", "--temperature", "0", "--max-tokens", "32", "--json", case["prompt"]],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["prompt_ids"] == case["prompt_ids"]
+    n = len(result["token_ids"])
+    assert result["token_ids"] == case["greedy_ids"][:n] and n > 0
