@@ -10,7 +10,7 @@ import hypercorn.trio
 import structlog
 import trio
 
-from zinfer.actors.engine import open_engine
+from zinfer.actors.engine import EngineConfig, open_engine
 from zinfer.gateway.app import build_app
 from zinfer.gateway.client import AsyncClient
 from zinfer.gateway.run_command import engine_config
@@ -20,12 +20,12 @@ log = structlog.get_logger("zinfer.serve")
 
 
 def serve(args: argparse.Namespace) -> int:
-    trio.run(_serve, args)
+    trio.run(run_server, args, engine_config(args))
     return 0
 
 
-async def _serve(args: argparse.Namespace) -> None:
-    config = engine_config(args)
+async def run_server(args: argparse.Namespace, config: EngineConfig) -> None:
+    """Serve HTTP at args.host:args.port from an engine started with config, until cancelled."""
     state = GatewayState(model_name=args.model, api_key=args.api_key)
     hc = hypercorn.config.Config()
     hc.bind = [f"{args.host}:{args.port}"]
