@@ -39,6 +39,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_waiting: int = 256
     token_budget: int = 512
     prefix_caching: bool = True
+    topology: str = "inproc"  # "inproc": one process; "ipc" / "tcp": an actor per process
     zmq_endpoints: tuple[str, ...] = ()  # public ZeroMQ endpoints of the front door, e.g. tcp://127.0.0.1:5555
 
     def scheduler_config(self, source: ModelSource) -> SchedulerConfig:
@@ -106,6 +107,14 @@ async def open_engine(config: EngineConfig = EngineConfig(), addrs: Addresses | 
 
     An actor that raises cancels the rest and the exception propagates out of here.
     """
+    if config.topology in ("ipc", "tcp"):
+        from zinfer.actors.processes import open_process_engine
+
+        async with open_process_engine(config, config.topology) as engine:
+            yield engine
+        return
+    if config.topology != "inproc":
+        raise ValueError(f"unknown topology {config.topology!r} (inproc, ipc, tcp)")
     source = await trio.to_thread.run_sync(open_model, config.model)
     ctx = zmq.Context()
     addrs = addrs or Addresses.inproc()

@@ -1,0 +1,162 @@
+"""Multi-process topologies: each actor but the tokenizer in its own process.
+
+The tokenizer (the front door) stays in the parent, so when a child dies the parent
+can still fail every open request: it watches each child, and on an unexpected exit
+tells the tokenizer (ActorFailed), then tears the engine down with EngineFailure.
+Children exit on their own when the parent goes away, so no orphan outlives it.
+
+Run one actor by hand (an executor on another host, say):
+    python -m zinfer.actors.processes executor '<EngineConfig JSON>' '<Addresses JSON>'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+from typing import AsyncIterator
+
+import msgspec
+import structlog
+import trio
+import zmq
+
+from zinfer.actors.topology import Addresses
+from zinfer.messages.channel import Outbox
+from zinfer.messages.engine import ActorFailed, TokenizerInbox
+
+log = structlog.get_logger("zinfer.processes")
+
+CHILD_ACTORS = ("kv", "sampler", "executor", "scheduler")
+
+
+class EngineFailure(RuntimeError):
+    """An actor process died; the engine stopped."""
+
+
+def child_command(name: str, config, addrs: Addresses) -> list[str]:
+    return [
+        sys.executable, "-m", "zinfer.actors.processes", name,
+        msgspec.json.encode(config).decode(), msgspec.json.encode(addrs).decode(), str(os.getpid()),
+    ]
+
+
+async def _start_child(name: str, config, addrs: Addresses) -> trio.Process:
+    """Start one actor process and wait for its "ready" line."""
+    proc = await trio.lowlevel.open_process(child_command(name, config, addrs), stdout=subprocess.PIPE)
+    buf = b""
+    with trio.fail_after(300):
+        while b"\n" not in buf:
+            chunk = await proc.stdout.receive_some(256)
+            if not chunk:
+                raise EngineFailure(f"actor {name} exited during start-up (code {await proc.wait()})")
+            buf += chunk
+    return proc
+
+
+@contextlib.asynccontextmanager
+async def open_process_engine(config, transport: str = "ipc") -> AsyncIterator:
+    """Start kv, sampler, executor and scheduler as processes; the tokenizer here."""
+    from zinfer.actors.engine import Engine, build_actor
+    from zinfer.models.loader import open_model
+
+    source = await trio.to_thread.run_sync(open_model, config.model)
+    with tempfile.TemporaryDirectory(prefix="zinfer-") as tmp:
+        if transport == "tcp":
+            addrs = Addresses.tcp("127.0.0.1", _free_port_base(len(Addresses.__struct_fields__)))
+        else:
+            addrs = Addresses.ipc(tmp)
+        ctx = zmq.Context()
+        procs: dict[str, trio.Process] = {}
+        try:
+            for name in CHILD_ACTORS:
+                procs[name] = await _start_child(name, config, addrs)
+            tokenizer = await trio.to_thread.run_sync(build_actor, "tokenizer", ctx, addrs, config, source)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(tokenizer.run)
+                for name, proc in procs.items():
+                    nursery.start_soon(_watch, name, proc, ctx, addrs)
+                yield Engine(ctx, addrs, source, {"tokenizer": tokenizer, "processes": procs}, config)
+                nursery.cancel_scope.cancel()
+        finally:
+            for proc in procs.values():
+                if proc.returncode is None:
+                    proc.kill()
+            for proc in procs.values():
+                with trio.move_on_after(5) as scope:
+                    scope.shield = True
+                    await proc.wait()
+            ctx.destroy(linger=0)
+
+
+async def _watch(name: str, proc: trio.Process, ctx: zmq.Context, addrs: Addresses) -> None:
+    """Wait for a child's exit: an exit while the engine runs fails every open request."""
+    code = await proc.wait()
+    log.error("actor process exited", actor=name, pid=proc.pid, code=code)
+    out = Outbox(ctx, addrs.tokenizer, TokenizerInbox)
+    try:
+        await out.send(ActorFailed(name, f"process {proc.pid} exited with code {code}"))
+        await trio.sleep(0.2)  # let the tokenizer send the failures before we tear down
+    finally:
+        out.close()
+    raise EngineFailure(f"actor {name} (pid {proc.pid}) exited with code {code}")
+
+
+def _free_port_base(n: int) -> int:
+    """A run of n consecutive free TCP ports on 127.0.0.1 (best effort)."""
+    import random
+    import socket
+
+    for _ in range(50):
+        base = random.randint(20000, 60000)
+        try:
+            socks = []
+            for i in range(n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise EngineFailure("no free TCP port range for the topology")
+
+
+# ---- the child side ------------------------------------------------------------------
+
+async def _serve_child(actor, parent_pid: int) -> None:
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.run)
+        print("ready", flush=True)
+        nursery.start_soon(_exit_with_parent, parent_pid, nursery.cancel_scope)
+
+
+async def _exit_with_parent(parent_pid: int, scope: trio.CancelScope) -> None:
+    while os.getppid() == parent_pid:
+        await trio.sleep(0.5)
+    scope.cancel()
+
+
+def child_main(argv: list[str]) -> None:
+    from zinfer.actors.engine import EngineConfig, build_actor
+    from zinfer.models.loader import open_model
+    from zinfer.traces.logs import configure_logging
+
+    name, config_json, addrs_json, parent = argv
+    configure_logging("warning")
+    config = msgspec.json.decode(config_json, type=EngineConfig)
+    addrs = msgspec.json.decode(addrs_json, type=Addresses)
+    ctx = zmq.Context()
+    actor = build_actor(name, ctx, addrs, config, open_model(config.model))
+    try:
+        trio.run(_serve_child, actor, int(parent))
+    finally:
+        ctx.destroy(linger=0)
+
+
+if __name__ == "__main__":
+    child_main(sys.argv[1:])
