@@ -1,0 +1,189 @@
+"""The fast CPU device: GGUF blocks kept as blocks, numba kernels over all cores.
+
+Same protocol and numbers as the numpy oracle (devices/cpu.py), up to f32 summation
+order. Per linear, by the number of rows T in the round:
+
+- T <= SMALL_BATCH: the quantized kernel (blocks -> f32 inside the kernel), which
+  streams ~1/6 of the bytes of an f32 matrix: decode.
+- larger T: f32 GEMM through BLAS, on an f32 copy kept at upload while the copies fit
+  in `f32_cache_bytes`, else on rows dequantized tile by tile into scratch.
+
+Attention: one numba kernel over every short row of the round (decode, small appends)
+and a tiled BLAS path for long prefill chunks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+
+from zinfer.devices.cpu import CpuKV
+from zinfer.kernels import cpu_ops as ops
+from zinfer.kernels import cpu_quant as cq
+from zinfer.kernels.quants import dequantize
+from zinfer.models.batch import ForwardBatch
+from zinfer.models.gguf_file import TensorData
+
+SMALL_BATCH = 4  # rows up to which the quantized kernel beats BLAS on an f32 copy (bench_cpu_kernels)
+SMALL_BATCH_NO_COPY = 12  # the same crossover when BLAS must dequantize tiles first
+LONG_CHUNK = 32  # a sequence's rows from which attention goes through BLAS tiles
+_TILE_ROWS = 2048  # weight rows dequantized per BLAS tile when no f32 copy is kept
+
+
+@dataclass
+class FastWeight:
+    """A resident matrix [rows, cols]: packed blocks and/or an f32 copy (at least one)."""
+
+    shape: tuple[int, int]
+    packed: cq.Packed | None
+    f32: np.ndarray | None  # [rows, cols]
+
+    @property
+    def nbytes(self) -> int:
+        return (self.packed.nbytes if self.packed else 0) + (self.f32.nbytes if self.f32 is not None else 0)
+
+
+class FastCpuDevice:
+    """Numba CPU device. `threads`: numba threads (default: all); `f32_cache_bytes`:
+    memory allowed for f32 copies of quantized matrices (used for large batches)."""
+
+    name = "cpu"
+
+    def __init__(self, threads: int | None = None, f32_cache_bytes: int = 1 << 30):
+        if threads is not None:
+            numba.set_num_threads(threads)
+        self.f32_cache_left = f32_cache_bytes
+        self._inv_freq: dict[tuple[float, int], np.ndarray] = {}
+
+    # ---- weights and KV ----
+
+    def upload(self, name: str, tensor: TensorData):
+        """Vectors and float matrices as f32 arrays; quantized matrices as FastWeight."""
+        qt = QT(tensor.qtype)
+        if len(tensor.shape) != 2 or qt in (QT.F32, QT.F16, QT.BF16):
+            f = np.ascontiguousarray(dequantize(tensor.data, qt, tensor.shape), dtype=np.float32)
+            return f if f.ndim != 2 else FastWeight(f.shape, None, f)
+        shape = (int(tensor.shape[0]), int(tensor.shape[1]))
+        packed = cq.repack(qt, tensor.data, shape) if qt in cq.U4_TYPES + cq.I8_TYPES else None
+        f32 = None
+        if packed is None or shape[0] * shape[1] * 4 <= self.f32_cache_left:
+            f32 = np.ascontiguousarray(dequantize(tensor.data, qt, tensor.shape), dtype=np.float32)
+            if packed is not None:
+                self.f32_cache_left -= f32.nbytes
+        return FastWeight(shape, packed, f32)
+
+    def alloc_kv(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int) -> CpuKV:
+        shape = (num_blocks * block_size, n_kv_heads, head_dim)
+        return CpuKV(
+            k=[np.zeros(shape, np.float32) for _ in range(n_layers)],
+            v=[np.zeros(shape, np.float32) for _ in range(n_layers)],
+            num_blocks=num_blocks,
+            block_size=block_size,
+        )
+
+    # ---- ops ----
+
+    def embed(self, table, token_ids: np.ndarray) -> np.ndarray:
+        ids = np.ascontiguousarray(token_ids, dtype=np.int64)
+        if isinstance(table, np.ndarray):
+            return table[ids]
+        if table.f32 is not None:
+            return table.f32[ids]
+        out = np.empty((ids.shape[0], table.shape[1]), np.float32)  # [T, d]
+        cq.dequantize_rows(table.packed, ids, out)
+        return out
+
+    def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty_like(x)
+        n = x.shape[-1]
+        ops.rms_norm(x.reshape(-1, n), w, np.float32(eps), out.reshape(-1, n))
+        return out
+
+    def linear(self, x: np.ndarray, w: FastWeight, b: np.ndarray | None = None) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)  # [T, in]
+        T = x.shape[0]
+        small = SMALL_BATCH if w.f32 is not None else SMALL_BATCH_NO_COPY
+        if w.packed is not None and T <= small:
+            out = np.empty((T, w.shape[0]), np.float32)  # [T, out]
+            cq.matmul(w.packed, x, out)
+        elif w.f32 is not None:
+            out = x @ w.f32.T
+        else:
+            out = np.empty((T, w.shape[0]), np.float32)
+            tile = np.empty((min(_TILE_ROWS, w.shape[0]), w.shape[1]), np.float32)  # [tile, in]
+            for a in range(0, w.shape[0], _TILE_ROWS):
+                rows = np.arange(a, min(a + _TILE_ROWS, w.shape[0]), dtype=np.int64)
+                cq.dequantize_rows(w.packed, rows, tile[: len(rows)])
+                np.matmul(x, tile[: len(rows)].T, out=out[:, a : a + len(rows)])
+        if b is not None:
+            out += b
+        return out
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, base: float, rope_dim: int, interleaved: bool) -> np.ndarray:
+        key = (float(base), int(rope_dim))
+        inv_freq = self._inv_freq.get(key)
+        if inv_freq is None:
+            inv_freq = np.float32(base) ** (-np.arange(0, rope_dim, 2, dtype=np.float32) / np.float32(rope_dim))
+            self._inv_freq[key] = inv_freq = inv_freq.astype(np.float32)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty_like(x)
+        ops.rope(x, np.ascontiguousarray(positions, dtype=np.int64), inv_freq, bool(interleaved), out)
+        return out
+
+    def write_kv(self, kv: CpuKV, layer: int, k: np.ndarray, v: np.ndarray, slots: np.ndarray) -> None:
+        kv.k[layer][slots] = k
+        kv.v[layer][slots] = v
+
+    def attention(self, q: np.ndarray, kv: CpuKV, layer: int, batch: ForwardBatch, scale: float, window: int) -> np.ndarray:
+        q = np.ascontiguousarray(q, dtype=np.float32)  # [T, H, hd]
+        out = np.empty_like(q)
+        kp, vp = kv.k[layer], kv.v[layer]
+        short = [s for s in batch.seqs if s.n_tokens < LONG_CHUNK]
+        for s in batch.seqs:
+            if s.n_tokens >= LONG_CHUNK:
+                rows = slice(s.start, s.start + s.n_tokens)
+                k, v = kv.gather(layer, s.block_table, s.context_len)
+                ops.chunk_attention(q[rows], k, v, batch.positions[rows], scale, window, out[rows])
+        if short:
+            rows, row_seq, tables = _short_rows(batch, short)
+            positions = np.ascontiguousarray(batch.positions, dtype=np.int64)
+            ops.paged_attention(q, kp, vp, rows, positions, row_seq, tables, kv.block_size, np.float32(scale), int(window), out)
+        return out
+
+    def glu(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
+        gate = np.ascontiguousarray(gate, dtype=np.float32)
+        out = np.empty_like(gate)
+        ops.glu(gate, np.ascontiguousarray(up, dtype=np.float32), act != "silu", out)
+        return out
+
+    def to_numpy(self, x) -> np.ndarray:
+        return np.asarray(x)
+
+    def from_numpy(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+
+def _short_rows(batch: ForwardBatch, seqs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """rows [n] of the given sequences, row_seq [T] and their padded block tables [S, B].
+
+    Cached on the batch object: every layer of a round asks for the same arrays.
+    """
+    cached = getattr(batch, "_fast_short_rows", None)
+    if cached is not None:
+        return cached
+    T = batch.n_tokens
+    width = max(len(s.block_table) for s in seqs)
+    tables = np.zeros((len(seqs), width), np.int32)
+    row_seq = np.zeros(T, np.int64)
+    rows = []
+    for i, s in enumerate(seqs):
+        tables[i, : len(s.block_table)] = s.block_table
+        row_seq[s.start : s.start + s.n_tokens] = i
+        rows.append(np.arange(s.start, s.start + s.n_tokens, dtype=np.int64))
+    result = (np.concatenate(rows), row_seq, tables)
+    object.__setattr__(batch, "_fast_short_rows", result)  # ForwardBatch is frozen
+    return result

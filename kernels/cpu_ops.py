@@ -1,0 +1,153 @@
+"""Elementwise and attention kernels for the fast CPU device, in numba.
+
+Each matches its kernels.reference counterpart in float32 (up to summation order).
+They write into a caller-given `out`, so the device decides where memory comes from.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+_GELU_C = np.float32(math.sqrt(2.0 / math.pi))
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def rms_norm(x, w, eps, out):
+    """out = x * w / sqrt(mean(x^2) + eps) per row. x, out [rows, n], w [n]."""
+    rows, n = x.shape
+    for r in prange(rows):
+        xr = x[r]
+        ss = np.float32(0)
+        for i in range(n):
+            ss += xr[i] * xr[i]
+        inv = np.float32(1) / np.sqrt(ss / np.float32(n) + np.float32(eps))
+        o = out[r]
+        for i in range(n):
+            o[i] = xr[i] * inv * w[i]
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def rope(x, positions, inv_freq, interleaved, out):
+    """Rotary embedding of the first 2*len(inv_freq) dims of each head.
+
+    x, out [T, heads, hd] (may alias), positions [T] int64, inv_freq [rope_dim/2] f32.
+    interleaved: pairs (2i, 2i+1); else halves (i, i + rope_dim/2).
+    """
+    T, H, hd = x.shape
+    half = inv_freq.shape[0]
+    for t in prange(T):
+        p = np.float32(positions[t])
+        for i in range(half):
+            th = p * inv_freq[i]
+            c, s = np.cos(th), np.sin(th)
+            a_i = 2 * i if interleaved else i
+            b_i = 2 * i + 1 if interleaved else i + half
+            for h in range(H):
+                a, b = x[t, h, a_i], x[t, h, b_i]
+                out[t, h, a_i] = a * c - b * s
+                out[t, h, b_i] = a * s + b * c
+        for h in range(H):
+            for i in range(2 * half, hd):
+                out[t, h, i] = x[t, h, i]
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def glu(gate, up, gelu, out):
+    """out = act(gate) * up; act = gelu_tanh if gelu else silu. All [T, n]."""
+    T, n = gate.shape
+    for t in prange(T):
+        g, u, o = gate[t], up[t], out[t]
+        for i in range(n):
+            v = g[i]
+            if gelu:
+                a = np.float32(0.5) * v * (np.float32(1) + np.tanh(_GELU_C * (v + np.float32(0.044715) * v * v * v)))
+            else:
+                a = v / (np.float32(1) + np.exp(-v))
+            o[i] = a * u[i]
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def paged_attention(q, k_pool, v_pool, rows, positions, row_seq, tables, block_size, scale, window, out):
+    """Causal attention of the token rows `rows` over each one's paged KV, in one kernel.
+
+    q, out [T, H, hd]; k_pool, v_pool [slots, Hkv, hd]; rows [n] int64 rows of q to do;
+    positions [T]; row_seq [T] index into tables [n_seqs, max_blocks] int32. Row t sees
+    keys j <= positions[t] (and positions[t] - j < window when window > 0). Parallel over
+    (row, kv head); no per-sequence Python loop.
+    """
+    T, H, hd = q.shape
+    Hkv = k_pool.shape[1]
+    grp = H // Hkv
+    for item in prange(rows.shape[0] * Hkv):
+        t = rows[item // Hkv]
+        g = item % Hkv
+        p = positions[t]
+        lo = max(0, p - window + 1) if window > 0 else 0
+        n = p + 1 - lo
+        table = tables[row_seq[t]]
+        sc = np.empty((grp, n), np.float32)
+        for j in range(n):
+            key = lo + j
+            slot = table[key // block_size] * block_size + key % block_size
+            kv = k_pool[slot, g]
+            for h in range(grp):
+                qh = q[t, g * grp + h]
+                s = np.float32(0)
+                for i in range(hd):
+                    s += qh[i] * kv[i]
+                sc[h, j] = s * scale
+        for h in range(grp):
+            mx = sc[h, 0]
+            for j in range(n):
+                mx = max(mx, sc[h, j])
+            tot = np.float32(0)
+            for j in range(n):
+                e = np.exp(sc[h, j] - mx)
+                sc[h, j] = e
+                tot += e
+            inv = np.float32(1) / tot
+            for j in range(n):
+                sc[h, j] *= inv
+            o = out[t, g * grp + h]
+            o[:] = 0
+        for j in range(n):
+            key = lo + j
+            slot = table[key // block_size] * block_size + key % block_size
+            vv = v_pool[slot, g]
+            for h in range(grp):
+                o = out[t, g * grp + h]
+                pj = sc[h, j]
+                for i in range(hd):
+                    o[i] += pj * vv[i]
+
+
+def chunk_attention(q, k, v, q_pos, scale, window, out, tile=128):
+    """Causal attention of one sequence's long chunk through BLAS, tile by tile.
+
+    q, out [n, H, hd] (out written); k, v [ctx, Hkv, hd] in position order; q_pos [n].
+    Temporaries are [group, tile, keys] per KV head: no [H, n, ctx] score array.
+    """
+    n, H, hd = q.shape
+    Hkv = k.shape[1]
+    grp = H // Hkv
+    for a in range(0, n, tile):
+        b = min(n, a + tile)
+        pos = q_pos[a:b]
+        end = int(pos.max()) + 1
+        start = max(0, int(pos.min()) - window + 1) if window else 0
+        kpos = np.arange(start, end)
+        visible = kpos[None, :] <= pos[:, None]  # [tile, keys]
+        if window:
+            visible &= (pos[:, None] - kpos[None, :]) < window
+        for g in range(Hkv):
+            qg = q[a:b, g * grp : (g + 1) * grp].transpose(1, 0, 2)  # [grp, tile, hd]
+            s = qg @ k[start:end, g].T  # [grp, tile, keys]
+            s *= np.float32(scale)
+            np.copyto(s, np.float32(-np.inf), where=~visible)
+            s -= s.max(axis=-1, keepdims=True)
+            np.exp(s, out=s)
+            s /= s.sum(axis=-1, keepdims=True)
+            out[a:b, g * grp : (g + 1) * grp] = (s @ v[start:end, g]).transpose(1, 0, 2)

@@ -1,0 +1,195 @@
+"""Fast CPU device vs llama.cpp, side by side in one run (not a test: run it as a script).
+
+    python tests/benchmarks/bench_cpu_kernels.py [--threads 2] [--model PATH] [--skip-llama]
+
+Prints (1) the linear crossover: quantized kernel vs BLAS on an f32 copy vs BLAS on
+tiles dequantized per call, by batch rows; (2) SmolLM2 prefill of 512 tokens, decode
+at batch 1, and aggregate greedy decode of 16 and 64 sequences, tok/s and weight GB/s
+for FastCpuDevice and llama.cpp with the same thread count. Best of `--repeat` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import time
+
+import numpy as np
+
+from zinfer.devices import cpu_fast
+from zinfer.devices.cpu_fast import FastCpuDevice
+from zinfer.kernels import cpu_quant as cq
+from zinfer.models.batch import ForwardBatch
+from zinfer.models.forward import forward
+from zinfer.models.loader import open_model
+from zinfer.models.weights import build_weights
+
+BLOCK = 16
+
+
+def best(fn, repeat: int) -> float:
+    ts = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return min(ts)
+
+
+def crossover(src, repeat: int) -> None:
+    t = src.tensors["blk.0.ffn_up.weight"]
+    dev = FastCpuDevice()
+    w = dev.upload("up", t)
+    nocopy = cpu_fast.FastWeight(w.shape, w.packed, None)
+    print(f"\nlinear {t.qtype.name} {w.shape}: quantized kernel vs BLAS (us)")
+    print("  T   quant   f32-copy   deq-tiles")
+    for T in (1, 2, 4, 8, 12, 16, 32, 64):
+        x = np.random.default_rng(0).standard_normal((T, w.shape[1]), dtype=np.float32)
+        out = np.empty((T, w.shape[0]), np.float32)
+        q = best(lambda: cq.matmul(w.packed, x, out), repeat * 5)
+        f = best(lambda: x @ w.f32.T, repeat * 5)
+        saved = cpu_fast.SMALL_BATCH_NO_COPY
+        cpu_fast.SMALL_BATCH_NO_COPY = 0
+        d = best(lambda: dev.linear(x, nocopy), repeat * 5)
+        cpu_fast.SMALL_BATCH_NO_COPY = saved
+        print(f"{T:4d} {q*1e6:7.0f} {f*1e6:10.0f} {d*1e6:11.0f}")
+
+
+class Ours:
+    def __init__(self, src, threads: int):
+        self.spec = src.spec
+        self.dev = FastCpuDevice(threads=threads)
+        self.w = build_weights(self.spec, src.tensors, self.dev.upload)
+        mats = [v for lw in self.w.layers for v in vars(lw).values() if isinstance(v, cpu_fast.FastWeight)]
+        self.q_bytes = sum(m.packed.nbytes for m in mats + [self.w.output])
+        self.f32_bytes = sum(m.f32.nbytes for m in mats) + self.w.output.packed.nbytes
+
+    def run(self, seqs: list[list[int]], steps: int) -> float:
+        """Prefill each prompt (one round), then `steps` greedy decode rounds; returns seconds of decode."""
+        n_blocks = -(-(max(map(len, seqs)) + steps + 1) // BLOCK)
+        kv = self.dev.alloc_kv(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim, n_blocks * len(seqs), BLOCK)
+        tables = [list(range(i * n_blocks, (i + 1) * n_blocks)) for i in range(len(seqs))]
+        logits = forward(self.spec, self.w, self.dev, kv, ForwardBatch.build([(s, 0, t, True) for s, t in zip(seqs, tables)], BLOCK))
+        pos = [len(s) for s in seqs]
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            nxt = logits.argmax(axis=1)
+            b = ForwardBatch.build([([int(n)], p, t, True) for n, p, t in zip(nxt, pos, tables)], BLOCK)
+            logits = forward(self.spec, self.w, self.dev, kv, b)
+            pos = [p + 1 for p in pos]
+        return time.perf_counter() - t0
+
+    def prefill(self, ids: list[int]) -> float:
+        kv = self.dev.alloc_kv(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim, -(-len(ids) // BLOCK), BLOCK)
+        b = ForwardBatch.build([(ids, 0, list(range(kv.num_blocks)), True)], BLOCK)
+        t0 = time.perf_counter()
+        forward(self.spec, self.w, self.dev, kv, b)
+        return time.perf_counter() - t0
+
+
+class Llama:
+    """llama.cpp through llama-cpp-python's low-level API (AMX buffers off), f32 logits."""
+
+    def __init__(self, path: str, threads: int, n_ctx: int, n_seq: int):
+        import llama_cpp as lc
+
+        self.lc = lc
+        lc.llama_backend_init()
+        mp = lc.llama_model_default_params()
+        mp.use_extra_bufts = False
+        self.model = lc.llama_model_load_from_file(path.encode(), mp)
+        cp = lc.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, 512, 512, n_seq
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.kv_unified = True
+        self.ctx = lc.llama_init_from_model(self.model, cp)
+        self.vocab = lc.llama_n_vocab(lc.llama_model_get_vocab(self.model))
+
+    def decode(self, toks, poss, seq_ids, want) -> list[int]:
+        lc = self.lc
+        n = len(toks)
+        b = lc.llama_batch_init(n, 0, 1)
+        for i in range(n):
+            b.token[i], b.pos[i], b.n_seq_id[i] = toks[i], poss[i], 1
+            b.seq_id[i][0] = seq_ids[i]
+            b.logits[i] = want[i]
+        b.n_tokens = n
+        assert lc.llama_decode(self.ctx, b) == 0
+        out = []
+        for i in range(n):
+            if want[i]:
+                p = lc.llama_get_logits_ith(self.ctx, i)
+                out.append(int(np.ctypeslib.as_array(ctypes.cast(p, ctypes.POINTER(ctypes.c_float)), (self.vocab,)).argmax()))
+        lc.llama_batch_free(b)
+        return out
+
+    def clear(self):
+        self.lc.llama_memory_clear(self.lc.llama_get_memory(self.ctx), True)
+
+    def prefill(self, ids: list[int]) -> float:
+        self.clear()
+        t0 = time.perf_counter()
+        self.decode(ids, list(range(len(ids))), [0] * len(ids), [False] * (len(ids) - 1) + [True])
+        return time.perf_counter() - t0
+
+    def run(self, seqs: list[list[int]], steps: int) -> float:
+        self.clear()
+        toks, poss, sids, want = [], [], [], []
+        for j, s in enumerate(seqs):
+            toks += s
+            poss += list(range(len(s)))
+            sids += [j] * len(s)
+            want += [False] * (len(s) - 1) + [True]
+        nxt = self.decode(toks, poss, sids, want)
+        pos = [len(s) for s in seqs]
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            nxt = self.decode(nxt, pos, list(range(len(seqs))), [True] * len(seqs))
+            pos = [p + 1 for p in pos]
+        return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", default=os.path.expanduser("~/.cache/zinfer/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--skip-llama", action="store_true")
+    ap.add_argument("--skip-crossover", action="store_true")
+    args = ap.parse_args()
+    src = open_model(args.model)
+    t0 = time.perf_counter()
+    ours = Ours(src, args.threads)
+    ours.prefill(list(range(1, 40)))  # first call: compiles, or loads the numba cache
+    ours.run([[1, 2, 3]], 1)
+    ours.run([[1, 2, 3]] * 16, 1)
+    print(f"start-up incl. numba compile/cache load: {time.perf_counter() - t0:.1f}s")
+    if not args.skip_crossover:
+        crossover(src, args.repeat)
+    rng = np.random.default_rng(0)
+    prompt = [int(t) for t in rng.integers(100, 40000, 512)]
+    llama = None if args.skip_llama else Llama(args.model, args.threads, 4096, 64)
+    rows = []
+    sides = [("zinfer", ours)] + ([("llama.cpp", llama)] if llama else [])
+    s = {name: best(lambda: side.prefill(prompt), args.repeat) for name, side in sides}
+    rows.append(("prefill 512", {k: 512 / v for k, v in s.items()}, None))
+    for n_seq in (1, 16, 64):
+        seqs = [[int(t) for t in rng.integers(100, 40000, 16)] for _ in range(n_seq)]
+        s = {name: best(lambda: side.run(seqs, args.steps), args.repeat) for name, side in sides}
+        rows.append((f"decode x{n_seq}", {k: n_seq * args.steps / v for k, v in s.items()}, n_seq))
+    print(f"\nthreads={args.threads}  weights/token: quantized {ours.q_bytes / 1e6:.0f} MB, f32-copy path {ours.f32_bytes / 1e6:.0f} MB")
+    print(f"{'case':14s} {'zinfer tok/s':>13s} {'llama tok/s':>12s} {'ratio':>6s} {'zinfer GB/s':>12s} {'llama GB/s':>11s}")
+    for case, tps, n_seq in rows:
+        z, l = tps["zinfer"], tps.get("llama.cpp", float("nan"))
+        gz = gl = ""
+        if n_seq:
+            per_round = ours.q_bytes if n_seq <= cpu_fast.SMALL_BATCH else ours.f32_bytes
+            gz = f"{per_round * z / n_seq / 1e9:.1f}"
+            gl = f"{ours.q_bytes * l / n_seq / 1e9:.1f}"
+        print(f"{case:14s} {z:13.1f} {l:12.1f} {z / l:6.2f} {gz:>12s} {gl:>11s}")
+
+
+if __name__ == "__main__":
+    main()
