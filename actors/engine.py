@@ -53,8 +53,13 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def make_device(name: str) -> Any:
-    """A device by name: "cpu", or "cuda" / "cuda:N" where cupy and a GPU exist."""
+    """A device by name: "cpu" (numba kernels on GGUF blocks), "numpy" (the f32 oracle),
+    or "cuda" / "cuda:N" where cupy and a GPU exist."""
     if name == "cpu":
+        from zinfer.devices.cpu_fast import FastCpuDevice
+
+        return FastCpuDevice()
+    if name == "numpy":
         from zinfer.devices.cpu import CpuDevice
 
         return CpuDevice()
@@ -62,7 +67,7 @@ def make_device(name: str) -> Any:
         from zinfer.devices.cuda import CudaDevice  # imports cupy; fails clearly without it
 
         return CudaDevice(int(name.partition(":")[2] or 0))
-    raise ValueError(f"unknown device {name!r} (cpu, cuda, cuda:N)")
+    raise ValueError(f"unknown device {name!r} (cpu, numpy, cuda, cuda:N)")
 
 
 def build_actor(name: str, ctx: zmq.Context, addrs: Addresses, config: EngineConfig, source: ModelSource) -> Any:
