@@ -68,15 +68,29 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+USER_ERRORS = (ModelError, PullError, UsageError, ValueError, msgspec.ValidationError)
+
+
+def user_error(exc: BaseException) -> BaseException | None:
+    """The user-facing error inside exc (trio wraps errors raised in nurseries in groups)."""
+    if isinstance(exc, BaseExceptionGroup):
+        found = [user_error(e) for e in exc.exceptions]
+        return next((e for e in found if e is not None), None)
+    return exc if isinstance(exc, USER_ERRORS) else None
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
         code = dispatch(args)
-    except (ModelError, PullError, UsageError, ValueError, msgspec.ValidationError) as exc:
-        print(f"zinfer: error: {exc}", file=sys.stderr)
-        code = 1
     except KeyboardInterrupt:
         code = 130
+    except BaseException as exc:
+        err = user_error(exc)
+        if err is None:
+            raise
+        print(f"zinfer: error: {err}", file=sys.stderr)
+        code = 1
     sys.exit(code)
 
 
