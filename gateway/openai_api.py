@@ -33,6 +33,7 @@ from zinfer.gateway.sse import DONE, SSEResponse, frame, until_disconnect
 from zinfer.gateway.state import GatewayState
 from zinfer.messages.client import Cancelled, ClientEvent, Delta, Failed, Finished, Rejected, Started, Usage
 
+ENGINE_PARAMS = {"logit_bias": "logit_bias", "stop_token_ids": "stop_token_ids", "prompt_ids": "prompt"}  # first word of an engine message -> param
 REJECTION_STATUS = {"too_long": 400, "bad_request": 400, "cannot_fit": 400, "queue_full": 429}
 
 
@@ -83,7 +84,8 @@ def engine_error(event: Rejected | Failed | Cancelled) -> ApiError:
             return ApiError(status, event.message, param="messages", code="context_length_exceeded", n_prompt_tokens=event.n_prompt_tokens, n_ctx=event.n_ctx)
         if event.code == "queue_full":
             return ApiError(status, event.message, type="rate_limit_error", code="queue_full")
-        return ApiError(status, event.message, code=event.code)
+        first = event.message.split(" ", 1)[0]
+        return ApiError(status, event.message, param=ENGINE_PARAMS.get(first), code=event.code)
     if isinstance(event, Cancelled):
         return ApiError(500, "the request was cancelled", type="server_error", code="cancelled")
     return ApiError(500, event.message, type="server_error", code="engine_failed")

@@ -101,7 +101,7 @@ def parse(body: bytes, kind: type[ChatRequest] | type[CompletionRequest]) -> Cha
     except msgspec.ValidationError as exc:
         m = _PATH.search(str(exc))
         missing = re.search(r"missing required field `([^`]*)`", str(exc))
-        param = m.group(1) if m else missing.group(1) if missing else None
+        param = m.group(1).replace("[...]", "") if m else missing.group(1) if missing else None
         raise ApiError(400, f"invalid request: {exc}", param=param, code="invalid_value") from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
