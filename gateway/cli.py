@@ -60,6 +60,12 @@ def parser() -> argparse.ArgumentParser:
     for name, help_ in (("serve", "OpenAI-compatible HTTP, websocket chat and ZeroMQ endpoints"), ("stdio", "JSON lines on stdin/stdout, for embedding")):
         p = sub.add_parser(name, help=help_)
         engine_args(p)
+    p = sub.add_parser("bench", help="throughput and latency, optionally side by side with llama.cpp")
+    engine_args(p)
+    from zinfer.gateway.bench import bench_args
+
+    bench_args(p)
+
     serve = sub.choices["serve"]
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
@@ -112,6 +118,11 @@ def dispatch(args: argparse.Namespace) -> int:
         from zinfer.gateway.run_command import run
 
         return run(args)
+    if args.command == "bench":
+        from zinfer.gateway.bench import bench_main
+        from zinfer.gateway.run_command import engine_config
+
+        return bench_main(args, engine_config(args))
     if args.command == "serve":
         from zinfer.gateway.serve import serve
 
