@@ -126,7 +126,8 @@ def test_queue_full_gets_429(http, server):
     long = {"model": server.model, "messages": [{"role": "user", "content": "Write a long essay."}], "max_tokens": 1000, "ignore_eos": True, "stream": True}
     queued: list[httpx.Response] = []
     with http.stream("POST", "/v1/chat/completions", json=long) as running:
-        next(sse_events(running.iter_lines()))  # the one running slot is taken
+        lines = sse_events(running.iter_lines())  # kept: dropping it would close the connection
+        next(lines)  # the one running slot is taken
         waiter = threading.Thread(target=lambda: queued.append(httpx.post(server.url + "/v1/chat/completions", headers=server.headers, json=chat(model=server.model), timeout=120)))
         waiter.start()
         deadline = time.monotonic() + 30
