@@ -23,6 +23,8 @@ from zinfer.actors.tokenizer import TokenizerActor
 from zinfer.actors.topology import Addresses
 from zinfer.models.loader import ModelSource, open_model
 from zinfer.models.pull import DEFAULT_MODEL
+from zinfer.traces.config import TraceConfig
+from zinfer.traces.setup import Tracing, open_tracing
 
 log = structlog.get_logger("zinfer.engine")
 
@@ -41,6 +43,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     prefix_caching: bool = True
     topology: str = "inproc"  # "inproc": one process; "ipc" / "tcp": an actor per process
     zmq_endpoints: tuple[str, ...] = ()  # public ZeroMQ endpoints of the front door, e.g. tcp://127.0.0.1:5555
+    trace: TraceConfig = msgspec.field(default_factory=TraceConfig)  # off unless a trace dir or OTLP endpoint is set
 
     def scheduler_config(self, source: ModelSource) -> SchedulerConfig:
         ctx = self.max_model_len or min(source.spec.context_length, 4096)
@@ -70,15 +73,25 @@ def make_device(name: str) -> Any:
     raise ValueError(f"unknown device {name!r} (cpu, numpy, cuda, cuda:N)")
 
 
-def build_actor(name: str, ctx: zmq.Context, addrs: Addresses, config: EngineConfig, source: ModelSource) -> Any:
-    """Construct one actor of the topology (the executor loads its weights here)."""
+def open_process_tracing(config: EngineConfig, source: ModelSource, role: str) -> Tracing | None:
+    """This process's Tracing (None when tracing is off); its resource names the model and device."""
+    return open_tracing(config.trace, role, {"zinfer.model": source.name, "zinfer.model.file": str(source.path), "zinfer.device": config.device})
+
+
+def build_actor(name: str, ctx: zmq.Context, addrs: Addresses, config: EngineConfig, source: ModelSource, tracing: Tracing | None = None) -> Any:
+    """Construct one actor of the topology (the executor loads its weights here).
+
+    tracing: the process's Tracing; when None and the config traces, the actor gets a
+    Tracing of its own (an actor alone in its process)."""
     sched = config.scheduler_config(source)
+    if tracing is None and config.trace.enabled and name in ("tokenizer", "scheduler", "executor"):
+        tracing = open_process_tracing(config, source, name)
     if name == "tokenizer":
         from zinfer.models.prompt import PromptBuilder
 
-        return TokenizerActor(ctx, addrs, PromptBuilder.from_source(source), sched.max_model_len, public=list(config.zmq_endpoints))
+        return TokenizerActor(ctx, addrs, PromptBuilder.from_source(source), sched.max_model_len, public=list(config.zmq_endpoints), tracing=tracing)
     if name == "scheduler":
-        return SchedulerActor(ctx, addrs, sched)
+        return SchedulerActor(ctx, addrs, sched, tracing)
     if name == "kv":
         return KvActor(ctx, addrs.kv, sched.num_blocks, sched.block_size, config.prefix_caching)
     if name == "sampler":
@@ -86,7 +99,7 @@ def build_actor(name: str, ctx: zmq.Context, addrs: Addresses, config: EngineCon
     if name == "executor":
         from zinfer.actors.executor import ExecutorActor
 
-        return ExecutorActor(ctx, addrs, source, make_device(config.device), sched.num_blocks, sched.block_size)
+        return ExecutorActor(ctx, addrs, source, make_device(config.device), sched.num_blocks, sched.block_size, tracing)
     raise ValueError(f"unknown actor {name!r}")
 
 
@@ -112,31 +125,30 @@ async def open_engine(config: EngineConfig = EngineConfig(), addrs: Addresses | 
 
     An actor that raises cancels the rest and the exception propagates out of here.
     """
+    config.trace.validate()
     if config.topology in ("ipc", "tcp"):
         from zinfer.actors.processes import open_process_engine
 
         async with open_process_engine(config, config.topology) as engine:
-            yield engine
+            tracing = engine.actors["tokenizer"].tracing
+            try:
+                log_start(engine.source, config)
+                yield engine
+            finally:
+                if tracing is not None:
+                    tracing.close()
         return
     if config.topology != "inproc":
         raise ValueError(f"unknown topology {config.topology!r} (inproc, ipc, tcp)")
     source = await trio.to_thread.run_sync(open_model, config.model)
     ctx = zmq.Context()
     addrs = addrs or Addresses.inproc()
+    tracing = open_process_tracing(config, source, "engine")
     try:
         actors = {}
         for name in ACTOR_ORDER:
-            actors[name] = await trio.to_thread.run_sync(build_actor, name, ctx, addrs, config, source)
-        log.info(
-            "engine started",
-            model=source.name,
-            arch=source.spec.arch,
-            quant_types=source.quant_types,
-            params_m=round(source.n_params / 1e6, 1),
-            device=config.device,
-            kv_blocks=actors["kv"].allocator.num_blocks,
-            block_size=config.block_size,
-        )
+            actors[name] = await trio.to_thread.run_sync(build_actor, name, ctx, addrs, config, source, tracing)
+        log_start(source, config)
         async with trio.open_nursery() as nursery:
             for name in ACTOR_ORDER:
                 await nursery.start(actors[name].run)
@@ -144,3 +156,27 @@ async def open_engine(config: EngineConfig = EngineConfig(), addrs: Addresses | 
             nursery.cancel_scope.cancel()
     finally:
         ctx.destroy(linger=0)
+        if tracing is not None:
+            tracing.close()
+
+
+def log_start(source: ModelSource, config: EngineConfig) -> None:
+    """The start-up line: the model, its file, architecture and quant types, and memory."""
+    spec, sched = source.spec, config.scheduler_config(source)
+    kv_bytes = 2 * spec.n_layers * sched.num_blocks * sched.block_size * spec.n_kv_heads * spec.head_dim * 4  # f32 K and V
+    log.info(
+        "engine started",
+        model=source.name,
+        file=str(source.path),
+        arch=spec.arch,
+        quant_types=source.quant_types,
+        params_m=round(source.n_params / 1e6, 1),
+        weights_mib=round(sum(t.data.nbytes for t in source.tensors.values()) / 2**20, 1),
+        kv_mib=round(kv_bytes / 2**20, 1),
+        kv_blocks=sched.num_blocks,
+        block_size=sched.block_size,
+        max_model_len=sched.max_model_len,
+        device=config.device,
+        topology=config.topology,
+        tracing=config.trace.enabled,
+    )

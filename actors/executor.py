@@ -21,12 +21,14 @@ from zinfer.models.batch import ForwardBatch
 from zinfer.models.forward import forward
 from zinfer.models.loader import ModelSource
 from zinfer.models.weights import build_weights
+from zinfer.traces.rounds import RoundTracer
+from zinfer.traces.setup import Tracing
 
 log = structlog.get_logger("zinfer.executor")
 
 
 class ExecutorActor:
-    def __init__(self, ctx: zmq.Context, addrs: Addresses, source: ModelSource, device: Device, num_blocks: int, block_size: int):
+    def __init__(self, ctx: zmq.Context, addrs: Addresses, source: ModelSource, device: Device, num_blocks: int, block_size: int, tracing: Tracing | None = None):
         spec = source.spec
         started = time.perf_counter()
         self.spec, self.device, self.block_size = spec, device, block_size
@@ -36,6 +38,7 @@ class ExecutorActor:
         self.inbox: Inbox = Inbox(ctx, addrs.executor, ExecutorInbox)
         self.to_sampler: Outbox = Outbox(ctx, addrs.sampler, SamplerInbox)
         self.busy_seconds = 0.0  # time inside forward, for the bus-overhead figure
+        self.round_tracer = RoundTracer(tracing, device) if tracing is not None else None  # None: tracing off
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -53,7 +56,33 @@ class ExecutorActor:
     async def run_round(self, r: Round) -> RoundLogits:
         batch = ForwardBatch.build([(s.token_ids, s.start_pos, s.block_table, s.wants_logits) for s in r.seqs], self.block_size)
         t0 = time.perf_counter()
-        logits = await trio.to_thread.run_sync(forward, self.spec, self.weights, self.device, self.kv, batch)
+        if self.round_tracer is None:
+            logits = await trio.to_thread.run_sync(forward, self.spec, self.weights, self.device, self.kv, batch)
+        else:
+            rt = self.round_tracer
+            logits = await trio.to_thread.run_sync(rt.run, forward, self.spec, self.weights, rt.device, self.kv, batch)
+            rt.finish(round_name(r), round_attributes(r, batch), r.traceparents)
         self.busy_seconds += time.perf_counter() - t0
         seq_ids = [s.seq_id for s in r.seqs if s.wants_logits]
         return RoundLogits(r.round_id, seq_ids, logits, r.sampler_updates)
+
+
+def round_name(r: Round) -> str:
+    """What the round did: prefill (from position 0), append (a later prompt chunk) and
+    decode (one token), joined with '+' when it mixes them."""
+    kinds = {"prefill" if s.start_pos == 0 else "decode" if len(s.token_ids) == 1 else "append" for s in r.seqs}
+    return "+".join(k for k in ("prefill", "append", "decode") if k in kinds)
+
+
+def round_attributes(r: Round, batch: ForwardBatch) -> dict:
+    """The round span's attributes: batch size, token counts, sequence ids, KV blocks."""
+    return {
+        "round_id": r.round_id,
+        "batch_size": len(r.seqs),
+        "tokens": batch.n_tokens,
+        "seq_ids": [s.seq_id for s in r.seqs],
+        "seq_tokens": [len(s.token_ids) for s in r.seqs],
+        "context_tokens": sum(s.start_pos + len(s.token_ids) for s in r.seqs),
+        "kv_blocks": sum(len(s.block_table) for s in r.seqs),
+        "logits_rows": len(batch.logits_rows),
+    }

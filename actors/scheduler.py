@@ -9,6 +9,8 @@ join the next round.
 
 from __future__ import annotations
 
+import time
+
 import structlog
 import trio
 import zmq
@@ -38,12 +40,14 @@ from zinfer.messages.engine import (
     Shutdown,
     TokenizerInbox,
 )
+from zinfer.traces.config import QUEUE, SCHEDULE
+from zinfer.traces.setup import Tracing
 
 log = structlog.get_logger("zinfer.scheduler")
 
 
 class SchedulerActor:
-    def __init__(self, ctx: zmq.Context, addrs: Addresses, config: SchedulerConfig):
+    def __init__(self, ctx: zmq.Context, addrs: Addresses, config: SchedulerConfig, tracing: Tracing | None = None):
         config.validate()
         self.policy = SchedulerPolicy(config)
         self.inbox: Inbox = Inbox(ctx, addrs.scheduler, SchedulerInbox)
@@ -57,6 +61,8 @@ class SchedulerActor:
         self.frees: list[int] = []
         self.commits: list[KvCommit] = []
         self.sampler_updates: list[SamplerUpdate] = []
+        self.tracing = tracing  # None: tracing off
+        self.queue_spans: dict[int, object] = {}  # seq_id -> its open "queue" span
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -81,6 +87,9 @@ class SchedulerActor:
                 await self.to_tokenizer.send(SeqRejected(msg.seq_id, *rejection))
             else:
                 self.sampler_updates.append(SamplerAdd(msg.seq_id, msg.params, list(msg.prompt_ids)))
+                if self.tracing is not None:
+                    attrs = {"seq_id": msg.seq_id, "prompt_tokens": len(msg.prompt_ids), "zinfer.actor": "scheduler"}
+                    self.queue_spans[msg.seq_id] = self.tracing.start(QUEUE, msg.traceparent, attrs)
         elif isinstance(msg, Abort):
             if self.policy.abort(msg.seq_id) is not None:
                 self._release(msg.seq_id)
@@ -92,9 +101,12 @@ class SchedulerActor:
     def _release(self, seq_id: int) -> None:
         self.frees.append(seq_id)
         self.sampler_updates.append(SamplerDrop(seq_id))
+        if self.tracing is not None and seq_id in self.queue_spans:
+            self.queue_spans.pop(seq_id).end()  # aborted while queued
 
     async def start_round(self) -> None:
         """Plan a round, get its KV blocks (preempting if they run out), send it."""
+        t0 = time.time_ns()
         while True:
             chunks = self.policy.plan()
             if not chunks and not (self.frees or self.commits):
@@ -119,6 +131,29 @@ class SchedulerActor:
         await self.to_executor.send(Round(self.round_id, seqs, self.sampler_updates, parents))
         self.sampler_updates = []
         self.in_flight = accepted
+        if self.tracing is not None:
+            self._trace_round(t0, accepted, parents)
+
+    def _trace_round(self, t0: int, accepted: list[Chunk], parents: list[str]) -> None:
+        """End the queue spans of the round's newcomers; record the planning as a span."""
+        for c in accepted:
+            span = self.queue_spans.pop(c.seq.seq_id, None)
+            if span is not None:
+                span.set_attribute("cached_tokens", c.seq.cached_tokens)
+                span.end(end_time=t0)
+        attrs = {
+            "round_id": self.round_id,
+            "batch_size": len(accepted),
+            "tokens": sum(c.end - c.seq.num_computed for c in accepted),
+            "seq_ids": [c.seq.seq_id for c in accepted],
+            "new_seq_ids": [c.seq.seq_id for c in accepted if c.new],
+            "waiting": len(self.policy.waiting),
+            "kv_used_blocks": self.kv_stats.used_blocks,
+            "kv_free_blocks": self.kv_stats.num_blocks - self.kv_stats.used_blocks,
+            "preemptions": self.preemptions,
+            "zinfer.actor": "scheduler",
+        }
+        self.tracing.start(SCHEDULE, parents[0] if parents else None, attrs, parents, t0).end()
 
     async def _complete(self, msg: Sampled) -> None:
         chunks, self.in_flight = self.in_flight or [], None

@@ -15,6 +15,7 @@ Backpressure: client events queue in an unbounded channel to the ROUTER sender t
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 
 import msgspec
@@ -48,6 +49,8 @@ from zinfer.messages.codec import Codec
 from zinfer.messages.engine import Abort, ActorFailed, Admit, SchedulerInbox, SchedulerStats, SeqOutput, SeqOutputs, SeqRejected, Shutdown, TokenizerInbox
 from zinfer.models.detokenize import IncrementalDetokenizer, StopMatcher
 from zinfer.models.prompt import PromptBuilder
+from zinfer.traces.config import REQUEST, TOKENIZE
+from zinfer.traces.setup import Tracing
 
 log = structlog.get_logger("zinfer.tokenizer")
 
@@ -70,6 +73,10 @@ class Request:
     cached_tokens: int = 0
     logprobs: bool = False
     top_n: int = 0
+    params: object = None  # SamplingParams, for the request's log line
+    started: float = 0.0  # perf_counter at arrival
+    first_token: float = 0.0  # perf_counter at the first delta
+    span: object = None  # its "request" span while tracing
 
     def usage(self) -> Usage:
         return Usage(len(self.prompt_ids), sum(c.tokens for c in self.choices), self.cached_tokens)
@@ -85,6 +92,7 @@ class TokenizerActor:
     by_seq: dict[int, Request] = field(default_factory=dict)
     public: list[str] = field(default_factory=list)  # extra endpoints the front door binds (tcp://...)
     stats: SchedulerStats = field(default_factory=SchedulerStats)
+    tracing: Tracing | None = None  # None: tracing off
 
     def __post_init__(self) -> None:
         self.front = AsyncSocket(self.ctx, zmq.ROUTER, bind=self.addrs.frontend)
@@ -178,20 +186,30 @@ class TokenizerActor:
         if (peer, rid) in self.requests:
             self._emit(peer, Rejected(rid, "bad_request", f"request_id {rid!r} is already in use"))
             return
+        started = time.perf_counter()
+        span = tok_span = None
+        if self.tracing is not None:
+            span = self.tracing.start(REQUEST, req.traceparent, {"request_id": rid, "zinfer.actor": "tokenizer"})
+            tok_span = self.tracing.start(TOKENIZE, span, {"zinfer.actor": "tokenizer"})
+        r = Request(rid, peer, [], [], params=req.params, started=started, span=span)
         try:
             req.params.validate()
             self.prompts.check_params(req.params.logit_bias, req.params.stop_token_ids)
-            ids = self.prompts.prompt_ids(req.prompt, req.messages, req.prompt_ids, req.add_special)
+            ids = r.prompt_ids = self.prompts.prompt_ids(req.prompt, req.messages, req.prompt_ids, req.add_special)
         except ValueError as exc:
-            self._emit(peer, Rejected(rid, "bad_request", str(exc)))
+            self._close(r, Rejected(rid, "bad_request", str(exc)), tok_span)
             return
+        if tok_span is not None:
+            tok_span.set_attribute("prompt_tokens", len(ids))
+            tok_span.end()
         if len(ids) >= self.max_model_len:
             msg = f"the prompt has {len(ids)} tokens, the context holds {self.max_model_len}"
-            self._emit(peer, Rejected(rid, "too_long", msg, n_prompt_tokens=len(ids), n_ctx=self.max_model_len))
+            self._close(r, Rejected(rid, "too_long", msg, n_prompt_tokens=len(ids), n_ctx=self.max_model_len))
             return
         p = req.params
-        r = Request(rid, peer, ids, [], logprobs=p.logprobs is not None, top_n=p.logprobs or 0)
+        r.logprobs, r.top_n = p.logprobs is not None, p.logprobs or 0
         self.requests[(peer, rid)] = r
+        traceparent = self.tracing.traceparent(span) if span is not None else req.traceparent
         self._emit(peer, Started(rid, len(ids)))
         eos = sorted(self.prompts.tokenizer.eos_ids)
         for i in range(p.n):
@@ -199,7 +217,7 @@ class TokenizerActor:
             r.choices.append(Choice(seq_id, IncrementalDetokenizer(self.prompts.tokenizer), StopMatcher(p.stop)))
             self.by_seq[seq_id] = r
             params = p if p.seed is None or i == 0 else msgspec.structs.replace(p, seed=p.seed + i)
-            self.sched_tx.send_nowait(Admit(seq_id, ids, params, eos, req.traceparent))
+            self.sched_tx.send_nowait(Admit(seq_id, ids, params, eos, traceparent))
 
     # ---- outputs --------------------------------------------------------------------
 
@@ -209,6 +227,8 @@ class TokenizerActor:
             return  # its request already ended (cancelled, stop string)
         index, choice = next((i, c) for i, c in enumerate(r.choices) if c.seq_id == out.seq_id)
         r.cached_tokens = max(r.cached_tokens, out.cached_tokens)
+        if not r.first_token:
+            r.first_token = time.perf_counter()
         choice.tokens += len(out.token_ids)
         text = "".join(choice.detok.push(t) for t in out.token_ids)
         reason = out.finish_reason
@@ -252,7 +272,21 @@ class TokenizerActor:
         for c in r.choices:
             if self.by_seq.pop(c.seq_id, None) is not None and abort:
                 self.sched_tx.send_nowait(Abort(c.seq_id, abort))
-        self._emit(r.peer, terminal)
+        self._close(r, terminal)
+
+    def _close(self, r: Request, terminal: ClientEvent | None, *open_spans) -> None:
+        """Send r's terminal event (None: its client is gone), log its line, end its spans."""
+        if terminal is not None:
+            self._emit(r.peer, terminal)
+        outcome = type(terminal).__name__.lower() if terminal is not None else "client_gone"
+        reasons = [c.finish_reason for c in r.choices if c.finish_reason]
+        fields = request_fields(r, outcome, reasons, time.perf_counter())
+        log.info("request", **fields)
+        for span in (*open_spans, r.span):
+            if span is not None:
+                if span is r.span:
+                    span.set_attributes({k: v for k, v in fields.items() if v is not None and k != "request_id"})
+                span.end()
 
     def _drop_peer(self, peer: bytes) -> None:
         for r in [r for (p, _), r in self.requests.items() if p == peer]:
@@ -260,6 +294,32 @@ class TokenizerActor:
             for c in r.choices:
                 if self.by_seq.pop(c.seq_id, None) is not None:
                     self.sched_tx.send_nowait(Abort(c.seq_id, "client gone"))
+            self._close(r, None)
 
     def _emit(self, peer: bytes, event: ClientEvent) -> None:
         self.client_tx.send_nowait((peer, event))
+
+
+def request_fields(r: Request, outcome: str, reasons: list[str], now: float) -> dict:
+    """The request's log line (and its span's attributes): tokens, timing, sampling."""
+    completion = sum(c.tokens for c in r.choices)
+    decode_s = now - r.first_token if r.first_token else 0.0
+    p = r.params
+    return {
+        "request_id": r.request_id,
+        "outcome": outcome,
+        "finish_reason": ",".join(reasons) or None,
+        "prompt_tokens": len(r.prompt_ids),
+        "completion_tokens": completion,
+        "cached_tokens": r.cached_tokens,
+        "ttft_ms": round((r.first_token - r.started) * 1000, 2) if r.first_token else None,
+        "tokens_per_s": round((completion - len(r.choices)) / decode_s, 1) if decode_s > 0 and completion > len(r.choices) else None,
+        "seconds": round(now - r.started, 3),
+        "n": p.n,
+        "temperature": p.temperature,
+        "top_k": p.top_k,
+        "top_p": p.top_p,
+        "min_p": p.min_p,
+        "seed": p.seed,
+        "max_tokens": p.max_tokens,
+    }

@@ -17,16 +17,21 @@ from zinfer.models.spec import ModelSpec
 from zinfer.models.weights import LayerWeights, ModelWeights
 
 
-def forward(spec: ModelSpec, w: ModelWeights, dev: Device, kv: KVStore, batch: ForwardBatch) -> np.ndarray:
+def forward(spec: ModelSpec, w: ModelWeights, dev: Device, kv: KVStore, batch: ForwardBatch, marks: Any = None) -> np.ndarray:
     """Run one round: write every token's K/V into `kv` and return logits [S, vocab] float32
-    for the rows in batch.logits_rows (S may be 0)."""
+    for the rows in batch.logits_rows (S may be 0). marks: a tracer told where each layer
+    begins and ends (traces/kernels.py KernelRecorder), or None."""
     x = dev.embed(w.tok_embd, batch.token_ids)  # [T, d]
     if spec.embed_scale != 1.0:
         x = x * np.float32(spec.embed_scale)
     positions = dev.from_numpy(batch.positions)
     slots = dev.from_numpy(batch.slots)
     for i, layer in enumerate(w.layers):
+        if marks is not None:
+            marks.begin_layer(i)
         x = _layer(spec, i, layer, dev, kv, batch, x, positions, slots)
+        if marks is not None:
+            marks.end_layer(i)
     if len(batch.logits_rows) == 0:
         return np.zeros((0, spec.vocab_size), np.float32)
     h = dev.rms_norm(x[dev.from_numpy(batch.logits_rows)], w.out_norm, spec.rms_eps)  # [S, d]

@@ -1,0 +1,122 @@
+"""Kernel and layer timings at well under a microsecond each, merged into the trace at export.
+
+An OpenTelemetry span costs 10-25 µs here, more than many kernels; so a round's device
+ops are timed by a KernelRecorder (a clock read and a list append) through a
+TracedDevice that wraps the real one, and the forward marks layer boundaries on the
+same recorder. The executor writes the round's events as one record under its round
+span (traces/rounds.py); the merge step turns them into layer and kernel slices.
+
+The clock is a hook: the default reads time.perf_counter_ns on the host, right for
+devices whose ops finish before they return (numpy, numba). An asynchronous device
+(CUDA) passes a clock that records device events and resolves them to nanoseconds
+once the round has synchronized (see CudaEventClock).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+# The Device protocol's ops (devices/base.py) that run kernels.
+KERNEL_OPS = ("embed", "rms_norm", "linear", "rope", "write_kv", "attention", "glu")
+
+_layer_names: list[str] = []
+
+
+def layer_name(i: int) -> str:
+    while len(_layer_names) <= i:
+        _layer_names.append(f"layer {len(_layer_names)}")
+    return _layer_names[i]
+
+
+class HostClock:
+    """Host nanoseconds; ops are synchronous, so host time is kernel time."""
+
+    now = staticmethod(time.perf_counter_ns)
+
+    def resolve(self, events: list) -> tuple[int | None, list]:
+        """(offset to epoch ns, events in clock ns) for a finished round; None: the
+        offset of perf_counter_ns, which the round span shares."""
+        return None, events
+
+
+class KernelRecorder:
+    """One round's (name, start, end) events, kernels and layers alike, in clock units.
+
+    Not thread-safe: one forward records at a time (the executor runs one round at once).
+    """
+
+    def __init__(self, clock: Any = None):
+        self.clock = clock or HostClock()
+        self.now: Callable[[], Any] = self.clock.now
+        self.events: list[tuple[str, Any, Any]] = []
+        self._layer_start: Any = 0
+
+    def begin_layer(self, i: int) -> None:
+        self._layer_start = self.now()
+
+    def end_layer(self, i: int) -> None:
+        self.events.append((layer_name(i), self._layer_start, self.now()))
+
+    def take(self) -> tuple[int | None, list]:
+        """The events recorded since the last take, resolved: (offset to epoch ns, events)."""
+        events, self.events = self.events, []
+        return self.clock.resolve(events)
+
+    def wrap(self, device: Any) -> "TracedDevice":
+        return TracedDevice(device, self)
+
+
+class TracedDevice:
+    """The device with every kernel op timed into a recorder; all else passes through."""
+
+    def __init__(self, device: Any, recorder: KernelRecorder):
+        self.device = device
+        for op in KERNEL_OPS:
+            setattr(self, op, _timed(op, getattr(device, op), recorder))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.device, name)
+
+
+def _timed(name: str, fn: Callable, rec: KernelRecorder) -> Callable:
+    now = rec.now
+
+    def op(*args, **kwargs):
+        t0 = now()
+        out = fn(*args, **kwargs)
+        rec.events.append((name, t0, now()))
+        return out
+
+    op.__name__ = name
+    return op
+
+
+class CudaEventClock:
+    """Device time for CUDA ops: each clock read records a cupy Event on the current
+    stream; resolve() synchronizes and converts them to ns since the round's first event,
+    anchored at the host time of that first read. Untested here (no GPU on this machine)."""
+
+    def __init__(self):
+        import cupy  # only where cupy and a GPU exist
+
+        self._cupy = cupy
+        self._origin = self._last = None
+        self._anchor = 0
+
+    def now(self):
+        ev = self._cupy.cuda.Event()
+        ev.record()
+        if self._origin is None:
+            self._origin, self._anchor = ev, time.time_ns()
+        self._last = ev
+        return ev
+
+    def resolve(self, events: list) -> tuple[int, list]:
+        if not events:
+            return 0, events
+        self._last.synchronize()
+        ms, origin = self._cupy.cuda.get_elapsed_time, self._origin
+        out = [(n, int(ms(origin, a) * 1e6), int(ms(origin, b) * 1e6)) for n, a, b in events]
+        anchor, self._origin = self._anchor, None
+        return anchor, out

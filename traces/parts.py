@@ -1,0 +1,108 @@
+"""Part files: each traced process appends its finished spans and kernel timings here.
+
+One JSON object per line, written and flushed as each span ends, so a child process
+that is killed loses nothing already finished. Two kinds of line:
+
+    {"k": "span", "name", "trace", "span", "parent", "start", "end", "attrs", "links",
+     "pid", "role"}                       (ids as hex, times as epoch ns)
+    {"k": "kernels", "trace", "parent", "pid", "role", "offset", "events"}
+                                          (events: [name, start, end] in clock ns;
+                                           epoch ns = clock ns + offset)
+
+With window_s > 0 a writer starts a new file every window (`<window start>-<role>-<pid>.jsonl`),
+so a long-running server's trace can be merged and removed window by window.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import msgspec
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+
+_encode = msgspec.json.Encoder().encode
+
+
+class PartWriter:
+    """Appends records to this process's part file in `directory` (thread-safe)."""
+
+    def __init__(self, directory: str, role: str, window_s: float = 0.0):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.role, self.pid, self.window_s = role, os.getpid(), window_s
+        self._lock = threading.Lock()
+        self._file = None
+        self._window = None
+
+    def _path(self, window: int | None) -> Path:
+        stem = f"{self.role}-{self.pid}" if window is None else f"{window}-{self.role}-{self.pid}"
+        return self.dir / f"{stem}.jsonl"
+
+    def write(self, record: dict) -> None:
+        """Append one record and flush it to the OS."""
+        line = _encode(record) + b"\n"
+        with self._lock:
+            window = int(time.time() // self.window_s * self.window_s) if self.window_s else None
+            if self._file is None or window != self._window:
+                if self._file is not None:
+                    self._file.close()
+                self._file, self._window = open(self._path(window), "ab"), window
+            self._file.write(line)
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+class PartSpanProcessor(SpanProcessor):
+    """Writes each span to a PartWriter as it ends (in the thread that ends it)."""
+
+    def __init__(self, writer: PartWriter):
+        self.writer = writer
+
+    def on_end(self, span: ReadableSpan) -> None:
+        ctx = span.context
+        self.writer.write({
+            "k": "span",
+            "name": span.name,
+            "trace": f"{ctx.trace_id:032x}",
+            "span": f"{ctx.span_id:016x}",
+            "parent": f"{span.parent.span_id:016x}" if span.parent else None,
+            "start": span.start_time,
+            "end": span.end_time,
+            "attrs": {k: (list(v) if isinstance(v, tuple) else v) for k, v in (span.attributes or {}).items()},
+            "links": [[f"{l.context.trace_id:032x}", f"{l.context.span_id:016x}"] for l in span.links],
+            "pid": self.writer.pid,
+            "role": self.writer.role,
+        })
+
+    def shutdown(self) -> None:
+        self.writer.close()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def part_files(directory: str | os.PathLike) -> list[Path]:
+    return sorted(Path(directory).glob("*.jsonl"))
+
+
+def read_records(paths: Iterable[str | os.PathLike]) -> Iterator[dict]:
+    """Every record in these part files; a torn last line (a killed writer) is skipped."""
+    decode = msgspec.json.Decoder().decode
+    for path in paths:
+        with open(path, "rb") as f:
+            for line in f:
+                if not line.endswith(b"\n"):
+                    break
+                try:
+                    yield decode(line)
+                except msgspec.DecodeError:
+                    continue

@@ -1,0 +1,44 @@
+"""The executor's side of tracing: one span per round, its layers and kernels below it.
+
+The round span covers exactly the forward (as timed in the worker thread), so the
+layer and kernel slices the recorder adds under it account for nearly all of it; the
+gap is the forward's own Python between device calls.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from zinfer.traces.setup import Tracing
+
+
+class RoundTracer:
+    """Times an executor's rounds. `device` is what the forward should run on: the real
+    device, or it wrapped in a kernel timer when kernels are traced."""
+
+    def __init__(self, tracing: Tracing, device: Any, clock: Any = None):
+        self.tracing = tracing
+        self.recorder = tracing.kernel_recorder(clock)
+        self.device = self.recorder.wrap(device) if self.recorder else device
+        self._span_ns = (0, 0)
+
+    def run(self, forward: Callable, *args: Any) -> Any:
+        """forward(*args, marks=recorder) between the round's start and end marks; call
+        it where the forward runs (the worker thread)."""
+        t0 = time.perf_counter_ns()
+        try:
+            return forward(*args, marks=self.recorder)
+        finally:
+            self._span_ns = (t0, time.perf_counter_ns())
+
+    def finish(self, name: str, attributes: dict, traceparents: list[str]) -> None:
+        """Emit the span of the round just run: child of its first request, linked to all."""
+        attributes["zinfer.actor"] = "executor"
+        host_offset = time.time_ns() - time.perf_counter_ns()
+        t0, t1 = (t + host_offset for t in self._span_ns)
+        span = self.tracing.start(name, traceparents[0] if traceparents else None, attributes, traceparents, t0)
+        span.end(end_time=t1)
+        if self.recorder is not None:
+            offset, events = self.recorder.take()
+            self.tracing.write_kernels(span, host_offset if offset is None else offset, events)
