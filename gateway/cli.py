@@ -36,6 +36,7 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-blocks", type=int, default=0, help="KV blocks of 16 tokens (default: enough for --max-running x 1024 tokens)")
     p.add_argument("--log-json", action="store_true", help="JSON log lines on stderr")
     p.add_argument("--log-level", default="warning")
+    p.add_argument("--otlp-endpoint", default=None, help="also export trace spans over OTLP/HTTP (needs opentelemetry-exporter-otlp-proto-http)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -71,6 +72,13 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all but /health)")
     serve.add_argument("--zmq", default=None, help="also serve the ZeroMQ protocol here, e.g. tcp://127.0.0.1:5555")
+    serve.add_argument("--trace-dir", default=None, help="trace every round; write a Perfetto trace file here per --trace-window")
+    serve.add_argument("--trace-window", type=float, default=60.0, help="seconds of trace per file under --trace-dir")
+
+    p = sub.add_parser("trace", help="read trace files")
+    trace = p.add_subparsers(dest="trace_command", required=True)
+    p = trace.add_parser("summarize", help="per-round and per-kernel time tables of a trace file")
+    p.add_argument("file")
     return ap
 
 
@@ -110,6 +118,14 @@ def dispatch(args: argparse.Namespace) -> int:
         from zinfer.models.convert import convert_gguf_to_hf
 
         print(convert_gguf_to_hf(args.gguf, args.out_dir))
+        return 0
+    if args.command == "trace":
+        from zinfer.traces.summarize import summarize_file
+
+        try:
+            print(summarize_file(args.file))
+        except (OSError, ValueError, KeyError) as exc:
+            raise UsageError(f"cannot read trace {args.file}: {exc}") from None
         return 0
     from zinfer.traces.logs import configure_logging
 

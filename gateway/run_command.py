@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 
 import trio
 
@@ -13,9 +14,16 @@ from zinfer.gateway.cli import UsageError
 from zinfer.gateway.client import AsyncClient
 from zinfer.messages.client import Delta, Failed, Finished, Rejected
 from zinfer.messages.params import SamplingParams
+from zinfer.traces.config import TraceConfig
+from zinfer.traces.merge import write_trace
 
 
-def engine_config(args: argparse.Namespace) -> EngineConfig:
+def trace_config(args: argparse.Namespace, parts_dir: str = "", window_s: float = 0.0) -> TraceConfig:
+    """Tracing for the command: part files in parts_dir and/or OTLP; off if neither."""
+    return TraceConfig(dir=parts_dir, otlp_endpoint=getattr(args, "otlp_endpoint", None) or "", window_s=window_s)
+
+
+def engine_config(args: argparse.Namespace, trace: TraceConfig | None = None) -> EngineConfig:
     return EngineConfig(
         model=args.model,
         device=args.device,
@@ -23,6 +31,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_running=args.max_running,
         num_blocks=args.num_blocks,
         zmq_endpoints=(args.zmq,) if getattr(args, "zmq", None) else (),
+        trace=trace or trace_config(args),
     )
 
 
@@ -40,7 +49,15 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
 
 
 def run(args: argparse.Namespace) -> int:
-    return trio.run(_run, args, engine_config(args), sampling_params(args))
+    """Generate; with --trace, every process's spans are merged into that file at the end."""
+    if not args.trace:
+        return trio.run(_run, args, engine_config(args), sampling_params(args))
+    with tempfile.TemporaryDirectory(prefix="zinfer-trace-") as parts:
+        try:
+            return trio.run(_run, args, engine_config(args, trace_config(args, parts)), sampling_params(args))
+        finally:
+            slices = write_trace(parts, args.trace)
+            print(f"zinfer: wrote {slices} trace slices to {args.trace} (open it at https://ui.perfetto.dev)", file=sys.stderr)
 
 
 async def _run(args: argparse.Namespace, config: EngineConfig, params: SamplingParams) -> int:

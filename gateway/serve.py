@@ -13,14 +13,20 @@ import trio
 from zinfer.actors.engine import EngineConfig, open_engine
 from zinfer.gateway.app import build_app
 from zinfer.gateway.client import AsyncClient
-from zinfer.gateway.run_command import engine_config
+from zinfer.gateway.run_command import engine_config, trace_config
 from zinfer.gateway.state import GatewayState
+from zinfer.traces.windows import merge_windows, parts_dir
 
 log = structlog.get_logger("zinfer.serve")
 
 
 def serve(args: argparse.Namespace) -> int:
-    trio.run(run_server, args, engine_config(args))
+    trace = trace_config(args, str(parts_dir(args.trace_dir)), args.trace_window) if getattr(args, "trace_dir", None) else None
+    try:
+        trio.run(run_server, args, engine_config(args, trace))
+    finally:
+        if trace is not None:
+            merge_windows(args.trace_dir, trace.window_s, final=True)
     return 0
 
 
@@ -31,6 +37,8 @@ async def run_server(args: argparse.Namespace, config: EngineConfig) -> None:
     hc.bind = [f"{args.host}:{args.port}"]
     hc.accesslog = None
     async with trio.open_nursery() as nursery:
+        if getattr(args, "trace_dir", None) and config.trace.window_s:
+            nursery.start_soon(_merge_trace_windows, args.trace_dir, config.trace.window_s)
         # HTTP first: /health answers 503 while the model loads
         await nursery.start(partial(hypercorn.trio.serve, build_app(state), hc))
         async with open_engine(config) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
@@ -39,3 +47,10 @@ async def run_server(args: argparse.Namespace, config: EngineConfig) -> None:
             state.client = client
             log.warning("serving", url=f"http://{args.host}:{args.port}", zmq=list(config.zmq_endpoints))
             await trio.sleep_forever()
+
+
+async def _merge_trace_windows(trace_dir: str, window_s: float) -> None:
+    """Write each finished trace window to its own file (serve() merges the rest at exit)."""
+    while True:
+        await trio.sleep(min(window_s, 10.0))
+        await trio.to_thread.run_sync(merge_windows, trace_dir, window_s)
