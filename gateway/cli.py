@@ -33,6 +33,7 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--max-model-len", type=int, default=0, help="context length (default: the model's, at most 4096)")
     p.add_argument("--max-running", type=int, default=32)
+    p.add_argument("--max-waiting", type=int, default=256, help="queued requests before new ones are rejected (HTTP 429)")
     p.add_argument("--num-blocks", type=int, default=0, help="KV blocks of 16 tokens (default: enough for --max-running x 1024 tokens)")
     p.add_argument("--log-json", action="store_true", help="JSON log lines on stderr")
     p.add_argument("--log-level", default="warning")
@@ -93,13 +94,19 @@ def user_error(exc: BaseException) -> BaseException | None:
     return exc if isinstance(exc, USER_ERRORS) else None
 
 
+def _contains(exc: BaseException, kind: type) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_contains(e, kind) for e in exc.exceptions)
+    return isinstance(exc, kind)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
         code = dispatch(args)
-    except KeyboardInterrupt:
-        code = 130
     except BaseException as exc:
+        if _contains(exc, KeyboardInterrupt):
+            sys.exit(130)
         err = user_error(exc)
         if err is None:
             raise
