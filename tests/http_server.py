@@ -2,15 +2,12 @@
 
 `running_server(model, ...)` starts the server on a free 127.0.0.1 port with a public
 ZeroMQ endpoint too, so a test can compare what HTTP clients get with the engine's own
-output for the same request. Run as a script (`python tests/http_server.py
---max-waiting N serve ...`) it serves like `zinfer serve` with a waiting queue of N,
-which the CLI does not expose, so a test can fill the queue.
+output for the same request.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import signal
 import socket
@@ -73,9 +70,8 @@ def running_server(model: Path | str, *args: str, api_key: str | None = None, ma
     if api_key:
         serve_args += ["--api-key", api_key]
     if max_waiting is not None:
-        cmd = [sys.executable, __file__, "--max-waiting", str(max_waiting), *serve_args]
-    else:
-        cmd = [sys.executable, "-m", "zinfer.gateway.cli", *serve_args]
+        serve_args += ["--max-waiting", str(max_waiting)]
+    cmd = [sys.executable, "-m", "zinfer.gateway.cli", *serve_args]
     log = Path(tempfile.mkstemp(prefix="zinfer-serve-", suffix=".log")[1])
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     server = Server(f"http://127.0.0.1:{port}", f"tcp://127.0.0.1:{zmq_port}", str(model), api_key, log, headers=headers)
@@ -118,23 +114,3 @@ def sse_events(lines: Iterator[str]) -> Iterator[str]:
         if m:
             yield m.group(1)
 
-
-def main(argv: list[str]) -> None:
-    """`--max-waiting N serve ARGS...`: zinfer serve with a waiting queue of N."""
-    import msgspec
-    import trio
-
-    from zinfer.gateway.cli import parser
-    from zinfer.gateway.run_command import engine_config
-    from zinfer.gateway.serve import run_server
-
-    assert argv[0] == "--max-waiting"
-    args = parser().parse_args(argv[2:])
-    config = msgspec.structs.replace(engine_config(args), max_waiting=int(argv[1]))
-    with contextlib.suppress(KeyboardInterrupt):
-        trio.run(run_server, args, config)
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    main(sys.argv[1:])
