@@ -11,7 +11,6 @@ from __future__ import annotations
 import uuid
 from typing import AsyncIterator, Iterator
 
-import msgspec
 import trio
 import zmq
 
