@@ -121,10 +121,12 @@ class SchedulerActor:
                 self.preemptions += len(victims)
                 log.info("preempted", seq_ids=self.frees, kv_used=reply.stats.used_blocks)
                 continue
-            if not accepted:
-                await self.to_tokenizer.send(SeqOutputs([], self.stats()))  # idle: report the freed blocks
-                return
-            break
+            if accepted:
+                break
+            if any(c.new and c.seq in self.policy.running for c in chunks):
+                continue  # admitted with a cached prefix longer than its chunk: plan its rest
+            await self.to_tokenizer.send(SeqOutputs([], self.stats()))  # idle: report the freed blocks
+            return
         self.round_id += 1
         seqs = self.policy.round_seqs(accepted)
         parents = [c.seq.traceparent for c in accepted if c.seq.traceparent]

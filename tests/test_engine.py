@@ -10,7 +10,7 @@ import trio
 
 from zinfer.gateway.api import EngineConfig, EngineThread
 from zinfer.gateway.client import AsyncClient
-from zinfer.messages.client import TERMINAL_EVENTS, Cancelled, Delta, Finished, Rejected, Started
+from zinfer.messages.client import TERMINAL_EVENTS, Delta, Finished, Rejected, Started
 from zinfer.messages.params import SamplingParams
 
 PROMPTS = [
