@@ -38,6 +38,11 @@ class Server:
     saw_loading: bool = False  # /health answered 503 {"status": "loading"} before 200
     headers: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def ws(self) -> str:
+        """The websocket chat endpoint."""
+        return self.url.replace("http://", "ws://", 1) + "/v1/ws"
+
     def metrics(self) -> dict[str, float]:
         """GET /metrics parsed into {'name{labels}': value} (comments left out)."""
         text = httpx.get(self.url + "/metrics", headers=self.headers, timeout=30).text

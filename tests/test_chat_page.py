@@ -21,7 +21,7 @@ from websockets.sync.client import connect
 from zinfer.gateway.client import Client
 from zinfer.messages.client import Delta
 from zinfer.messages.params import SamplingParams
-from zinfer_server import zinfer_serve
+from http_server import running_server
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
@@ -77,7 +77,7 @@ class Page:
 
 @pytest.fixture(scope="module")
 def server(smollm2_path):
-    with zinfer_serve(smollm2_path) as s:
+    with running_server(smollm2_path, "--max-running", "8") as s:
         yield s
 
 
@@ -120,7 +120,7 @@ def ask(page: Page, text: str) -> None:
 
 
 def test_chat_page_streams_the_engines_answer_and_stops(server, page, tmp_path):
-    page.call("Page.navigate", url=server.http + "/")
+    page.call("Page.navigate", url=server.url + "/")
     page.wait_for("document.getElementById('status')?.dataset.state === 'open'", 30)
     page.type("#temperature", "0")
     page.type("#max-tokens", "16")

@@ -13,7 +13,7 @@ import zmq
 from zinfer.gateway.client import AsyncClient
 from zinfer.messages.client import Delta
 from zinfer.messages.params import SamplingParams
-from zinfer_server import zinfer_serve
+from http_server import running_server
 
 NODE_DIR = Path(__file__).parent / "node"
 NODE = shutil.which("node")
@@ -27,7 +27,7 @@ PROMPT = "What is the capital of France?"
 
 @pytest.fixture(scope="module")
 def server(smollm2_path):
-    with zinfer_serve(smollm2_path) as s:
+    with running_server(smollm2_path, "--max-running", "8") as s:
         yield s
 
 

@@ -11,7 +11,7 @@ from websockets.sync.client import connect
 from zinfer.gateway.client import Client
 from zinfer.messages.client import Delta, EngineStats, Finished, GetStats
 from zinfer.messages.params import SamplingParams
-from zinfer_server import zinfer_serve
+from http_server import running_server
 
 TERMINAL = ("done", "cancelled", "error")
 HI = [{"role": "user", "content": "What is the capital of France?"}]
@@ -19,7 +19,7 @@ HI = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def server(smollm2_path):
-    with zinfer_serve(smollm2_path) as s:
+    with running_server(smollm2_path, "--max-running", "8") as s:
         yield s
 
 
