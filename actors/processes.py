@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -81,14 +82,23 @@ async def open_process_engine(config, transport: str = "ipc") -> AsyncIterator:
                 yield Engine(ctx, addrs, source, {"tokenizer": tokenizer, "processes": procs}, config)
                 nursery.cancel_scope.cancel()
         finally:
-            for proc in procs.values():
-                if proc.returncode is None:
-                    proc.kill()
-            for proc in procs.values():
-                with trio.move_on_after(5) as scope:
-                    scope.shield = True
-                    await proc.wait()
+            with trio.CancelScope(shield=True):
+                await _stop_children(procs.values())
             ctx.destroy(linger=0)
+
+
+async def _stop_children(procs) -> None:
+    """SIGTERM (a child's tracer flushes), then SIGKILL whatever is left after 5 s."""
+    live = [p for p in procs if p.returncode is None]
+    for proc in live:
+        proc.terminate()
+    with trio.move_on_after(5):
+        for proc in live:
+            await proc.wait()
+    for proc in live:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
 
 
 async def _watch(name: str, proc: trio.Process, ctx: zmq.Context, addrs: Addresses) -> None:
@@ -133,6 +143,15 @@ async def _serve_child(actor, parent_pid: int) -> None:
         await nursery.start(actor.run)
         print("ready", flush=True)
         nursery.start_soon(_exit_with_parent, parent_pid, nursery.cancel_scope)
+        nursery.start_soon(_exit_on_sigterm, nursery.cancel_scope)
+
+
+async def _exit_on_sigterm(scope: trio.CancelScope) -> None:
+    """SIGTERM ends the actor through its finally blocks (sockets closed, traces flushed)."""
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return
 
 
 async def _exit_with_parent(parent_pid: int, scope: trio.CancelScope) -> None:
