@@ -105,12 +105,13 @@ async def _watch(name: str, proc: trio.Process, ctx: zmq.Context, addrs: Address
     """Wait for a child's exit: an exit while the engine runs fails every open request."""
     code = await proc.wait()
     log.error("actor process exited", actor=name, pid=proc.pid, code=code)
-    out = Outbox(ctx, addrs.tokenizer, TokenizerInbox)
-    try:
-        await out.send(ActorFailed(name, f"process {proc.pid} exited with code {code}"))
-        await trio.sleep(0.2)  # let the tokenizer send the failures before we tear down
-    finally:
-        out.close()
+    with trio.CancelScope(shield=True):  # even if the engine is closing right now
+        out = Outbox(ctx, addrs.tokenizer, TokenizerInbox)
+        try:
+            await out.send(ActorFailed(name, f"process {proc.pid} exited with code {code}"))
+            await trio.sleep(0.2)  # let the tokenizer send the failures before we tear down
+        finally:
+            out.close()
     raise EngineFailure(f"actor {name} (pid {proc.pid}) exited with code {code}")
 
 
