@@ -46,7 +46,7 @@ class Ready(msgspec.Struct, tag="ready", tag_field="type"):
 
 async def read_fd(fd: int) -> bytes:
     """Up to 64 KiB from fd, b"" at EOF. A thread read works on pipes, files, ttys and /dev/null alike."""
-    return await trio.to_thread.run_sync(os.read, fd, 65536, cancellable=True)
+    return await trio.to_thread.run_sync(os.read, fd, 65536, abandon_on_cancel=True)
 
 
 async def write_fd(fd: int, data: bytes) -> None:
@@ -57,7 +57,7 @@ async def write_fd(fd: int, data: bytes) -> None:
         while view:
             view = view[os.write(fd, view):]
 
-    await trio.to_thread.run_sync(write_all, cancellable=True)
+    await trio.to_thread.run_sync(write_all, abandon_on_cancel=True)
 
 
 class LineReader:
