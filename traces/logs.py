@@ -22,6 +22,6 @@ def configure_logging(level: str = "info", json: bool = False) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=lambda *args: structlog.PrintLogger(sys.stderr),  # the stderr of the moment (tests swap it)
         cache_logger_on_first_use=False,
     )
