@@ -85,7 +85,7 @@ def build_actor(name: str, ctx: zmq.Context, addrs: Addresses, config: EngineCon
     tracing: the process's Tracing; when None and the config traces, the actor gets a
     Tracing of its own (an actor alone in its process)."""
     sched = config.scheduler_config(source)
-    if tracing is None and config.trace.enabled and name in ("tokenizer", "scheduler", "executor"):
+    if tracing is None and config.trace.enabled:
         tracing = open_process_tracing(config, source, name)
     if name == "tokenizer":
         from zinfer.models.prompt import PromptBuilder
@@ -94,9 +94,9 @@ def build_actor(name: str, ctx: zmq.Context, addrs: Addresses, config: EngineCon
     if name == "scheduler":
         return SchedulerActor(ctx, addrs, sched, tracing)
     if name == "kv":
-        return KvActor(ctx, addrs.kv, sched.num_blocks, sched.block_size, config.prefix_caching)
+        return KvActor(ctx, addrs.kv, sched.num_blocks, sched.block_size, config.prefix_caching, tracing)
     if name == "sampler":
-        return SamplerActor(ctx, addrs, source.spec.vocab_size)
+        return SamplerActor(ctx, addrs, source.spec.vocab_size, tracing)
     if name == "executor":
         from zinfer.actors.executor import ExecutorActor
 

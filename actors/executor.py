@@ -64,7 +64,7 @@ class ExecutorActor:
             rt.finish(round_name(r), round_attributes(r, batch), r.traceparents)
         self.busy_seconds += time.perf_counter() - t0
         seq_ids = [s.seq_id for s in r.seqs if s.wants_logits]
-        return RoundLogits(r.round_id, seq_ids, logits, r.sampler_updates)
+        return RoundLogits(r.round_id, seq_ids, logits, r.sampler_updates, r.traceparents)
 
 
 def round_name(r: Round) -> str:

@@ -6,6 +6,8 @@ ROUTER: the scheduler is its one client and waits for each reply (one per round)
 
 from __future__ import annotations
 
+import time
+
 import trio
 import zmq
 
@@ -16,8 +18,9 @@ from zinfer.messages.engine import KvGrant, KvInbox, KvReply, KvStats, KvUpdate,
 
 
 class KvActor:
-    def __init__(self, ctx: zmq.Context, address: str, num_blocks: int, block_size: int, prefix_caching: bool = True):
+    def __init__(self, ctx: zmq.Context, address: str, num_blocks: int, block_size: int, prefix_caching: bool = True, tracing=None):
         self.allocator = KVAllocator(num_blocks, block_size, prefix_caching)
+        self.tracing = tracing  # None: tracing off
         self.sock = AsyncSocket(ctx, zmq.ROUTER, bind=address)
         self.inbox = Codec(KvInbox)
         self.outbox = Codec(KvReply)
@@ -30,7 +33,11 @@ class KvActor:
                 msg = self.inbox.decode(frames)
                 if isinstance(msg, Shutdown):
                     return
-                await self.sock.send([peer, *self.outbox.encode(self.apply(msg))])
+                t0 = time.time_ns()
+                reply = self.apply(msg)
+                if self.tracing is not None and msg.traceparents:
+                    self._trace(msg, reply, t0)
+                await self.sock.send([peer, *self.outbox.encode(reply)])
         finally:
             self.sock.close()
 
@@ -49,6 +56,19 @@ class KvActor:
             else:
                 grants.append(KvGrant(ask.seq_id, True, a.block_table(ask.seq_id), cached))
         return KvReply(grants, self.stats())
+
+    def _trace(self, update: KvUpdate, reply: KvReply, t0: int) -> None:
+        """One span per update, under the first request it serves and linked to the rest."""
+        attrs = {
+            "frees": len(update.free),
+            "commits": len(update.commit),
+            "allocations": len(update.allocate),
+            "granted": sum(g.ok for g in reply.grants),
+            "kv.used_blocks": reply.stats.used_blocks,
+            "kv.cached_blocks": reply.stats.cached_blocks,
+        }
+        parents = update.traceparents
+        self.tracing.start("kv_update", parents[0], attrs, parents[1:], t0).end()
 
     def stats(self) -> KvStats:
         a = self.allocator

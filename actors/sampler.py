@@ -6,6 +6,8 @@ ride along with the round, so it is always in place before the logits that need 
 
 from __future__ import annotations
 
+import time
+
 import structlog
 import trio
 import zmq
@@ -19,8 +21,9 @@ log = structlog.get_logger("zinfer.sampler")
 
 
 class SamplerActor:
-    def __init__(self, ctx: zmq.Context, addrs: Addresses, vocab_size: int):
+    def __init__(self, ctx: zmq.Context, addrs: Addresses, vocab_size: int, tracing=None):
         self.vocab_size = vocab_size
+        self.tracing = tracing  # None: tracing off
         self.samplers: dict[int, RequestSampler] = {}
         self.inbox: Inbox = Inbox(ctx, addrs.sampler, SamplerInbox)
         self.to_scheduler: Outbox = Outbox(ctx, addrs.scheduler, SchedulerInbox)
@@ -32,7 +35,12 @@ class SamplerActor:
                 msg = await self.inbox.recv()
                 if isinstance(msg, Shutdown):
                     return
-                await self.to_scheduler.send(self.sample_round(msg))
+                t0 = time.time_ns()
+                sampled = self.sample_round(msg)
+                if self.tracing is not None and msg.traceparents:
+                    attrs = {"sampled_round": msg.round_id, "rows": len(msg.seq_ids), "seq_ids": msg.seq_ids}
+                    self.tracing.start("sample", msg.traceparents[0], attrs, msg.traceparents[1:], t0).end()
+                await self.to_scheduler.send(sampled)
         finally:
             self.inbox.close()
             self.to_scheduler.close()

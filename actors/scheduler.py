@@ -111,7 +111,8 @@ class SchedulerActor:
             chunks = self.policy.plan()
             if not chunks and not (self.frees or self.commits):
                 return
-            update = KvUpdate(self.frees, self.commits, self.policy.kv_asks(chunks))
+            parents = [c.seq.traceparent for c in chunks if c.seq.traceparent] if self.tracing is not None else []
+            update = KvUpdate(self.frees, self.commits, self.policy.kv_asks(chunks), parents)
             self.frees, self.commits = [], []
             reply = await self.kv.call(update)
             self.kv_stats = reply.stats

@@ -140,6 +140,7 @@ class RoundLogits(msgspec.Struct, tag="logits", **_BUS):
     seq_ids: list[int]  # one per logits row
     logits: np.ndarray  # [S, vocab] float32
     sampler_updates: list[SamplerUpdate] = []
+    traceparents: list[str] = []
 
 
 SamplerInbox = Union[RoundLogits, Shutdown]
@@ -165,6 +166,7 @@ class KvUpdate(msgspec.Struct, tag="kv_update", **_BUS):
     free: list[int] = []
     commit: list[KvCommit] = []
     allocate: list[KvAllocate] = []
+    traceparents: list[str] = []  # of the requests whose blocks the update allocates
 
 
 class KvGrant(msgspec.Struct, array_like=True, gc=False):

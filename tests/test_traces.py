@@ -122,10 +122,11 @@ async def test_the_multi_process_topology_traces_into_one_trace(smollm2_path, tm
     assert pids["request"] == pids["tokenize"] == os.getpid()
     assert pids["queue"] == pids["schedule"] == children["scheduler"]
     assert pids["prefill"] == pids["decode"] == children["executor"]
+    assert pids["kv_update"] == children["kv"] and pids["sample"] == children["sampler"]
     # kernels of the executor process sit under its rounds, in the same merged file
     assert all(r.layers > 0 and r.kernel_us > 0 for r in rounds_of(doc))
     processes = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
-    assert processes == {f"zinfer tokenizer ({os.getpid()})", f"zinfer scheduler ({children['scheduler']})", f"zinfer executor ({children['executor']})"}
+    assert processes == {f"zinfer tokenizer ({os.getpid()})"} | {f"zinfer {name} ({pid})" for name, pid in children.items()}
 
 
 def test_zinfer_run_trace_then_summarize(smollm2_path, tmp_path, capsys):
