@@ -1,8 +1,12 @@
 """Parity with llama.cpp (f32 KV, no flash attention): prompt ids and greedy ids.
 
-The goldens come from tests/goldens/regenerate.py. Teacher forcing runs the prompt plus
-llama.cpp's 32 greedy tokens in one prefill and compares our argmax at every position;
-the greedy run matches llama.cpp up to the first position where the argmax differs.
+The goldens come from tests/goldens/regenerate.py, for the quantized model files and for
+F32 copies of them (the same weights, dequantized). On the F32 copy llama.cpp computes
+in float32 as our oracle does, so greedy ids must agree; on the quantized file it first
+rounds activations to int8 blocks, and these small models then take different
+near-ties now and then. Teacher forcing runs the prompt plus llama.cpp's tokens in one
+prefill and compares our argmax at every position; the greedy run prefills, then
+decodes token by token.
 """
 
 from __future__ import annotations
@@ -62,8 +66,17 @@ def until_eog(ids: list[int], eog: frozenset[int]) -> list[int]:
     return ids
 
 
-@pytest.mark.parametrize("name,fixture", [("smollm2-135m", "smollm2_path"), ("gemma3-270m", "gemma3_path")])
-def test_greedy_parity_with_llama_cpp(name, fixture, request, capsys):
+CASES = [
+    # golden, model fixture, prompts that must match all the way, teacher-forced top-1 agreement
+    ("smollm2-135m-f32", "smollm2_path", 7, 0.99),
+    ("gemma3-270m-f32", "gemma3_path", 7, 0.99),
+    ("smollm2-135m", "smollm2_path", 4, 0.95),
+    ("gemma3-270m", "gemma3_path", 4, 0.95),
+]
+
+
+@pytest.mark.parametrize("name,fixture,min_full,min_agree", CASES)
+def test_greedy_parity_with_llama_cpp(name, fixture, min_full, min_agree, request, capsys):
     path = request.getfixturevalue(fixture)
     golden = load_golden(name)
     source = open_model(path)
@@ -89,10 +102,8 @@ def test_greedy_parity_with_llama_cpp(name, fixture, request, capsys):
         print(f"\n{name}: greedy equal to llama.cpp on {full_matches}/{len(golden['cases'])} prompts; teacher-forced top-1 agreement {agree}/{total}")
         for line in report:
             print("  " + line)
-    # llama.cpp's rounding (int8 activations, its own exp and sums) cannot be reproduced
-    # bit for bit, and these small models flip on tiny differences: see the closing note.
-    assert full_matches >= 4
-    assert agree / total >= 0.95
+    assert full_matches >= min_full
+    assert agree / total >= min_agree
 
 
 def test_run_json_matches_llama_cpp(smollm2_path):

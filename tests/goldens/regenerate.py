@@ -10,6 +10,8 @@ writes. For each model it writes:
 - greedy_<model>.json: for raw-completion prompts, the prompt ids and llama.cpp's 32
   greedy token ids (argmax of the logits after each step, f32 KV cache, flash
   attention off), with the decoded text.
+- greedy_<model>-f32.json: the same on an F32 copy of the model (f32_gguf.py), where
+  llama.cpp does no int8 rounding of activations: a check of the forward pass itself.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -112,7 +115,7 @@ def main() -> int:
     import llama_cpp
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models-dir", default="/tmp/models")
+    ap.add_argument("--models-dir", default=None, help="default: zinfer's model cache")
     ap.add_argument("--skip-greedy", action="store_true")
     args = ap.parse_args()
     header = {
@@ -120,6 +123,13 @@ def main() -> int:
         "llama_cpp_python": llama_cpp.__version__,
         "tokenize": "Llama(vocab_only=True).tokenize(text.encode(), add_bos=<model flag>, special=True)",
     }
+    sys.path.insert(0, str(HERE))
+    from f32_gguf import write_f32_copy
+
+    if args.models_dir is None:
+        from zinfer.models.pull import cache_dir
+
+        args.models_dir = str(cache_dir())
     for name, file in MODELS.items():
         path = Path(args.models_dir) / file
         if not path.exists():
@@ -136,6 +146,11 @@ def main() -> int:
         doc = {**g_header, "model": name, "file": file, **greedy_goldens(path)}
         (HERE / f"greedy_{name}.json").write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n")
         print(f"wrote greedy_{name}.json")
+        with tempfile.TemporaryDirectory() as tmp:
+            f32 = write_f32_copy(path, Path(tmp) / "f32.gguf")
+            doc = {**g_header, "model": name, "file": f"{file} dequantized to F32", **greedy_goldens(f32)}
+        (HERE / f"greedy_{name}-f32.json").write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n")
+        print(f"wrote greedy_{name}-f32.json")
     return 0
 
 
