@@ -26,6 +26,16 @@ class CpuKV:
     num_blocks: int
     block_size: int
 
+    @staticmethod
+    def zeros(n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int) -> "CpuKV":
+        shape = (num_blocks * block_size, n_kv_heads, head_dim)
+        return CpuKV(
+            k=[np.zeros(shape, np.float32) for _ in range(n_layers)],
+            v=[np.zeros(shape, np.float32) for _ in range(n_layers)],
+            num_blocks=num_blocks,
+            block_size=block_size,
+        )
+
     def gather(self, layer: int, block_table: np.ndarray, context_len: int) -> tuple[np.ndarray, np.ndarray]:
         """K, V of one sequence in position order: each [context_len, Hkv, hd]."""
         n_blocks = -(-context_len // self.block_size)
@@ -62,13 +72,7 @@ class CpuDevice:
         return CpuMatrix(w, act)
 
     def alloc_kv(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int) -> CpuKV:
-        shape = (num_blocks * block_size, n_kv_heads, head_dim)
-        return CpuKV(
-            k=[np.zeros(shape, np.float32) for _ in range(n_layers)],
-            v=[np.zeros(shape, np.float32) for _ in range(n_layers)],
-            num_blocks=num_blocks,
-            block_size=block_size,
-        )
+        return CpuKV.zeros(n_layers, n_kv_heads, head_dim, num_blocks, block_size)
 
     def embed(self, table: CpuMatrix, token_ids: np.ndarray) -> np.ndarray:
         return table.w[token_ids]

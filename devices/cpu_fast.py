@@ -76,13 +76,7 @@ class FastCpuDevice:
         return FastWeight(shape, packed, f32)
 
     def alloc_kv(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int) -> CpuKV:
-        shape = (num_blocks * block_size, n_kv_heads, head_dim)
-        return CpuKV(
-            k=[np.zeros(shape, np.float32) for _ in range(n_layers)],
-            v=[np.zeros(shape, np.float32) for _ in range(n_layers)],
-            num_blocks=num_blocks,
-            block_size=block_size,
-        )
+        return CpuKV.zeros(n_layers, n_kv_heads, head_dim, num_blocks, block_size)
 
     # ---- ops ----
 

@@ -19,17 +19,9 @@ from safetensors.numpy import save_file
 
 from zinfer.kernels.quants import UnsupportedTensorType, dequantize
 from zinfer.models.gguf_file import GGUFFile, TensorData
-from zinfer.models.hf_layout import hf_name, is_norm_weight, unpermute_qk
+from zinfer.models.hf_layout import HF_CLASS, HF_MODEL_TYPE, hf_name, is_norm_weight, unpermute_qk
 from zinfer.models.spec import ModelError, ModelSpec, spec_from_gguf
 
-_MODEL_TYPE = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
-_CLASS = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "gemma3": "Gemma3ForCausalLM",
-}
 
 
 def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
@@ -59,8 +51,8 @@ def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike)
 def hf_config(spec: ModelSpec, meta: Mapping[str, Any], tied: bool) -> dict[str, Any]:
     """config.json from which spec_from_hf_config rebuilds `spec` (rotate-half RoPE)."""
     config: dict[str, Any] = {
-        "architectures": [_CLASS[spec.arch]],
-        "model_type": _MODEL_TYPE[spec.arch],
+        "architectures": [HF_CLASS[spec.arch]],
+        "model_type": HF_MODEL_TYPE[spec.arch],
         "vocab_size": spec.vocab_size,
         "hidden_size": spec.d_model,
         "intermediate_size": spec.d_ff,

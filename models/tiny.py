@@ -21,18 +21,10 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from safetensors.numpy import save_file
 
-from zinfer.models.hf_layout import gguf_name, permute_qk
+from zinfer.models.hf_layout import HF_CLASS, HF_MODEL_TYPE, gguf_name, permute_qk
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 
-_MODEL_TYPE = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
-_CLASS = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "gemma3": "Gemma3ForCausalLM",
-}
 _BOS, _EOS = "<|bos|>", "<|eos|>"
 # Merges of the tiny vocabulary, in rank order ("Ġ" is the byte-level space).
 _MERGES = [
@@ -75,8 +67,8 @@ def tiny_config(arch: str, **overrides: Any) -> dict[str, Any]:
         raise ValueError(f"unknown tiny architecture {arch!r} (have {', '.join(ARCHS)})")
     tokens, _, _ = tiny_vocab()
     config: dict[str, Any] = {
-        "architectures": [_CLASS[arch]],
-        "model_type": _MODEL_TYPE[arch],
+        "architectures": [HF_CLASS[arch]],
+        "model_type": HF_MODEL_TYPE[arch],
         "vocab_size": len(tokens),
         "hidden_size": 64,
         "intermediate_size": 128,
