@@ -33,6 +33,7 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu (numpy, the default), cpu-fast (numba kernels), cuda or cuda:N")
     p.add_argument("--max-model-len", type=int, default=0, help="context length (default: the model's, at most 4096)")
     p.add_argument("--max-running", type=int, default=32)
+    p.add_argument("--topology", default="inproc", choices=("inproc", "ipc", "tcp"), help="inproc: all actors in this process; ipc/tcp: kv, sampler, executor and scheduler as processes")
     p.add_argument("--max-waiting", type=int, default=256, help="queued requests before new ones are rejected (HTTP 429)")
     p.add_argument("--num-blocks", type=int, default=0, help="KV blocks of 16 tokens (default: enough for --max-running x 1024 tokens)")
     p.add_argument("--log-json", action="store_true", help="JSON log lines on stderr")

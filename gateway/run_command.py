@@ -30,6 +30,7 @@ def engine_config(args: argparse.Namespace, trace: TraceConfig | None = None) ->
         max_model_len=args.max_model_len,
         max_running=args.max_running,
         max_waiting=args.max_waiting,
+        topology=args.topology,
         num_blocks=args.num_blocks,
         zmq_endpoints=(args.zmq,) if getattr(args, "zmq", None) else (),
         trace=trace or trace_config(args),
