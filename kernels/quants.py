@@ -317,14 +317,17 @@ def dequantize(data: np.ndarray, qtype, shape: tuple[int, ...]) -> np.ndarray:
     qt = _qtype(qtype)
     n_rows, _, blocks_per_row, row_bytes = _row_geometry(qt, shape)
     epb, bpb = BLOCK_SHAPES[qt]
-    raw = _as_bytes(data)
-    if raw.size != n_rows * row_bytes:
-        raise ValueError(
-            f"{qt.name} tensor of shape {tuple(shape)} needs {n_rows * row_bytes} bytes, "
-            f"got {raw.size}"
-        )
+    raw = _checked_bytes(data, qt, shape, n_rows * row_bytes)
     blocks = raw.reshape(n_rows * blocks_per_row, bpb)
     return _dequantize_blocks(_KERNELS[qt], blocks, epb).reshape(shape)
+
+
+def _checked_bytes(data: np.ndarray, qt, shape: tuple[int, ...], size: int) -> np.ndarray:
+    """data as raw bytes; ValueError unless it is exactly the `size` bytes `shape` needs."""
+    raw = _as_bytes(data)
+    if raw.size != size:
+        raise ValueError(f"{qt.name} tensor of shape {tuple(shape)} needs {size} bytes, got {raw.size}")
+    return raw
 
 
 def dequantize_rows(data: np.ndarray, qtype, shape: tuple[int, ...], rows) -> np.ndarray:
@@ -338,12 +341,7 @@ def dequantize_rows(data: np.ndarray, qtype, shape: tuple[int, ...], rows) -> np
     qt = _qtype(qtype)
     n_rows, row, _, row_bytes = _row_geometry(qt, shape)
     epb, bpb = BLOCK_SHAPES[qt]
-    raw = _as_bytes(data)
-    if raw.size != n_rows * row_bytes:
-        raise ValueError(
-            f"{qt.name} tensor of shape {tuple(shape)} needs {n_rows * row_bytes} bytes, "
-            f"got {raw.size}"
-        )
+    raw = _checked_bytes(data, qt, shape, n_rows * row_bytes)
     idx = np.asarray(rows)
     if idx.size and not np.issubdtype(idx.dtype, np.integer):
         raise TypeError(f"row indices must be integers, got {idx.dtype}")
