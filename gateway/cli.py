@@ -19,11 +19,13 @@ class UsageError(Exception):
     """A user-facing error: printed as one line, exit status 1."""
 
 
-def sampling_args(p: argparse.ArgumentParser, temperature: float = 0.7) -> None:
-    p.add_argument("--temperature", type=float, default=temperature, help="0 is greedy")
+def sampling_args(p: argparse.ArgumentParser) -> None:
+    """Defaults suit small chat models (SmolLM2's card: temperature 0.2, top-p 0.9)."""
+    p.add_argument("--temperature", type=float, default=0.2, help="0 is greedy")
     p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--top-p", type=float, default=0.9)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=None, help="1.0 is off (default: 1.1 when sampling, off when greedy)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=256)
 

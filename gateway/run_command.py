@@ -43,6 +43,7 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
         top_k=args.top_k,
         top_p=args.top_p,
         min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty if args.repetition_penalty is not None else (1.1 if args.temperature > 0 else 1.0),
         seed=args.seed,
         max_tokens=args.max_tokens,
     )
