@@ -32,6 +32,7 @@ class LlamaCpp:
         cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, 512, 512, n_seq
         cp.n_threads = cp.n_threads_batch = threads
         cp.no_perf = True
+        cp.kv_unified = True  # one KV pool shared by all sequences, as llama-server runs
         self.ctx = L.llama_init_from_model(self.model, cp)
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
         self.batch = L.llama_batch_init(max(512, n_seq), 0, n_seq)

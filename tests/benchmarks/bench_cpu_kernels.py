@@ -11,7 +11,6 @@ for FastCpuDevice and llama.cpp with the same thread count. Best of `--repeat` r
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import time
 
@@ -19,6 +18,7 @@ import numpy as np
 
 from zinfer.devices import cpu_fast
 from zinfer.devices.cpu_fast import FastCpuDevice
+from zinfer.gateway.bench_llama import LlamaCpp
 from zinfer.kernels import cpu_quant as cq
 from zinfer.models.batch import ForwardBatch
 from zinfer.models.forward import forward
@@ -89,67 +89,16 @@ class Ours:
 
 
 class Llama:
-    """llama.cpp through llama-cpp-python's low-level API (AMX buffers off), f32 logits."""
+    """llama.cpp's side: the batch-API wrapper `zinfer bench --compare-llama-cpp` uses."""
 
     def __init__(self, path: str, threads: int, n_ctx: int, n_seq: int):
-        import llama_cpp as lc
-
-        self.lc = lc
-        lc.llama_backend_init()
-        mp = lc.llama_model_default_params()
-        mp.use_extra_bufts = False
-        self.model = lc.llama_model_load_from_file(path.encode(), mp)
-        cp = lc.llama_context_default_params()
-        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, 512, 512, n_seq
-        cp.n_threads = cp.n_threads_batch = threads
-        cp.kv_unified = True
-        self.ctx = lc.llama_init_from_model(self.model, cp)
-        self.vocab = lc.llama_n_vocab(lc.llama_model_get_vocab(self.model))
-
-    def decode(self, toks, poss, seq_ids, want) -> list[int]:
-        lc = self.lc
-        n = len(toks)
-        b = lc.llama_batch_init(n, 0, 1)
-        for i in range(n):
-            b.token[i], b.pos[i], b.n_seq_id[i] = toks[i], poss[i], 1
-            b.seq_id[i][0] = seq_ids[i]
-            b.logits[i] = want[i]
-        b.n_tokens = n
-        assert lc.llama_decode(self.ctx, b) == 0
-        out = []
-        for i in range(n):
-            if want[i]:
-                p = lc.llama_get_logits_ith(self.ctx, i)
-                out.append(int(np.ctypeslib.as_array(ctypes.cast(p, ctypes.POINTER(ctypes.c_float)), (self.vocab,)).argmax()))
-        lc.llama_batch_free(b)
-        return out
-
-    def clear(self):
-        self.lc.llama_memory_clear(self.lc.llama_get_memory(self.ctx), True)
+        self.llm = LlamaCpp(path, threads, n_seq, n_ctx)
 
     def prefill(self, ids: list[int]) -> float:
-        self.clear()
-        t0 = time.perf_counter()
-        self.decode(ids, list(range(len(ids))), [0] * len(ids), [False] * (len(ids) - 1) + [True])
-        return time.perf_counter() - t0
+        return self.llm.prefill([ids])
 
     def run(self, seqs: list[list[int]], steps: int) -> float:
-        self.clear()
-        toks, poss, sids, want = [], [], [], []
-        for j, s in enumerate(seqs):
-            toks += s
-            poss += list(range(len(s)))
-            sids += [j] * len(s)
-            want += [False] * (len(s) - 1) + [True]
-        nxt = []
-        for a in range(0, len(toks), 512):  # n_batch: llama_decode asserts on more
-            nxt += self.decode(toks[a : a + 512], poss[a : a + 512], sids[a : a + 512], want[a : a + 512])
-        pos = [len(s) for s in seqs]
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            nxt = self.decode(nxt, pos, list(range(len(seqs))), [True] * len(seqs))
-            pos = [p + 1 for p in pos]
-        return time.perf_counter() - t0
+        return self.llm.generate(seqs, steps + 1)[1]
 
 
 def main() -> None:
