@@ -56,6 +56,13 @@ class Seq:
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    def tokens(self, start: int, end: int) -> list[int]:
+        """all_ids[start:end] without copying the whole sequence (a decode step needs one id)."""
+        n = len(self.prompt_ids)
+        if start >= n:
+            return self.output_ids[start - n : end - n]
+        return self.prompt_ids[start:end] + self.output_ids[: max(end - n, 0)]
+
 
 @dataclass
 class Chunk:
@@ -174,9 +181,9 @@ class SchedulerPolicy:
     def round_seqs(chunks: list[Chunk]) -> list[RoundSeq]:
         out = []
         for c in chunks:
-            ids = c.seq.all_ids
-            wants = c.end == len(ids)
-            out.append(RoundSeq(c.seq.seq_id, ids[c.seq.num_computed : c.end], c.seq.num_computed, c.seq.block_table, wants))
+            s = c.seq
+            wants = c.end == len(s.prompt_ids) + len(s.output_ids)
+            out.append(RoundSeq(s.seq_id, s.tokens(s.num_computed, c.end), s.num_computed, s.block_table, wants))
         return out
 
     # ---- results --------------------------------------------------------------------
