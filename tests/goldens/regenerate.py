@@ -17,6 +17,7 @@ writes. For each model it writes:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -67,8 +68,31 @@ PROMPTS = [
 ]
 
 N_GREEDY = 32
-SETTINGS = dict(n_ctx=512, type_k=0, type_v=0, flash_attn=False, use_extra_bufts=False,
+SETTINGS = dict(n_ctx=512, type_k=0, type_v=0, flash_attn=False,
                 n_threads=2, seed=0, n_batch=512, logits_all=False)
+# Weight repacking (Q4_K, Q6_K, ... into interleaved rows) changes llama.cpp's summation
+# order; the goldens use its plain per-row kernels. Llama() ignores use_extra_bufts=...
+# (unknown keywords vanish into **kwargs), so model_params is patched instead.
+REPACK = False
+
+
+@contextlib.contextmanager
+def plain_kernels():
+    """Make Llama() load models with use_extra_bufts = REPACK."""
+    import llama_cpp.llama_cpp as lib
+
+    default = lib.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = REPACK
+        return p
+
+    lib.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        lib.llama_model_default_params = default
 
 
 def _add_bos(llm) -> bool:
@@ -94,7 +118,8 @@ def greedy_goldens(path: Path) -> dict:
     cases = []
     add_bos = None
     for prompt in PROMPTS:
-        llm = Llama(model_path=str(path), verbose=False, **SETTINGS)  # fresh KV cache
+        with plain_kernels():
+            llm = Llama(model_path=str(path), verbose=False, **SETTINGS)  # fresh KV cache
         add_bos = _add_bos(llm)
         prompt_ids = llm.tokenize(prompt.encode(), add_bos=add_bos, special=True)
         out: list[int] = []
@@ -140,7 +165,7 @@ def main() -> int:
         print(f"wrote tokens_{name}.json")
         if args.skip_greedy:
             continue
-        g_header = {**header, "settings": {**SETTINGS, "sampling": "argmax of last logits (temp 0), 32 steps, not stopped at end-of-generation",
+        g_header = {**header, "settings": {**SETTINGS, "use_extra_bufts": REPACK, "sampling": "argmax of last logits (temp 0), 32 steps, not stopped at end-of-generation",
                                            "prompt": "raw completion, BOS as model metadata says"}}
         del g_header["tokenize"]
         doc = {**g_header, "model": name, "file": file, **greedy_goldens(path)}
