@@ -1,0 +1,199 @@
+"""llama.cpp's CPU arithmetic for quantized matrix products, reproduced in numpy.
+
+ggml never multiplies a quantized weight by float activations. It first rounds each row
+of activations to int8 blocks of its "vec_dot_type" (Q8_0, Q8_1 or Q8_K), then its AVX2
+kernels (ggml_vec_dot_*, and llamafile's tinyBLAS for Q8_0/Q5_0) compute, per block:
+
+- exact integer products, summed in 8 int32 lanes: lane L takes the elements i with
+  (i % 32) // 4 == L, with K-quant sub-block scales folded in;
+- one fused multiply-add per lane and block: acc[L] = fma(d_w * d_a, float(lane), acc[L]);
+- at the end a fixed horizontal sum of the 8 lanes, plus the block-minimum term of
+  Q4_1 (a scalar sum of m * s) or Q4_K (4 lanes of dmin * mins . bsums). Q6_K multiplies
+  its unsigned 6-bit codes and takes 32 * scales . bsums off each lane afterwards.
+
+From 8 activation rows up, llama.cpp multiplies Q6_K by another kernel: one float per
+output and block, acc = fma(float(block integer dot) * d_w, d_a, acc) (BATCHED).
+
+Reproducing that order makes our products bit-equal to llama.cpp's (checked tensor by
+tensor against llama-cpp-python 0.3.36 with weight repacking off, use_extra_bufts=False:
+Q4_1, Q8_0, Q5_0, Q6_K; Q4_K below 8 activation rows, where llama.cpp switches to a
+kernel whose order is not reproduced here), so greedy decoding takes the same near-ties.
+Other weight types fall back to float products of their dequantized values with
+rounded activations.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from zinfer.kernels.quants import BLOCK_SHAPES, _k4_scales_mins, _qtype, dequantize
+
+# weight type -> (activation type, byte offset of d, byte offset of m/dmin or None)
+EXACT = {
+    "Q5_0": ("Q8_0", 0, None),
+    "Q8_0": ("Q8_0", 0, None),
+    "Q4_1": ("Q8_1", 0, 2),
+    "Q4_K": ("Q8_K", 0, 2),
+    "Q6_K": ("Q8_K", 208, None),
+}
+_F16_ONE = np.float16(1.0).view(np.uint16)
+_LANES = 8
+BATCHED = {"Q6_K": 8}  # weight type -> activation rows from which ggml switches kernels
+_CHUNK = 1 << 22  # lane partial sums held at once (float64 elements)
+
+
+class LlamaMatrix(NamedTuple):
+    """A quantized weight as ggml's integer kernels see it."""
+
+    kind: str  # weight type, a key of EXACT
+    codes: np.ndarray  # [out, n] int16: integer codes, K-quant sub-block scales folded in
+    d: np.ndarray  # [out, blocks] float32 block scales
+    m: np.ndarray | None  # Q4_1: [out, blocks] float32 minima; Q4_K: [out, blocks] dmin
+    sub: np.ndarray | None  # Q4_K: [out, blocks, 8] 6-bit sub-block minima; Q6_K: [out, blocks, 16] int8 scales
+
+
+def _f16_at(blocks: np.ndarray, offset: int) -> np.ndarray:
+    return blocks[:, offset : offset + 2].copy().view(np.float16)[:, 0].astype(np.float32)
+
+
+def split_weight(data: np.ndarray, qtype, shape: tuple[int, int]) -> LlamaMatrix:
+    """Decompose a quantized [out, n] weight into integer codes and float block scales."""
+    qt = _qtype(qtype)
+    act, d_at, m_at = EXACT[qt.name]
+    epb, bpb = BLOCK_SHAPES[qt]
+    out, n = shape
+    blocks = np.ascontiguousarray(data).reshape(-1).view(np.uint8).reshape(-1, bpb)
+    d = _f16_at(blocks, d_at).reshape(out, n // epb)
+    unit = blocks.copy()  # d := 1 and m := 0, so dequantizing yields the integer codes
+    unit[:, d_at : d_at + 2] = np.frombuffer(_F16_ONE.tobytes(), np.uint8)
+    m = sub = None
+    if m_at is not None:
+        m = _f16_at(blocks, m_at).reshape(out, n // epb)
+        unit[:, m_at : m_at + 2] = 0
+    codes = dequantize(unit, qt, shape).astype(np.float64)
+    if qt.name == "Q4_K":
+        sub = _k4_scales_mins(blocks[:, 4:16])[1].astype(np.float64).reshape(out, n // epb, 8)
+    elif qt.name == "Q6_K":  # codes scale * (q - 32) -> scale * q; the 32 comes back through bsums
+        sub = blocks[:, 192:208].view(np.int8).astype(np.float64).reshape(out, n // epb, 16)
+        codes += 32 * np.repeat(sub.reshape(out, -1), 16, axis=1)
+    return LlamaMatrix(qt.name, codes.astype(np.int16), d, m, sub)
+
+
+class Activations(NamedTuple):
+    """A row block of activations rounded as ggml's quantize_row_q8_* rounds them."""
+
+    codes: np.ndarray  # [T, n] float64 int8 codes
+    d: np.ndarray  # [T, blocks] float32 scales (fp16-rounded for Q8_0/Q8_1)
+    s: np.ndarray | None  # Q8_1: [T, blocks] float32, fp16(d * sum(codes)); Q8_K: [T, blocks, 16] sums of 16
+
+
+def quantize_activations(x: np.ndarray, kind: str) -> Activations:
+    """x [T, n] float32 as ggml rounds it for a product with a weight of `kind`'s activation type."""
+    block = 256 if kind == "Q8_K" else 32
+    T, n = x.shape
+    xb = x.reshape(T, n // block, block)  # [T, blocks, block]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if kind == "Q8_K":  # quantize_row_q8_K_ref: scale from the signed value of largest magnitude
+            idx = np.argmax(np.abs(xb), axis=-1)[..., None]
+            maxv = np.take_along_axis(xb, idx, axis=-1)
+            iscale = np.where(maxv != 0, np.float32(-127.0) / maxv, np.float32(0.0)).astype(np.float32)
+            q = np.minimum(np.rint(iscale * xb), 127)
+            d = np.where(iscale != 0, np.float32(1.0) / iscale, np.float32(0.0)).astype(np.float32)[..., 0]
+            s = q.reshape(T, n // block, 16, 16).sum(-1)
+        else:  # quantize_row_q8_0 / q8_1 (AVX2): d = amax / 127 stored as fp16, codes = rint(x * 127 / amax)
+            amax = np.max(np.abs(xb), axis=-1, keepdims=True)
+            inv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+            q = np.rint(xb * inv)
+            d32 = (amax / np.float32(127.0))[..., 0]
+            d = d32.astype(np.float16).astype(np.float32)
+            s = (d32 * q.sum(-1, dtype=np.float32)).astype(np.float16).astype(np.float32) if kind == "Q8_1" else None
+    return Activations(q.reshape(T, n).astype(np.float64), d, s)
+
+
+def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32 a*b + c rounded once (float64 holds the product of two float32 exactly)."""
+    return (a.astype(np.float64) * b + c).astype(np.float32)
+
+
+def _hsum8(acc: np.ndarray) -> np.ndarray:
+    """ggml's hsum_float_8 over the leading axis of acc [8, ...] float32."""
+    r = acc[4:] + acc[:4]
+    return (r[0] + r[2]) + (r[1] + r[3])
+
+
+def matmul(x: np.ndarray, w: LlamaMatrix) -> np.ndarray:
+    """x [T, n] float32 times w^T: [T, out] float32, as llama.cpp's CPU backend computes it."""
+    act = quantize_activations(np.ascontiguousarray(x, dtype=np.float32), EXACT[w.kind][0])
+    out = np.empty((x.shape[0], w.codes.shape[0]), np.float32)
+    T, n = x.shape
+    blocks = w.d.shape[1]
+    step = max(1, _CHUNK // (T * n // 4))
+    for o0 in range(0, w.codes.shape[0], step):
+        out[:, o0 : o0 + step] = _rows(act, w, slice(o0, o0 + step), blocks)
+    return out
+
+
+def matmul_rounded(x: np.ndarray, w: np.ndarray, kind: str) -> np.ndarray:
+    """x [T, n] with ggml's int8 rounding for weight type `kind`, times the dequantized
+    w [out, n] by one float32 BLAS product: [T, out]. The products differ from
+    llama.cpp's only by summation order (for the LM head, where that order feeds no
+    further rounding and the exact kernel would cost seconds per token)."""
+    act_type = EXACT[kind][0]
+    act = quantize_activations(np.ascontiguousarray(x, dtype=np.float32), act_type)
+    block = 256 if act_type == "Q8_K" else 32
+    T, n = x.shape
+    xq = (act.codes.reshape(T, n // block, block) * act.d[..., None]).astype(np.float32).reshape(T, n)
+    return xq @ w.T
+
+
+def _rows(act: Activations, w: LlamaMatrix, rows: slice, blocks: int) -> np.ndarray:
+    """Outputs [T, len(rows)] for a slice of weight rows."""
+    T, n = act.codes.shape
+    codes = w.codes[rows].astype(np.float64)
+    O = codes.shape[0]
+    if T >= BATCHED.get(w.kind, T + 1):
+        return _rows_batched(act, w, rows, codes, blocks)
+    per = n // blocks // 32  # 32-element groups per block
+    a = act.codes.reshape(T, blocks, per, _LANES, 4).transpose(1, 3, 0, 2, 4).reshape(blocks, _LANES, T, per * 4)
+    c = codes.reshape(O, blocks, per, _LANES, 4).transpose(1, 3, 2, 4, 0).reshape(blocks, _LANES, per * 4, O)
+    lanes = a @ c  # [blocks, 8, T, O]: exact integers
+    if w.kind == "Q6_K":  # lane L -= 32 * (scale . bsums) over 16-element sub-blocks 2L, 2L+1
+        corr = np.einsum("tbk,obk->btok", act.s, w.sub[rows]).reshape(blocks, T, O, _LANES, 2).sum(-1)
+        lanes -= 32 * corr.transpose(0, 3, 1, 2)
+    lanes = lanes.astype(np.float32)  # cvtepi32_ps
+    dd = act.d.T[:, :, None] * w.d[rows].T[:, None, :]  # [blocks, T, O] float32
+    acc = np.zeros((_LANES, T, O), np.float32)
+    for b in range(blocks):
+        acc = _fma(dd[b], lanes[b], acc)
+    total = _hsum8(acc)
+    if w.kind == "Q4_1":  # summs += m * s, block by block
+        summs = np.zeros((T, O), np.float32)
+        ms = act.s.T[:, :, None] * w.m[rows].T[:, None, :]  # [blocks, T, O]
+        for b in range(blocks):
+            summs = summs + ms[b]
+        total = total + summs
+    elif w.kind == "Q4_K":  # 4 lanes of dmin * (mins . sums of 32), pairs of sub-blocks
+        sums32 = act.s.reshape(T, blocks, 8, 2).sum(-1)
+        prod = np.einsum("tbk,obk->btok", sums32, w.sub[rows]).reshape(blocks, T, O, 4, 2).sum(-1)
+        dmin = -act.d.T[:, :, None] * w.m[rows].T[:, None, :]  # [blocks, T, O]
+        acc_m = np.zeros((T, O, 4), np.float32)
+        for b in range(blocks):
+            acc_m = _fma(dmin[b][..., None], prod[b].astype(np.float32), acc_m)
+        total = total + ((acc_m[..., 0] + acc_m[..., 2]) + (acc_m[..., 1] + acc_m[..., 3]))
+    return total
+
+
+def _rows_batched(act: Activations, w: LlamaMatrix, rows: slice, codes: np.ndarray, blocks: int) -> np.ndarray:
+    """Q6_K from 8 rows up: one accumulator per output, fma(float(isum) * d_w, d_a) per block."""
+    T, n = act.codes.shape
+    O = codes.shape[0]
+    signed = codes - 32 * np.repeat(w.sub[rows].reshape(O, -1), 16, axis=1)  # scale * (q - 32)
+    a = act.codes.reshape(T, blocks, n // blocks).transpose(1, 0, 2)  # [blocks, T, 256]
+    c = signed.reshape(O, blocks, n // blocks).transpose(1, 2, 0)  # [blocks, 256, O]
+    isum = (a @ c).astype(np.float32)  # [blocks, T, O]
+    acc = np.zeros((T, O), np.float32)
+    for b in range(blocks):
+        acc = _fma(isum[b] * w.d[rows, b][None, :], act.d[:, b][:, None], acc)
+    return acc
