@@ -57,12 +57,13 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 def make_device(name: str) -> Any:
     """A device by name: "cpu" or "numpy" (the float32 numpy oracle, the default),
-    "cpu-fast" (numba kernels on GGUF blocks: faster at batch 1, slower at larger batches
-    for now), or "cuda" / "cuda:N" where cupy and a GPU exist."""
-    if name in ("cpu", "numpy"):
+    "cpu-llama" (numpy computing as llama.cpp's CPU backend does, bit for bit: its greedy
+    ids, several times slower), "cpu-fast" (numba kernels on GGUF blocks: faster at batch
+    1, slower at larger batches for now), or "cuda" / "cuda:N" where cupy and a GPU exist."""
+    if name in ("cpu", "numpy", "cpu-llama"):
         from zinfer.devices.cpu import CpuDevice
 
-        return CpuDevice()
+        return CpuDevice(llama_cpp_numerics=name == "cpu-llama")
     if name == "cpu-fast":
         from zinfer.devices.cpu_fast import FastCpuDevice
 
@@ -71,7 +72,7 @@ def make_device(name: str) -> Any:
         from zinfer.devices.cuda import CudaDevice  # imports cupy; fails clearly without it
 
         return CudaDevice(int(name.partition(":")[2] or 0))
-    raise ValueError(f"unknown device {name!r} (cpu, numpy, cpu-fast, cuda, cuda:N)")
+    raise ValueError(f"unknown device {name!r} (cpu, numpy, cpu-llama, cpu-fast, cuda, cuda:N)")
 
 
 def open_process_tracing(config: EngineConfig, source: ModelSource, role: str) -> Tracing | None:

@@ -11,6 +11,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from zinfer.kernels import llama_numerics as ln
+from zinfer.kernels import llama_ops as lo
 from zinfer.kernels import reference as ref
 from zinfer.kernels.quants import dequantize
 from zinfer.models.batch import ForwardBatch
@@ -43,20 +45,26 @@ class CpuKV:
         return self.k[layer][slots], self.v[layer][slots]
 
 
+LM_HEAD = ("output.weight", "token_embd.weight")  # the vocabulary projection (tied or not)
+
+
 class CpuMatrix(NamedTuple):
-    """A weight matrix as float32 [out, in], and how llama.cpp would round its activations."""
+    """A weight matrix as float32 [out, in]; with llama.cpp numerics, also how ggml sees it."""
 
     w: np.ndarray
-    activation_type: str | None
+    activation_type: str | None  # llama.cpp's rounding of activations, for types not in exact
+    exact: ln.LlamaMatrix | None = None  # integer codes for llama.cpp's own summation order
+    rounded: str | None = None  # LM head: the weight type whose int8 rounding to apply before BLAS
 
 
 class CpuDevice:
     """numpy device: every product in plain float32 (the oracle).
 
-    llama_cpp_numerics=True rounds activations before each quantized matmul as llama.cpp
-    does (Q8_0/Q8_1/Q8_K). It brings our logits closer to llama.cpp's on average (SmolLM2:
-    mean |diff| 0.20 instead of 0.28) but not greedy parity (4/8 golden prompts either way
-    on SmolLM2, 3/8 instead of 4/8 on Gemma 3), so the oracle stays plain float32.
+    llama_cpp_numerics=True computes as llama.cpp's CPU backend does instead: activations
+    rounded to int8 blocks, integer block products summed in ggml's order
+    (kernels/llama_numerics.py), and norms, RoPE, softmax, attention and activations in
+    the order of ggml's float kernels (kernels/llama_ops.py). Quantized products then
+    equal llama.cpp's bit for bit, and greedy ids follow llama.cpp's through near-ties.
     """
 
     name = "numpy"
@@ -68,8 +76,13 @@ class CpuDevice:
         w = np.ascontiguousarray(dequantize(tensor.data, tensor.qtype, tensor.shape), dtype=np.float32)
         if len(tensor.shape) == 1:
             return w
-        act = ref.ACTIVATION_TYPE.get(tensor.qtype.name) if self.llama_cpp_numerics else None
-        return CpuMatrix(w, act)
+        if not self.llama_cpp_numerics:
+            return CpuMatrix(w, None)
+        if tensor.qtype.name in ln.EXACT and name in LM_HEAD:
+            return CpuMatrix(w, None, rounded=tensor.qtype.name)
+        if tensor.qtype.name in ln.EXACT and len(tensor.shape) == 2:
+            return CpuMatrix(w, None, ln.split_weight(tensor.data, tensor.qtype, tensor.shape))
+        return CpuMatrix(w, ref.ACTIVATION_TYPE.get(tensor.qtype.name))
 
     def alloc_kv(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int) -> CpuKV:
         return CpuKV.zeros(n_layers, n_kv_heads, head_dim, num_blocks, block_size)
@@ -78,13 +91,16 @@ class CpuDevice:
         return table.w[token_ids]
 
     def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-        return ref.rms_norm(x, w, eps)
+        return (lo if self.llama_cpp_numerics else ref).rms_norm(x, w, eps)
 
     def linear(self, x: np.ndarray, w: CpuMatrix, b: np.ndarray | None = None) -> np.ndarray:
+        if w.exact is not None or w.rounded is not None:
+            y = ln.matmul(x, w.exact) if w.exact is not None else ln.matmul_rounded(x, w.w, w.rounded)
+            return y if b is None else y + b
         return ref.linear(ref.quantize_activations(x, w.activation_type), w.w, b)
 
     def rope(self, x: np.ndarray, positions: np.ndarray, base: float, rope_dim: int, interleaved: bool) -> np.ndarray:
-        return ref.rope(x, positions, base, rope_dim, interleaved)
+        return (lo if self.llama_cpp_numerics else ref).rope(x, positions, base, rope_dim, interleaved)
 
     def write_kv(self, kv: CpuKV, layer: int, k: np.ndarray, v: np.ndarray, slots: np.ndarray) -> None:
         kv.k[layer][slots] = k
@@ -95,10 +111,12 @@ class CpuDevice:
         for s in batch.seqs:
             rows = slice(s.start, s.start + s.n_tokens)
             k, v = kv.gather(layer, s.block_table, s.context_len)
-            out[rows] = ref.attention(q[rows], k, v, batch.positions[rows], scale, window)
+            out[rows] = (lo if self.llama_cpp_numerics else ref).attention(q[rows], k, v, batch.positions[rows], scale, window)
         return out
 
     def glu(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
+        if self.llama_cpp_numerics:
+            return (lo.gelu_fp16(gate) if act == "gelu_tanh" else lo.silu(gate)) * up
         return ref.glu(gate, up, act)
 
     def to_numpy(self, x: Any) -> np.ndarray:

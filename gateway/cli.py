@@ -32,7 +32,7 @@ def sampling_args(p: argparse.ArgumentParser) -> None:
 
 def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"a known name ({', '.join(KNOWN_MODELS)}), a .gguf file or an HF directory")
-    p.add_argument("--device", default="cpu", help="cpu (numpy, the default), cpu-fast (numba kernels), cuda or cuda:N")
+    p.add_argument("--device", default="cpu", help="cpu (numpy, the default), cpu-llama (numpy with llama.cpp's exact arithmetic), cpu-fast (numba kernels), cuda or cuda:N")
     p.add_argument("--max-model-len", type=int, default=0, help="context length (default: the model's, at most 4096)")
     p.add_argument("--max-running", type=int, default=32)
     p.add_argument("--topology", default="inproc", choices=("inproc", "ipc", "tcp"), help="inproc: all actors in this process; ipc/tcp: kv, sampler, executor and scheduler as processes")

@@ -1,12 +1,14 @@
-"""Parity with llama.cpp (f32 KV, no flash attention): prompt ids and greedy ids.
+"""Parity with llama.cpp (f32 KV, no flash attention, no weight repacking): prompt ids
+and greedy ids.
 
 The goldens come from tests/goldens/regenerate.py, for the quantized model files and for
 F32 copies of them (the same weights, dequantized). On the F32 copy llama.cpp computes
-in float32 as our oracle does, so greedy ids must agree; on the quantized file it first
-rounds activations to int8 blocks, and these small models then take different
-near-ties now and then. Teacher forcing runs the prompt plus llama.cpp's tokens in one
-prefill and compares our argmax at every position; the greedy run prefills, then
-decodes token by token.
+in float32 as our oracle does, so greedy ids must agree. On the quantized file it first
+rounds activations to int8 blocks: the float32 oracle then takes different near-ties
+now and then, while the cpu-llama device (CpuDevice(llama_cpp_numerics=True)) computes
+as llama.cpp does and follows it. Teacher forcing runs the prompt plus llama.cpp's
+tokens in one prefill and compares our argmax at every position; the greedy run
+prefills, then decodes token by token.
 """
 
 from __future__ import annotations
@@ -67,21 +69,24 @@ def until_eog(ids: list[int], eog: frozenset[int]) -> list[int]:
 
 
 CASES = [
-    # golden, model fixture, prompts that must match all the way, teacher-forced top-1 agreement
-    ("smollm2-135m-f32", "smollm2_path", 7, 0.99),
-    ("gemma3-270m-f32", "gemma3_path", 7, 0.99),
-    ("smollm2-135m", "smollm2_path", 4, 0.95),
-    ("gemma3-270m", "gemma3_path", 4, 0.95),
+    # golden, model fixture, llama.cpp numerics, prompts that must match all the way, teacher-forced top-1 agreement
+    ("smollm2-135m-f32", "smollm2_path", False, 7, 0.99),
+    ("gemma3-270m-f32", "gemma3_path", False, 7, 0.99),
+    ("smollm2-135m", "smollm2_path", False, 4, 0.95),
+    ("gemma3-270m", "gemma3_path", False, 3, 0.95),
+    ("smollm2-135m", "smollm2_path", True, 8, 1.0),
+    # Gemma: llama.cpp multiplies Q4_K by another kernel from 8 prompt rows up, not yet reproduced
+    ("gemma3-270m", "gemma3_path", True, 6, 0.97),
 ]
 
 
-@pytest.mark.parametrize("name,fixture,min_full,min_agree", CASES)
-def test_greedy_parity_with_llama_cpp(name, fixture, min_full, min_agree, request, capsys):
+@pytest.mark.parametrize("name,fixture,numerics,min_full,min_agree", CASES)
+def test_greedy_parity_with_llama_cpp(name, fixture, numerics, min_full, min_agree, request, capsys):
     path = request.getfixturevalue(fixture)
     golden = load_golden(name)
     source = open_model(path)
     tok = Tokenizer.from_gguf_metadata(source.gguf_metadata)
-    dev = CpuDevice()
+    dev = CpuDevice(llama_cpp_numerics=numerics)
     weights = build_weights(source.spec, source.tensors, dev.upload)
     full_matches, agree, total, report = 0, 0, 0, []
     for case in golden["cases"]:
@@ -99,18 +104,20 @@ def test_greedy_parity_with_llama_cpp(name, fixture, min_full, min_agree, reques
             margin = float(rows[k][ours[k]] - rows[k][ref[k]])
             report.append(f"{case['prompt'][:30]!r}: first divergence at token {k}, logit margin {margin:.4f}")
     with capsys.disabled():
-        print(f"\n{name}: greedy equal to llama.cpp on {full_matches}/{len(golden['cases'])} prompts; teacher-forced top-1 agreement {agree}/{total}")
+        print(f"\n{name}{' (cpu-llama)' if numerics else ''}: greedy equal to llama.cpp on {full_matches}/{len(golden['cases'])} prompts; teacher-forced top-1 agreement {agree}/{total}")
         for line in report:
             print("  " + line)
     assert full_matches >= min_full
     assert agree / total >= min_agree
 
 
-def test_run_json_matches_llama_cpp(smollm2_path):
-    """The CLI path end to end: `zinfer run --raw --temperature 0 --json`."""
-    case = load_golden("smollm2-135m")["cases"][0]
+@pytest.mark.parametrize("device,case_index", [("cpu", 0), ("cpu-llama", 6)])
+def test_run_json_matches_llama_cpp(smollm2_path, device, case_index):
+    """The CLI path end to end: `zinfer run --raw --temperature 0 --json` (the oracle
+    agrees on the first golden prompt; cpu-llama also where the oracle takes another tie)."""
+    case = load_golden("smollm2-135m")["cases"][case_index]
     out = subprocess.run(
-        [sys.executable, "-m", "zinfer.gateway.cli", "run", "--model", str(smollm2_path), "--raw", "--temperature", "0", "--max-tokens", "32", "--json", case["prompt"]],
+        [sys.executable, "-m", "zinfer.gateway.cli", "run", "--model", str(smollm2_path), "--device", device, "--raw", "--temperature", "0", "--max-tokens", "32", "--json", case["prompt"]],
         capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 0, out.stderr
