@@ -57,9 +57,9 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 def make_device(name: str) -> Any:
     """A device by name: "cpu" or "numpy" (the float32 numpy oracle, the default),
-    "cpu-llama" (numpy computing as llama.cpp's CPU backend does, bit for bit: its greedy
-    ids, several times slower), "cpu-fast" (numba kernels on GGUF blocks: faster at batch
-    1, slower at larger batches for now), or "cuda" / "cuda:N" where cupy and a GPU exist."""
+    "cpu-llama" (numpy computing as llama.cpp's CPU backend does: its greedy ids, about 8x
+    slower), "cpu-fast" (numba kernels on GGUF blocks, BLAS for larger rounds: faster than
+    the oracle), or "cuda" / "cuda:N" where cupy and a GPU exist."""
     if name in ("cpu", "numpy", "cpu-llama"):
         from zinfer.devices.cpu import CpuDevice
 

@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from zinfer.kernels.llama_ops import fma
 from zinfer.kernels.quants import BLOCK_SHAPES, _k4_scales_mins, _qtype, dequantize
 
 # weight type -> (activation type, byte offset of d, byte offset of m/dmin or None)
@@ -112,11 +113,6 @@ def quantize_activations(x: np.ndarray, kind: str) -> Activations:
     return Activations(q.reshape(T, n).astype(np.float64), d, s)
 
 
-def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """float32 a*b + c rounded once (float64 holds the product of two float32 exactly)."""
-    return (a.astype(np.float64) * b + c).astype(np.float32)
-
-
 def _hsum8(acc: np.ndarray) -> np.ndarray:
     """ggml's hsum_float_8 over the leading axis of acc [8, ...] float32."""
     r = acc[4:] + acc[:4]
@@ -166,7 +162,7 @@ def _rows(act: Activations, w: LlamaMatrix, rows: slice, blocks: int) -> np.ndar
     dd = act.d.T[:, :, None] * w.d[rows].T[:, None, :]  # [blocks, T, O] float32
     acc = np.zeros((_LANES, T, O), np.float32)
     for b in range(blocks):
-        acc = _fma(dd[b], lanes[b], acc)
+        acc = fma(dd[b], lanes[b], acc)
     total = _hsum8(acc)
     if w.kind == "Q4_1":  # summs += m * s, block by block
         summs = np.zeros((T, O), np.float32)
@@ -180,7 +176,7 @@ def _rows(act: Activations, w: LlamaMatrix, rows: slice, blocks: int) -> np.ndar
         dmin = -act.d.T[:, :, None] * w.m[rows].T[:, None, :]  # [blocks, T, O]
         acc_m = np.zeros((T, O, 4), np.float32)
         for b in range(blocks):
-            acc_m = _fma(dmin[b][..., None], prod[b].astype(np.float32), acc_m)
+            acc_m = fma(dmin[b][..., None], prod[b].astype(np.float32), acc_m)
         total = total + ((acc_m[..., 0] + acc_m[..., 2]) + (acc_m[..., 1] + acc_m[..., 3]))
     return total
 
@@ -195,5 +191,5 @@ def _rows_batched(act: Activations, w: LlamaMatrix, rows: slice, codes: np.ndarr
     isum = (a @ c).astype(np.float32)  # [blocks, T, O]
     acc = np.zeros((T, O), np.float32)
     for b in range(blocks):
-        acc = _fma(isum[b] * w.d[rows, b][None, :], act.d[:, b][:, None], acc)
+        acc = fma(isum[b] * w.d[rows, b][None, :], act.d[:, b][:, None], acc)
     return acc

@@ -106,8 +106,9 @@ def attention(
     return out.reshape(n_kv, group, n, hd).transpose(2, 0, 1, 3).reshape(n, n_heads, hd)
 
 
-# llama.cpp multiplies a quantized weight by activations quantized to its "vec_dot_type";
-# doing the same keeps the oracle's greedy ids equal to llama.cpp's on near-ties.
+# llama.cpp multiplies a quantized weight by activations quantized to its "vec_dot_type".
+# The cpu-llama device rounds this way for weight types llama_numerics.py does not
+# reproduce exactly; the oracle itself never rounds.
 ACTIVATION_TYPE = {
     "Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0",
     "Q4_1": "Q8_1", "Q5_1": "Q8_1",
