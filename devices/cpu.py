@@ -82,7 +82,7 @@ class CpuDevice:
             return CpuMatrix(w, None, rounded=tensor.qtype.name)
         if tensor.qtype.name in ln.EXACT and len(tensor.shape) == 2:
             return CpuMatrix(w, None, ln.split_weight(tensor.data, tensor.qtype, tensor.shape))
-        return CpuMatrix(w, ref.ACTIVATION_TYPE.get(tensor.qtype.name))
+        return CpuMatrix(w, ln.ACTIVATION_TYPE.get(tensor.qtype.name))
 
     def alloc_kv(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int) -> CpuKV:
         return CpuKV.zeros(n_layers, n_kv_heads, head_dim, num_blocks, block_size)
@@ -97,7 +97,7 @@ class CpuDevice:
         if w.exact is not None or w.rounded is not None:
             y = ln.matmul(x, w.exact) if w.exact is not None else ln.matmul_rounded(x, w.w, w.rounded)
             return y if b is None else y + b
-        return ref.linear(ref.quantize_activations(x, w.activation_type), w.w, b)
+        return ref.linear(ln.round_activations(x, w.activation_type), w.w, b)
 
     def rope(self, x: np.ndarray, positions: np.ndarray, base: float, rope_dim: int, interleaved: bool) -> np.ndarray:
         return (lo if self.llama_cpp_numerics else ref).rope(x, positions, base, rope_dim, interleaved)

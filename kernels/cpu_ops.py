@@ -109,10 +109,12 @@ def paged_attention(q, k_pool, v_pool, rows, positions, row_seq, tables, block_s
         n = p + 1 - lo
         table = tables[row_seq[t]]
         sc = np.empty((grp, n), np.float32)
+        slots = np.empty(n, np.int64)  # KV pool slot of each visible key
         for j in range(n):
             key = lo + j
-            slot = table[key // block_size] * block_size + key % block_size
-            kv = k_pool[slot, g]
+            slots[j] = table[key // block_size] * block_size + key % block_size
+        for j in range(n):
+            kv = k_pool[slots[j], g]
             for h in range(grp):
                 qh = q[t, g * grp + h]
                 s = np.float32(0)
@@ -134,9 +136,7 @@ def paged_attention(q, k_pool, v_pool, rows, positions, row_seq, tables, block_s
             o = out[t, g * grp + h]
             o[:] = 0
         for j in range(n):
-            key = lo + j
-            slot = table[key // block_size] * block_size + key % block_size
-            vv = v_pool[slot, g]
+            vv = v_pool[slots[j], g]
             for h in range(grp):
                 o = out[t, g * grp + h]
                 pj = sc[h, j]

@@ -31,13 +31,20 @@ import numpy as np
 from zinfer.kernels.llama_ops import fma
 from zinfer.kernels.quants import BLOCK_SHAPES, _k4_scales_mins, _qtype, dequantize
 
-# weight type -> (activation type, byte offset of d, byte offset of m/dmin or None)
+# weight types reproduced exactly -> (byte offset of d, byte offset of m/dmin or None)
 EXACT = {
-    "Q5_0": ("Q8_0", 0, None),
-    "Q8_0": ("Q8_0", 0, None),
-    "Q4_1": ("Q8_1", 0, 2),
-    "Q4_K": ("Q8_K", 0, 2),
-    "Q6_K": ("Q8_K", 208, None),
+    "Q5_0": (0, None),
+    "Q8_0": (0, None),
+    "Q4_1": (0, 2),
+    "Q4_K": (0, 2),
+    "Q6_K": (208, None),
+}
+# every weight type's "vec_dot_type": how ggml rounds the activations it multiplies
+ACTIVATION_TYPE = {
+    "Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0",
+    "Q4_1": "Q8_1", "Q5_1": "Q8_1",
+    "Q2_K": "Q8_K", "Q3_K": "Q8_K", "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K",
+    "F16": "F16", "BF16": "BF16",
 }
 _F16_ONE = np.float16(1.0).view(np.uint16)
 _LANES = 8
@@ -62,7 +69,7 @@ def _f16_at(blocks: np.ndarray, offset: int) -> np.ndarray:
 def split_weight(data: np.ndarray, qtype, shape: tuple[int, int]) -> LlamaMatrix:
     """Decompose a quantized [out, n] weight into integer codes and float block scales."""
     qt = _qtype(qtype)
-    act, d_at, m_at = EXACT[qt.name]
+    d_at, m_at = EXACT[qt.name]
     epb, bpb = BLOCK_SHAPES[qt]
     out, n = shape
     blocks = np.ascontiguousarray(data).reshape(-1).view(np.uint8).reshape(-1, bpb)
@@ -113,6 +120,23 @@ def quantize_activations(x: np.ndarray, kind: str) -> Activations:
     return Activations(q.reshape(T, n).astype(np.float64), d, s)
 
 
+def round_activations(x: np.ndarray, kind: str | None) -> np.ndarray:
+    """x [T, n] float32 rounded as ggml rounds activations of `kind` (Q8_0/Q8_1/Q8_K/F16/BF16),
+    as float32 values [T, n]; None: x unchanged."""
+    if kind is None:
+        return x
+    if kind == "F16":
+        return x.astype(np.float16).astype(np.float32)
+    if kind == "BF16":
+        bits = x.astype(np.float32).view(np.uint32)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # round to nearest even
+        return rounded.astype(np.uint32).view(np.float32)
+    act = quantize_activations(np.ascontiguousarray(x, dtype=np.float32), kind)
+    T, n = x.shape
+    blocks = act.d.shape[1]
+    return (act.codes.reshape(T, blocks, n // blocks) * act.d[..., None]).astype(np.float32).reshape(T, n)
+
+
 def _hsum8(acc: np.ndarray) -> np.ndarray:
     """ggml's hsum_float_8 over the leading axis of acc [8, ...] float32."""
     r = acc[4:] + acc[:4]
@@ -121,7 +145,7 @@ def _hsum8(acc: np.ndarray) -> np.ndarray:
 
 def matmul(x: np.ndarray, w: LlamaMatrix) -> np.ndarray:
     """x [T, n] float32 times w^T: [T, out] float32, as llama.cpp's CPU backend computes it."""
-    act = quantize_activations(np.ascontiguousarray(x, dtype=np.float32), EXACT[w.kind][0])
+    act = quantize_activations(np.ascontiguousarray(x, dtype=np.float32), ACTIVATION_TYPE[w.kind])
     out = np.empty((x.shape[0], w.codes.shape[0]), np.float32)
     T, n = x.shape
     blocks = w.d.shape[1]
@@ -136,12 +160,7 @@ def matmul_rounded(x: np.ndarray, w: np.ndarray, kind: str) -> np.ndarray:
     w [out, n] by one float32 BLAS product: [T, out]. The products differ from
     llama.cpp's only by summation order (for the LM head, where that order feeds no
     further rounding and the exact kernel would cost seconds per token)."""
-    act_type = EXACT[kind][0]
-    act = quantize_activations(np.ascontiguousarray(x, dtype=np.float32), act_type)
-    block = 256 if act_type == "Q8_K" else 32
-    T, n = x.shape
-    xq = (act.codes.reshape(T, n // block, block) * act.d[..., None]).astype(np.float32).reshape(T, n)
-    return xq @ w.T
+    return round_activations(x, ACTIVATION_TYPE[kind]) @ w.T
 
 
 def _rows(act: Activations, w: LlamaMatrix, rows: slice, blocks: int) -> np.ndarray:

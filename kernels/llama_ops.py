@@ -170,6 +170,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, sc
     return out
 
 
+@functools.cache
 def _gelu_table() -> np.ndarray:
     """ggml_table_gelu_f16: fp16 GELU (tanh form) of every fp16 bit pattern, [65536] float32.
 
@@ -186,13 +187,7 @@ def _gelu_table() -> np.ndarray:
     return g.astype(np.float16).astype(f32)
 
 
-_GELU_F16: np.ndarray | None = None
-
-
 def gelu_fp16(x: np.ndarray) -> np.ndarray:
     """ggml's CPU GELU: 0 below -10, x above 10, else a lookup of fp16(x) in the fp16 table."""
-    global _GELU_F16
-    if _GELU_F16 is None:
-        _GELU_F16 = _gelu_table()
-    y = _GELU_F16[x.astype(np.float16).view(np.uint16)]
+    y = _gelu_table()[x.astype(np.float16).view(np.uint16)]
     return np.where(x <= -10, f32(0), np.where(x >= 10, x, y)).astype(np.float32)
