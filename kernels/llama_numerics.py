@@ -11,13 +11,15 @@ kernels (ggml_vec_dot_*, and llamafile's tinyBLAS for Q8_0/Q5_0) compute, per bl
   Q4_1 (a scalar sum of m * s) or Q4_K (4 lanes of dmin * mins . bsums). Q6_K multiplies
   its unsigned 6-bit codes and takes 32 * scales . bsums off each lane afterwards.
 
-From 8 activation rows up, llama.cpp multiplies Q6_K by another kernel: one float per
-output and block, acc = fma(float(block integer dot) * d_w, d_a, acc) (BATCHED).
+From 8 activation rows up, llama.cpp multiplies K-quants by its tiled kernels
+(ggml_compute_forward_mul_mat_tiled, AVX512-VNNI): per output and 256-block one exact
+integer dot with the sub-block scales, s1 (and for Q4_K one of the sub-block minima with
+the activation sums, s2), then r = float(s1) * d_w, r = fma(-dmin, float(s2), r) and
+acc = fma(r, d_a, acc) (BATCHED).
 
 Reproducing that order makes our products bit-equal to llama.cpp's (checked tensor by
 tensor against llama-cpp-python 0.3.36 with weight repacking off, use_extra_bufts=False:
-Q4_1, Q8_0, Q5_0, Q6_K; Q4_K below 8 activation rows, where llama.cpp switches to a
-kernel whose order is not reproduced here), so greedy decoding takes the same near-ties.
+Q4_1, Q8_0, Q5_0, Q4_K, Q6_K), so greedy decoding takes the same near-ties.
 Other weight types fall back to float products of their dequantized values with
 rounded activations.
 """
@@ -48,7 +50,7 @@ ACTIVATION_TYPE = {
 }
 _F16_ONE = np.float16(1.0).view(np.uint16)
 _LANES = 8
-BATCHED = {"Q6_K": 8}  # weight type -> activation rows from which ggml switches kernels
+BATCHED = {"Q4_K": 8, "Q6_K": 8}  # weight type -> activation rows from which ggml switches kernels
 _CHUNK = 1 << 22  # lane partial sums held at once (float64 elements)
 
 
@@ -201,14 +203,20 @@ def _rows(act: Activations, w: LlamaMatrix, rows: slice, blocks: int) -> np.ndar
 
 
 def _rows_batched(act: Activations, w: LlamaMatrix, rows: slice, codes: np.ndarray, blocks: int) -> np.ndarray:
-    """Q6_K from 8 rows up: one accumulator per output, fma(float(isum) * d_w, d_a) per block."""
+    """K-quants from 8 rows up (ggml's tiled kernels): one accumulator per output, per block
+    r = float(s1) * d_w (less dmin * float(s2) for Q4_K), acc = fma(r, d_a, acc)."""
     T, n = act.codes.shape
     O = codes.shape[0]
-    signed = codes - 32 * np.repeat(w.sub[rows].reshape(O, -1), 16, axis=1)  # scale * (q - 32)
+    if w.kind == "Q6_K":
+        codes = codes - 32 * np.repeat(w.sub[rows].reshape(O, -1), 16, axis=1)  # scale * (q - 32)
     a = act.codes.reshape(T, blocks, n // blocks).transpose(1, 0, 2)  # [blocks, T, 256]
-    c = signed.reshape(O, blocks, n // blocks).transpose(1, 2, 0)  # [blocks, 256, O]
-    isum = (a @ c).astype(np.float32)  # [blocks, T, O]
+    c = codes.reshape(O, blocks, n // blocks).transpose(1, 2, 0)  # [blocks, 256, O]
+    r = (a @ c).astype(np.float32) * w.d[rows].T[:, None, :]  # [blocks, T, O]: float(s1) * d_w
+    if w.kind == "Q4_K":  # s2 = mins . sums of 32 activations, exact
+        sums32 = act.s.reshape(T, blocks, 8, 2).sum(-1)
+        s2 = np.einsum("tbk,obk->bto", sums32, w.sub[rows]).astype(np.float32)
+        r = fma(-w.m[rows].T[:, None, :], s2, r)
     acc = np.zeros((T, O), np.float32)
     for b in range(blocks):
-        acc = fma(isum[b] * w.d[rows, b][None, :], act.d[:, b][:, None], acc)
+        acc = fma(r[b], act.d[:, b][:, None], acc)
     return acc

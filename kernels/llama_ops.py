@@ -162,11 +162,14 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, sc
     visible = (kpos[None, :] <= q_pos[:, None]) & (kpos[None, :] < ctx)
     if window:
         visible &= (q_pos[:, None] - kpos[None, :]) < window
+    # p.v: llamafile's sgemm takes products of several query rows; a single row (decode)
+    # goes through ggml_vec_dot_f32, whose 4 accumulators differ from 17 keys on
+    weighted_sum = vec_dot_f32 if n == 1 else sgemm_dot
     out = np.empty((n, H, hd), f32)
     for i in range(n):
         scores = vec_dot_f32(kh, q[i][:, None, :]) * f32(scale)  # [H, padded]
         p = softmax(np.where(visible[i], scores, f32(-np.inf)))
-        out[i] = sgemm_dot(vt, p[:, None, :])  # [H, hd]
+        out[i] = weighted_sum(vt, p[:, None, :])  # [H, hd]
     return out
 
 

@@ -75,8 +75,9 @@ CASES = [
     ("smollm2-135m", "smollm2_path", False, 4, 0.95),
     ("gemma3-270m", "gemma3_path", False, 3, 0.95),
     ("smollm2-135m", "smollm2_path", True, 8, 1.0),
-    # Gemma: llama.cpp multiplies Q4_K by another kernel from 8 prompt rows up, not yet reproduced
-    ("gemma3-270m", "gemma3_path", True, 6, 0.97),
+    # teacher forcing: llama.cpp's tokens come from its decode rounds (one row: other kernels)
+    # and its own prefill of them takes another near-tie at 4 of Gemma's 256 positions
+    ("gemma3-270m", "gemma3_path", True, 8, 0.98),
 ]
 
 
