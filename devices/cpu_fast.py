@@ -3,8 +3,11 @@
 Same protocol and numbers as the numpy oracle (devices/cpu.py), up to f32 summation
 order. Per linear, by the number of rows T in the round:
 
-- T <= SMALL_BATCH: the quantized kernel (blocks -> f32 inside the kernel), which
-  streams ~1/6 of the bytes of an f32 matrix: decode.
+- On CPUs with AVX512-VNNI, T <= INT8_ROWS: int8 kernels (kernels/cpu_int8.py):
+  activations rounded to int8 per 32 values, exact integer products with the weight
+  codes, as llama.cpp computes. Decode and small appends.
+- Else T <= SMALL_BATCH: the float quantized kernel (blocks -> f32 inside the kernel),
+  which streams ~1/6 of the bytes of an f32 matrix.
 - larger T: f32 GEMM through BLAS, on an f32 copy kept at upload while the copies fit
   in `f32_cache_bytes`, else on rows dequantized tile by tile into scratch.
 
@@ -14,7 +17,7 @@ and a tiled BLAS path for long prefill chunks.
 Threads: OpenBLAS's workers spin for a while after each call, and numba's parallel
 kernels then fight them for the same cores (measured: 16 streams decoded 10x slower).
 So in a round whose linears go through BLAS, the numba kernels run on one thread; in a
-round of quantized kernels (decode of a few rows) they use every core.
+round of quantized kernels (decode, small appends) they use every core.
 """
 
 from __future__ import annotations
@@ -26,13 +29,16 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from zinfer.devices.cpu import CpuKV
+from zinfer.kernels import cpu_int8 as ci
 from zinfer.kernels import cpu_ops as ops
 from zinfer.kernels import cpu_quant as cq
+from zinfer.kernels import int8_ir
 from zinfer.kernels.quants import dequantize
 from zinfer.models.batch import ForwardBatch
 from zinfer.models.gguf_file import TensorData
 
-SMALL_BATCH = 4  # rows up to which the quantized kernel beats BLAS on an f32 copy (bench_cpu_kernels)
+INT8_ROWS = 128  # rows up to which the int8 kernels beat BLAS on an f32 copy (bench_cpu_kernels)
+SMALL_BATCH = 4  # rows up to which the float quantized kernel beats BLAS on an f32 copy
 SMALL_BATCH_NO_COPY = 12  # the same crossover when BLAS must dequantize tiles first
 LONG_CHUNK = 32  # a sequence's rows from which attention goes through BLAS tiles
 _TILE_ROWS = 2048  # weight rows dequantized per BLAS tile when no f32 copy is kept
@@ -45,6 +51,7 @@ class FastWeight:
     shape: tuple[int, int]
     packed: cq.Packed | None
     f32: np.ndarray | None  # [rows, cols]
+    int8: ci.Int8Weight | None = None  # the packed blocks as the int8 kernels read them
 
     @property
     def nbytes(self) -> int:
@@ -53,16 +60,19 @@ class FastWeight:
 
 class FastCpuDevice:
     """Numba CPU device. `threads`: numba threads (default: all); `f32_cache_bytes`:
-    memory allowed for f32 copies of quantized matrices (used for large batches)."""
+    memory allowed for f32 copies of quantized matrices (used for large batches);
+    `int8`: use the int8 kernels (default: where the CPU has VNNI)."""
 
     name = "cpu"
 
-    def __init__(self, threads: int | None = None, f32_cache_bytes: int = 1 << 30):
+    def __init__(self, threads: int | None = None, f32_cache_bytes: int = 1 << 30, int8: bool | None = None):
         if threads is not None:
             numba.set_num_threads(threads)
         self.threads = numba.get_num_threads()
         self.f32_cache_left = f32_cache_bytes
+        self.int8 = int8_ir.available() if int8 is None else int8 and int8_ir.available()
         self._inv_freq: dict[tuple[float, int], np.ndarray] = {}
+        self._rounded: tuple = (None, None, None)  # (x, int8 layout, its rounding): q/k/v and gate/up share x
 
     # ---- weights and KV ----
 
@@ -79,7 +89,7 @@ class FastCpuDevice:
             f32 = np.ascontiguousarray(dequantize(tensor.data, qt, tensor.shape), dtype=np.float32)
             if packed is not None:
                 self.f32_cache_left -= f32.nbytes
-        return FastWeight(shape, packed, f32)
+        return FastWeight(shape, packed, f32, ci.prepare(packed) if packed is not None and self.int8 else None)
 
     def alloc_kv(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int) -> CpuKV:
         return CpuKV.zeros(n_layers, n_kv_heads, head_dim, num_blocks, block_size)
@@ -88,7 +98,7 @@ class FastCpuDevice:
 
     def _threads_for(self, rows: int) -> None:
         """Numba threads for a round of `rows` token rows: all of them unless BLAS is busy too."""
-        want = self.threads if rows <= SMALL_BATCH else 1
+        want = self.threads if rows <= (INT8_ROWS if self.int8 else SMALL_BATCH) else 1
         if numba.get_num_threads() != want:
             numba.set_num_threads(want)
 
@@ -114,7 +124,10 @@ class FastCpuDevice:
         x = np.ascontiguousarray(x, dtype=np.float32)  # [T, in]
         T = x.shape[0]
         small = SMALL_BATCH if w.f32 is not None else SMALL_BATCH_NO_COPY
-        if w.packed is not None and T <= small:
+        if w.int8 is not None and T <= INT8_ROWS:
+            out = np.empty((T, w.shape[0]), np.float32)  # [T, out]
+            ci.matmul(w.int8, x, out, self._rounding(x, w.int8))
+        elif w.packed is not None and T <= small:
             out = np.empty((T, w.shape[0]), np.float32)  # [T, out]
             cq.matmul(w.packed, x, out)
         elif w.f32 is not None:
@@ -129,6 +142,14 @@ class FastCpuDevice:
         if b is not None:
             out += b
         return out
+
+    def _rounding(self, x: np.ndarray, w: ci.Int8Weight) -> tuple:
+        """x rounded to int8 for w's layout, reused while the same x meets the same layout."""
+        last_x, last_layout, rounded = self._rounded
+        if last_x is not x or last_layout != (w.kind, w.dps, w.nsteps):
+            rounded = ci.quantize_activations(w, x)
+            self._rounded = (x, (w.kind, w.dps, w.nsteps), rounded)
+        return rounded
 
     def rope(self, x: np.ndarray, positions: np.ndarray, base: float, rope_dim: int, interleaved: bool) -> np.ndarray:
         key = (float(base), int(rope_dim))
