@@ -11,7 +11,8 @@ sample() call consumes exactly one uniform from it, so a seeded request gets the
 tokens whatever else shares its batch, and in whatever order.
 
 Reported logprobs are OpenAI-style: log-softmax of the raw logits, before any of the
-processing above.
+processing above. They are computed only for requests that ask for them
+(params.logprobs set): the log-sum-exp over the vocabulary costs more than a greedy pick.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ _NUCLEUS_PROBE = 512
 
 
 class SampledToken(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """One sampled token, its raw logprob, and the top alternatives when asked for."""
+    """One sampled token, and its raw logprob and top alternatives when asked for."""
 
     token_id: int
-    logprob: float
+    logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
 
 
@@ -66,7 +67,8 @@ class RequestSampler:
 
     def accept(self, token_id: int) -> None:
         """Record token_id as generated: it now counts for all three penalties."""
-        self._check_ids(np.array([token_id]), "token id")
+        if not 0 <= token_id < self.vocab_size:
+            raise ValueError(f"token id {token_id} outside vocabulary of {self.vocab_size}")
         self.generated.append(token_id)
         self._counts[token_id] = self._counts.get(token_id, 0) + 1
         if self._counts[token_id] == 1:
@@ -81,19 +83,24 @@ class RequestSampler:
         """
         if logits.shape != (self.vocab_size,):
             raise ValueError(f"logits shape {logits.shape} != ({self.vocab_size},)")
-        raw_max = logits.max()
+        p = self.params
+        z = self._processed(logits)  # [vocab]
+        token = None
+        if p.temperature == 0.0 and z is logits:  # greedy on raw logits: one pass finds the max
+            token = int(np.argmax(logits))  # NaN and +inf win argmax, so the checks below see them
+            raw_max = logits[token]
+        else:
+            raw_max = logits.max()
         if np.isnan(raw_max) or raw_max == np.inf:
             raise ValueError("logits contain NaN or +inf")
         if raw_max == -np.inf:
             raise ValueError("all logits are -inf")
         u = self.rng.random()  # exactly one draw per call
-        z = self._processed(logits)  # [vocab]
-        p = self.params
-        if p.temperature == 0.0:
+        if token is None and p.temperature == 0.0:
             token = int(np.argmax(z))
             if z[token] == -np.inf:
                 raise ValueError("every token is banned (all processed logits are -inf)")
-        else:
+        elif token is None:
             token = _draw(z, p.temperature, p.top_k, p.top_p, p.min_p, u)
         return self._report(logits, raw_max, token)
 
@@ -116,17 +123,19 @@ class RequestSampler:
         return z
 
     def _report(self, logits: np.ndarray, raw_max: float, token: int) -> SampledToken:
-        """token with its raw log-softmax logprob and, if asked, the top-N alternatives."""
-        shifted = logits.astype(np.float64) - float(raw_max)  # [vocab]
-        lse = float(raw_max) + float(np.log(np.exp(shifted).sum()))
-        top = None
+        """token, with its raw log-softmax logprob and the top-N alternatives if asked for."""
         n = self.params.logprobs
-        if n is not None:
-            n = min(n, self.vocab_size)
-            ids = np.argpartition(logits, self.vocab_size - n)[self.vocab_size - n :] if n else np.empty(0, np.int64)
-            vals = logits[ids].astype(np.float64) - lse  # [n]
-            order = np.lexsort((ids, -vals))
-            top = [(int(ids[i]), float(vals[i])) for i in order]
+        if n is None:
+            return SampledToken(token_id=token)
+        e = logits.astype(np.float64)  # [vocab]; exp(logits - max) in place: one temporary
+        e -= float(raw_max)
+        np.exp(e, out=e)
+        lse = float(raw_max) + float(np.log(e.sum()))
+        n = min(n, self.vocab_size)
+        ids = np.argpartition(logits, self.vocab_size - n)[self.vocab_size - n :] if n else np.empty(0, np.int64)
+        vals = logits[ids].astype(np.float64) - lse  # [n]
+        order = np.lexsort((ids, -vals))
+        top = [(int(ids[i]), float(vals[i])) for i in order]
         return SampledToken(token_id=token, logprob=float(logits[token]) - lse, top_logprobs=top)
 
 

@@ -169,9 +169,10 @@ class SchedulerActor:
             t = samples.get(c.seq.seq_id)
             if t is None or (c.seq not in self.policy.running and c.seq.seq_id not in reasons):
                 continue  # mid-prefill, or aborted while the round ran
+            logprobs = [t.logprob] if t.logprob is not None else None
             top = [t.top] if t.top is not None else None
             reason = reasons.get(c.seq.seq_id)
-            outputs.append(SeqOutput(c.seq.seq_id, [t.token_id], [t.logprob], top, reason, c.seq.cached_tokens))
+            outputs.append(SeqOutput(c.seq.seq_id, [t.token_id], logprobs, top, reason, c.seq.cached_tokens))
         for seq_id in reasons:
             self._release(seq_id)
         if outputs:

@@ -243,7 +243,7 @@ class TokenizerActor:
         elif reason:
             emit += choice.stops.flush()
         delta = Delta(r.request_id, index, emit, list(out.token_ids), finish_reason=reason)
-        if r.logprobs:
+        if r.logprobs and out.logprobs is not None:
             delta.logprobs = list(out.logprobs)
             if r.top_n and out.top:
                 delta.top_logprobs = [[TopLogprob(t, lp) for t, lp in top] for top in out.top]

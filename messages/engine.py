@@ -38,7 +38,7 @@ class Abort(msgspec.Struct, tag="abort", **_BUS):
 class TokenSample(msgspec.Struct, array_like=True, gc=False):
     seq_id: int
     token_id: int
-    logprob: float
+    logprob: float | None = None  # None unless the request asked for logprobs
     top: list[tuple[int, float]] | None = None
 
 
@@ -68,7 +68,7 @@ class SeqOutput(msgspec.Struct, array_like=True, gc=False):
 
     seq_id: int
     token_ids: list[int]
-    logprobs: list[float]
+    logprobs: list[float] | None  # None unless the request asked for logprobs
     top: list[list[tuple[int, float]]] | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort:<why>"
     cached_tokens: int = 0

@@ -162,6 +162,14 @@ def test_logprobs_are_raw_log_softmax_with_sorted_top_n():
     assert _sampler(logprobs=0).sample(x).top_logprobs == []
 
 
+def test_logprob_is_computed_only_when_asked_for():
+    x = _logits(15)
+    greedy = _sampler(temperature=0.0, logprobs=0).sample(x)
+    assert greedy.logprob == pytest.approx(_log_softmax(x).max(), abs=1e-5)
+    assert _sampler(temperature=0.0).sample(x).logprob is None
+    assert _sampler(temperature=0.8, seed=3).sample(x).logprob is None
+
+
 def test_input_logits_are_not_mutated():
     x = _logits(13)
     before = x.copy()
@@ -179,6 +187,14 @@ def test_invalid_logits_raise():
         _sampler().sample(x)
     with pytest.raises(ValueError):
         _sampler(temperature=0.0).sample(x)
+    for bad in (np.inf, -np.inf):
+        y = _logits(14)
+        y[7] = bad
+        if bad == -np.inf:
+            y[:] = bad
+        for temperature in (0.0, 0.7):
+            with pytest.raises(ValueError):
+                _sampler(temperature=temperature).sample(y)
     with pytest.raises(ValueError):
         sample_batch([_sampler()], np.stack([_logits(1), _logits(2)]))  # 2 rows, 1 sampler
     with pytest.raises(ValueError):
