@@ -1,8 +1,9 @@
 """The scheduler actor: a thin I/O loop around SchedulerPolicy.
 
 It receives admissions, aborts and sampled tokens on its inbox; asks the KV actor for
-blocks once per round; sends the round to the executor and each round's new tokens
-to the tokenizer. One round is in flight at a time: the next is planned when the
+blocks when a round needs some (or frees and commits are pending: a decode step inside
+its last block needs no call); sends the round to the executor and each round's new
+tokens to the tokenizer. One round is in flight at a time: the next is planned when the
 sampled tokens of the last come back, so admissions and aborts that arrive meanwhile
 join the next round.
 """
@@ -25,6 +26,7 @@ from zinfer.messages.engine import (
     Admit,
     ExecutorInbox,
     KvCommit,
+    KvGrant,
     KvStats,
     KvUpdate,
     Round,
@@ -111,16 +113,15 @@ class SchedulerActor:
             chunks = self.policy.plan()
             if not chunks and not (self.frees or self.commits):
                 return
-            parents = [c.seq.traceparent for c in chunks if c.seq.traceparent] if self.tracing is not None else []
-            update = KvUpdate(self.frees, self.commits, self.policy.kv_asks(chunks), parents)
-            self.frees, self.commits = [], []
-            reply = await self.kv.call(update)
-            self.kv_stats = reply.stats
-            accepted, victims = self.policy.accept(chunks, reply.grants)
+            if self.frees or self.commits or not self.policy.kv_covered(chunks):
+                grants = await self._kv_update(chunks)
+            else:  # a decode inside its blocks: the allocator has nothing to do
+                grants = [KvGrant(c.seq.seq_id, True, c.seq.block_table) for c in chunks]
+            accepted, victims = self.policy.accept(chunks, grants)
             if victims:
                 self.frees = [v.seq_id for v in victims]
                 self.preemptions += len(victims)
-                log.info("preempted", seq_ids=self.frees, kv_used=reply.stats.used_blocks)
+                log.info("preempted", seq_ids=self.frees, kv_used=self.kv_stats.used_blocks)
                 continue
             if accepted:
                 break
@@ -136,6 +137,15 @@ class SchedulerActor:
         self.in_flight = accepted
         if self.tracing is not None:
             self._trace_round(t0, accepted, parents)
+
+    async def _kv_update(self, chunks: list[Chunk]) -> list[KvGrant]:
+        """Send the pending frees and commits and the chunks' block asks to the KV actor."""
+        parents = [c.seq.traceparent for c in chunks if c.seq.traceparent] if self.tracing is not None else []
+        update = KvUpdate(self.frees, self.commits, self.policy.kv_asks(chunks), parents)
+        self.frees, self.commits = [], []
+        reply = await self.kv.call(update)
+        self.kv_stats = reply.stats
+        return reply.grants
 
     def _trace_round(self, t0: int, accepted: list[Chunk], parents: list[str]) -> None:
         """End the queue spans of the round's newcomers; record the planning as a span."""

@@ -141,6 +141,12 @@ class SchedulerPolicy:
             budget -= n
         return chunks
 
+    def kv_covered(self, chunks: list[Chunk]) -> bool:
+        """True when every chunk is a running sequence whose block table already covers
+        its round: the KV allocator would grant each one its table unchanged."""
+        size = self.config.block_size
+        return all(not c.new and c.end <= len(c.seq.block_table) * size for c in chunks)
+
     @staticmethod
     def kv_asks(chunks: list[Chunk]) -> list[KvAllocate]:
         return [KvAllocate(c.seq.seq_id, c.seq.all_ids if c.new else [], c.end) for c in chunks]
