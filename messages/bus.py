@@ -7,8 +7,9 @@ socket (send, recv, or reading `zmq.EVENTS`) may consume those commands without 
 descriptor ever firing again. The rules this module follows, each one a hang we
 reproduced when broken:
 
-1. Always try the operation with NOBLOCK first; wait only on EAGAIN (waiting on the
-   FD first hangs when messages were already queued).
+1. Always try the operation with NOBLOCK (or read `zmq.EVENTS`, which processes the
+   same pending commands) first; wait only on EAGAIN or an absent event (waiting on
+   the FD first hangs when messages were already queued).
 2. Before sleeping, read `zmq.EVENTS`; sleep only if the wanted event is absent.
 3. After every send, recv or EVENTS read, look at `zmq.EVENTS` and wake the task
    waiting in the other direction if its event is now present (its edge may have
@@ -51,6 +52,12 @@ default). A zero-copy frame costs a wake-up of pyzmq's garbage-collector thread 
 libzmq releases it; measured on 2 cores, one row of logits (192 KiB) round-trips over
 inproc in ~120 µs copied and ~240 µs zero-copy; from about 1 MiB zero-copy wins
 (6 MiB: ~0.8 ms copied, ~0.2 ms zero-copy)."""
+
+
+# Plain ints: pyzmq's constants are enum members, and each & or | on one builds a new
+# member (~1 µs); the socket loop does a dozen of those per message.
+_POLLIN, _POLLOUT, _BOTH = int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.POLLIN | zmq.POLLOUT)
+_EVENTS, _NOBLOCK = int(zmq.EVENTS), int(zmq.NOBLOCK)
 
 
 ROUTER_POLL_S = 0.001
@@ -117,7 +124,7 @@ class AsyncSocket:
         self._wanted = 0  # zmq.POLLIN / POLLOUT bits of the directions now waiting
         self._fd_holder = 0  # the direction whose task sits in wait_readable, or 0
         self._fd_scope: trio.CancelScope | None = None
-        self._lots = {zmq.POLLIN: trio.lowlevel.ParkingLot(), zmq.POLLOUT: trio.lowlevel.ParkingLot()}
+        self._lots = {_POLLIN: trio.lowlevel.ParkingLot(), _POLLOUT: trio.lowlevel.ParkingLot()}
 
     # ----------------------------------------------------------------- properties
 
@@ -150,7 +157,7 @@ class AsyncSocket:
             await trio.lowlevel.cancel_shielded_checkpoint()
             return
         while True:
-            await self._wait(zmq.POLLOUT)
+            await self._wait(_POLLOUT)
             if self.send_nowait(frames):
                 return
             # zmq.EVENTS said writable yet this message's pipe is full: a ROUTER whose
@@ -166,7 +173,7 @@ class AsyncSocket:
         """
         sock = self._live()
         try:
-            sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            sock.send_multipart(frames, flags=_NOBLOCK, copy=False)
         except zmq.Again:
             self._wake_ready()
             return False
@@ -189,12 +196,12 @@ class AsyncSocket:
         message was taken off the socket.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        msg = self.recv_nowait()
+        msg = self.recv_nowait() if self._readable() else None
         if msg is not None:
             await trio.lowlevel.cancel_shielded_checkpoint()
             return msg
         while True:
-            await self._wait(zmq.POLLIN)
+            await self._wait(_POLLIN)
             msg = self.recv_nowait()
             if msg is not None:
                 return msg
@@ -204,7 +211,7 @@ class AsyncSocket:
         """Take one multipart message if one is queued now, else return None."""
         sock = self._live()
         try:
-            parts = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            parts = sock.recv_multipart(flags=_NOBLOCK, copy=False)
         except zmq.Again:
             self._wake_ready()
             return None
@@ -249,6 +256,15 @@ class AsyncSocket:
             return trio.ClosedResourceError(f"socket unusable: {e}")
         return e
 
+    def _readable(self) -> bool:
+        """Whether zmq.EVENTS says a message is queued. An idle actor's receive asks this
+        first: it is cheaper than a recv that raises EAGAIN (~2.5 µs vs ~6 µs)."""
+        self._live()
+        try:
+            return bool(self._check() & _POLLIN)
+        except zmq.ZMQError as e:
+            raise self._translate(e) from e
+
     def _wake_ready(self) -> None:
         """After an operation: wake waiters whose event it may have consumed.
 
@@ -260,10 +276,10 @@ class AsyncSocket:
 
     def _check(self) -> int:
         """Read zmq.EVENTS (consuming pending edges) and wake waiters now ready."""
-        events: int = self._sock.getsockopt(zmq.EVENTS)
+        events: int = self._sock.getsockopt(_EVENTS)
         ready = events & self._wanted
         if ready:
-            for flag in (zmq.POLLIN, zmq.POLLOUT):
+            for flag in (_POLLIN, _POLLOUT):
                 if ready & flag:
                     if self._fd_holder == flag and self._fd_scope is not None:
                         self._fd_scope.cancel()
@@ -278,7 +294,7 @@ class AsyncSocket:
         """
         if self._wanted & flag:
             raise trio.BusyResourceError(
-                "another task is already waiting to " + ("recv" if flag == zmq.POLLIN else "send")
+                "another task is already waiting to " + ("recv" if flag == _POLLIN else "send")
                 + " on this socket (rule: one sender task and one receiver task)"
             )
         self._wanted |= flag
@@ -303,6 +319,6 @@ class AsyncSocket:
                     self._fd_scope = None
                     # The other direction's task may be parked: let it re-check,
                     # and take over the descriptor if it still has to wait.
-                    self._lots[flag ^ (zmq.POLLIN | zmq.POLLOUT)].unpark_all()
+                    self._lots[flag ^ _BOTH].unpark_all()
         finally:
             self._wanted &= ~flag
