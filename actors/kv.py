@@ -68,7 +68,7 @@ class KvActor:
             "kv.cached_blocks": reply.stats.cached_blocks,
         }
         parents = update.traceparents
-        self.tracing.start("kv_update", parents[0], attrs, parents[1:], t0).end()
+        self.tracing.record("kv_update", parents[0], attrs, parents[1:], t0)
 
     def stats(self) -> KvStats:
         a = self.allocator

@@ -39,7 +39,7 @@ class SamplerActor:
                 sampled = self.sample_round(msg)
                 if self.tracing is not None and msg.traceparents:
                     attrs = {"sampled_round": msg.round_id, "rows": len(msg.seq_ids), "seq_ids": msg.seq_ids}
-                    self.tracing.start("sample", msg.traceparents[0], attrs, msg.traceparents[1:], t0).end()
+                    self.tracing.record("sample", msg.traceparents[0], attrs, msg.traceparents[1:], t0)
                 await self.to_scheduler.send(sampled)
         finally:
             self.inbox.close()

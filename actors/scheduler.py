@@ -166,7 +166,7 @@ class SchedulerActor:
             "preemptions": self.preemptions,
             "zinfer.actor": "scheduler",
         }
-        self.tracing.start(SCHEDULE, parents[0] if parents else None, attrs, parents, t0).end()
+        self.tracing.record(SCHEDULE, parents[0] if parents else None, attrs, parents, t0)
 
     async def _complete(self, msg: Sampled) -> None:
         chunks, self.in_flight = self.in_flight or [], None

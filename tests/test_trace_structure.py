@@ -134,6 +134,29 @@ def test_spans_written_by_a_tracing_reach_the_merged_trace(tmp_path):
     assert sorted(names) == ["decode", "decode", "layer 0", "linear", "request"]  # the round, mirrored on the request
 
 
+def test_a_recorded_span_is_written_as_the_sdk_would_write_it(tmp_path):
+    """record() skips the SDK span; its part-file lines match start().end()'s but for ids."""
+    tracing = Tracing(TraceConfig(dir=str(tmp_path)), "engine")
+    parent = tracing.traceparent(tracing.start("request"))
+    other = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+    attrs = {"round_id": 3, "seq_ids": [1, 2], "zinfer.actor": "x", "gone": None}
+    tracing.start("sdk", parent, attrs, [parent, other, "junk"], 1000).end(end_time=2000)
+    tracing.record("direct", parent, attrs, [parent, other, "junk"], 1000, 2000, (5, [("linear", 1, 2)]))
+    tracing.record("orphan", "junk", attrs, (), 1000, 2000)
+    tracing.start("sdk unsampled", unsampled, attrs).end()
+    tracing.record("direct unsampled", unsampled, attrs)
+    tracing.close()
+    lines = [json.loads(line) for path in part_files(tmp_path) for line in path.read_text().splitlines()]
+    sdk, direct, kernels, orphan = (next(r for r in lines if r.get("name", r["k"]) == n) for n in ("sdk", "direct", "kernels", "orphan"))
+    same = lambda r: {k: v for k, v in r.items() if k not in ("name", "span")}  # noqa: E731
+    assert same(sdk) == same(direct) and direct["trace"] == parent.split("-")[1] and direct["span"] != sdk["span"]
+    assert direct["links"] == [parent.split("-")[1:3], other.split("-")[1:3]]
+    assert kernels["parent"] == direct["span"] and kernels["events"] == [["linear", 1, 2]] and kernels["offset"] == 5
+    assert orphan["parent"] is None and orphan["trace"] != direct["trace"]
+    assert not [r for r in lines if "unsampled" in r.get("name", "")]
+
+
 def test_otlp_endpoint_without_the_exporter_still_traces_to_files(tmp_path):
     try:
         import opentelemetry.exporter.otlp.proto.http  # noqa: F401

@@ -16,8 +16,8 @@ def format_traceparent(ctx: SpanContext) -> str:
     return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
 
-def parse_traceparent(value: str | None) -> SpanContext | None:
-    """The remote span context in a traceparent, or None if it is absent or malformed."""
+def _fields(value: str | None) -> tuple[int, int, int] | None:
+    """(trace id, span id, flags) of a traceparent, or None if it is absent or malformed."""
     if not value:
         return None
     parts = value.strip().split("-")
@@ -29,7 +29,20 @@ def parse_traceparent(value: str | None) -> SpanContext | None:
         return None
     if trace_id == 0 or span_id == 0:
         return None
-    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+    return trace_id, span_id, flags
+
+
+def parse_traceparent(value: str | None) -> SpanContext | None:
+    """The remote span context in a traceparent, or None if it is absent or malformed."""
+    f = _fields(value)
+    return SpanContext(f[0], f[1], is_remote=True, trace_flags=TraceFlags(f[2])) if f else None
+
+
+def traceparent_ids(value: str | None) -> tuple[str, str, bool] | None:
+    """(trace id, span id, sampled) of a traceparent, ids in hex as part files write them;
+    None if it is absent or malformed. No OpenTelemetry object is built."""
+    f = _fields(value)
+    return (f"{f[0]:032x}", f"{f[1]:016x}", bool(f[2] & 1)) if f else None
 
 
 def parent_context(parent) -> Context:

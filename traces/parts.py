@@ -42,16 +42,16 @@ class PartWriter:
         stem = f"{self.role}-{self.pid}" if window is None else f"{window}-{self.role}-{self.pid}"
         return self.dir / f"{stem}.jsonl"
 
-    def write(self, record: dict) -> None:
-        """Append one record and flush it to the OS."""
-        line = _encode(record) + b"\n"
+    def write(self, *records: dict) -> None:
+        """Append records, one line each, in one write; flush them to the OS."""
+        lines = b"".join([_encode(r) + b"\n" for r in records])
         with self._lock:
             window = int(time.time() // self.window_s * self.window_s) if self.window_s else None
             if self._file is None or window != self._window:
                 if self._file is not None:
                     self._file.close()
                 self._file, self._window = open(self._path(window), "ab"), window
-            self._file.write(line)
+            self._file.write(lines)
             self._file.flush()
 
     def close(self) -> None:

@@ -37,8 +37,8 @@ class RoundTracer:
         attributes["zinfer.actor"] = "executor"
         host_offset = time.time_ns() - time.perf_counter_ns()
         t0, t1 = (t + host_offset for t in self._span_ns)
-        span = self.tracing.start(name, traceparents[0] if traceparents else None, attributes, traceparents, t0)
-        span.end(end_time=t1)
+        kernels = None
         if self.recorder is not None:
             offset, events = self.recorder.take()
-            self.tracing.write_kernels(span, host_offset if offset is None else offset, events)
+            kernels = (host_offset if offset is None else offset, events)
+        self.tracing.record(name, traceparents[0] if traceparents else None, attributes, traceparents, t0, t1, kernels)
