@@ -124,6 +124,7 @@ class AsyncSocket:
         self._wanted = 0  # zmq.POLLIN / POLLOUT bits of the directions now waiting
         self._fd_holder = 0  # the direction whose task sits in wait_readable, or 0
         self._fd_scope: trio.CancelScope | None = None
+        self._one_way = socket_type in (zmq.PUSH, zmq.PULL)  # one direction only: one waiting task
         self._lots = {_POLLIN: trio.lowlevel.ParkingLot(), _POLLOUT: trio.lowlevel.ParkingLot()}
 
     # ----------------------------------------------------------------- properties
@@ -311,9 +312,12 @@ class AsyncSocket:
                     continue
                 self._fd_holder = flag
                 try:
-                    with trio.CancelScope() as scope:
-                        self._fd_scope = scope
+                    if self._one_way:  # no task of the other direction to cancel this wait
                         await trio.lowlevel.wait_readable(self._fd)
+                    else:
+                        with trio.CancelScope() as scope:
+                            self._fd_scope = scope
+                            await trio.lowlevel.wait_readable(self._fd)
                 finally:
                     self._fd_holder = 0
                     self._fd_scope = None
