@@ -6,7 +6,8 @@ before touching anything here: with tracing off no span object is ever built.
 Two ways to make a span: `start` builds an OpenTelemetry span (for spans that stay
 open: request, tokenize, queue); `record` writes a span whose start and end are
 already known (the per-round spans: schedule, round, sample, kv_update) straight to
-the part file, with no SDK object (~3x cheaper), unless spans also go to OTLP.
+the part file with no SDK object (~8 µs instead of ~33 µs here), unless spans also
+go to OTLP.
 
 Spans go to this process's part file (traces/parts.py) as they end, and to an OTLP
 collector when an endpoint is configured (the exporter package is an optional extra,
