@@ -1,7 +1,8 @@
 """The fast CPU device: GGUF blocks kept as blocks, numba kernels over all cores.
 
-Same protocol and numbers as the numpy oracle (devices/cpu.py), up to f32 summation
-order. Per linear, by the number of rows T in the round:
+Same protocol as the numpy oracle (devices/cpu.py) and its numbers up to f32
+summation order, except where the int8 kernels round activations as llama.cpp does.
+Per linear, by the number of rows T in the round:
 
 - On CPUs with AVX512-VNNI, T <= INT8_ROWS: int8 kernels (kernels/cpu_int8.py):
   activations rounded to int8 per 32 values, exact integer products with the weight
@@ -11,8 +12,8 @@ order. Per linear, by the number of rows T in the round:
 - larger T: f32 GEMM through BLAS, on an f32 copy kept at upload while the copies fit
   in `f32_cache_bytes`, else on rows dequantized tile by tile into scratch.
 
-Attention: one numba kernel over every short row of the round (decode, small appends)
-and a tiled BLAS path for long prefill chunks.
+Attention: one numba kernel over every short row of the round (decode, small appends,
+every row of a round without BLAS) and a tiled BLAS path for long prefill chunks.
 
 Threads: OpenBLAS's workers spin for a while after each call, and numba's parallel
 kernels then fight them for the same cores (measured: 16 streams decoded 10x slower).
@@ -40,7 +41,7 @@ from zinfer.models.gguf_file import TensorData
 INT8_ROWS = 128  # rows up to which the int8 kernels beat BLAS on an f32 copy (bench_cpu_kernels)
 SMALL_BATCH = 4  # rows up to which the float quantized kernel beats BLAS on an f32 copy
 SMALL_BATCH_NO_COPY = 12  # the same crossover when BLAS must dequantize tiles first
-LONG_CHUNK = 32  # a sequence's rows from which attention goes through BLAS tiles
+LONG_CHUNK = 32  # a sequence's rows from which attention goes through BLAS tiles (BLAS rounds)
 _TILE_ROWS = 2048  # weight rows dequantized per BLAS tile when no f32 copy is kept
 
 
@@ -96,9 +97,13 @@ class FastCpuDevice:
 
     # ---- ops ----
 
+    def _blas_round(self, rows: int) -> bool:
+        """Whether a round of `rows` token rows computes its linears through BLAS."""
+        return rows > (INT8_ROWS if self.int8 else SMALL_BATCH)
+
     def _threads_for(self, rows: int) -> None:
         """Numba threads for a round of `rows` token rows: all of them unless BLAS is busy too."""
-        want = self.threads if rows <= (INT8_ROWS if self.int8 else SMALL_BATCH) else 1
+        want = 1 if self._blas_round(rows) else self.threads
         if numba.get_num_threads() != want:
             numba.set_num_threads(want)
 
@@ -170,9 +175,12 @@ class FastCpuDevice:
         q = np.ascontiguousarray(q, dtype=np.float32)  # [T, H, hd]
         out = np.empty_like(q)
         kp, vp = kv.k[layer], kv.v[layer]
-        short = [s for s in batch.seqs if s.n_tokens < LONG_CHUNK]
+        # BLAS tiles only in rounds where BLAS runs anyway: its spinning threads would
+        # slow the numba kernels of the other rounds several times over
+        long_chunk = LONG_CHUNK if self._blas_round(batch.n_tokens) else batch.n_tokens + 1
+        short = [s for s in batch.seqs if s.n_tokens < long_chunk]
         for s in batch.seqs:
-            if s.n_tokens >= LONG_CHUNK:
+            if s.n_tokens >= long_chunk:
                 rows = slice(s.start, s.start + s.n_tokens)
                 k, v = kv.gather(layer, s.block_table, s.context_len)
                 ops.chunk_attention(q[rows], k, v, batch.positions[rows], scale, window, out[rows])
