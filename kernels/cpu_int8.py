@@ -50,6 +50,15 @@ def prepare(p: Packed) -> Int8Weight | None:
 # ---- activations: [T, cols] f32 -> int8 codes A and per-lane scales S, N [T, steps * 8] ----
 
 
+@njit(cache=True, nogil=True)
+def _block_scale(xb):
+    """A block's int8 scale d = amax / 127 and its inverse 127 / amax (0 for a zero block)."""
+    amax = np.float32(0)
+    for v in xb:
+        amax = max(amax, abs(v))
+    return amax / np.float32(127), (np.float32(127) / amax if amax > 0 else np.float32(0))
+
+
 @njit(parallel=True, fastmath=False, cache=True, nogil=True)
 def quantize_for_u4(x, A, S, N):
     """A [T, cols] int8 in the u4 step order; S lanes = d_a, N lanes = d_a * sum(codes) / 4."""
@@ -58,11 +67,7 @@ def quantize_for_u4(x, A, S, N):
     for t in prange(T):
         qt = q[t]
         for b in range(K // 32):
-            amax = np.float32(0)
-            for i in range(32):
-                amax = max(amax, abs(x[t, b * 32 + i]))
-            d = amax / np.float32(127)
-            inv = np.float32(127) / amax if amax > 0 else np.float32(0)
+            d, inv = _block_scale(x[t, b * 32 : b * 32 + 32])
             total = 0
             for i in range(32):
                 c = int(np.rint(x[t, b * 32 + i] * inv))
@@ -85,11 +90,7 @@ def quantize_for_i8(x, A, S, N):
     T, K = x.shape
     for t in prange(T):
         for b in range(K // 32):
-            amax = np.float32(0)
-            for i in range(32):
-                amax = max(amax, abs(x[t, b * 32 + i]))
-            d = amax / np.float32(127)
-            inv = np.float32(127) / amax if amax > 0 else np.float32(0)
+            d, inv = _block_scale(x[t, b * 32 : b * 32 + 32])
             for i in range(32):
                 A[t, b * 32 + i] = np.uint8(int(np.rint(x[t, b * 32 + i] * inv)) + 128)
             for lane in range(8):
