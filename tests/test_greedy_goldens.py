@@ -79,8 +79,8 @@ CASES = [
     # and its own prefill of them takes another near-tie at 4 of Gemma's 256 positions
     ("gemma3-270m", "gemma3_path", "cpu-llama", 8, 0.98),
     # int8 activations as llama.cpp's, f32 scales and another summation order
-    ("smollm2-135m", "smollm2_path", "cpu-fast", 3, 0.97),
-    ("gemma3-270m", "gemma3_path", "cpu-fast", 4, 0.97),
+    ("smollm2-135m", "smollm2_path", "cpu-fast", 3, 0.95),
+    ("gemma3-270m", "gemma3_path", "cpu-fast", 3, 0.95),
 ]
 
 
