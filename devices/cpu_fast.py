@@ -38,7 +38,7 @@ from zinfer.kernels.quants import dequantize
 from zinfer.models.batch import ForwardBatch
 from zinfer.models.gguf_file import TensorData
 
-INT8_ROWS = 128  # rows up to which the int8 kernels beat BLAS on an f32 copy (bench_cpu_kernels)
+INT8_ROWS = 128  # rows up to which int8 rounds beat BLAS rounds (tests/benchmarks/bench_cpu_kernels.py)
 SMALL_BATCH = 4  # rows up to which the float quantized kernel beats BLAS on an f32 copy
 SMALL_BATCH_NO_COPY = 12  # the same crossover when BLAS must dequantize tiles first
 LONG_CHUNK = 32  # a sequence's rows from which attention goes through BLAS tiles (BLAS rounds)

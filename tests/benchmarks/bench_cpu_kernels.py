@@ -2,8 +2,8 @@
 
     python tests/benchmarks/bench_cpu_kernels.py [--threads 2] [--model PATH] [--skip-llama]
 
-Prints (1) the linear crossover: quantized kernel vs BLAS on an f32 copy vs BLAS on
-tiles dequantized per call, by batch rows; (2) SmolLM2 prefill of 512 tokens, decode
+Prints (1) the linear crossover: int8 kernel, float quantized kernel, BLAS on an f32
+copy and BLAS on tiles dequantized per call, by batch rows; (2) SmolLM2 prefill of 512 tokens, decode
 at batch 1, and aggregate greedy decode of 16 and 64 sequences, tok/s and weight GB/s
 for FastCpuDevice and llama.cpp with the same thread count. Best of `--repeat` runs.
 """
@@ -19,6 +19,7 @@ import numpy as np
 from zinfer.devices import cpu_fast
 from zinfer.devices.cpu_fast import FastCpuDevice
 from zinfer.gateway.bench_llama import LlamaCpp
+from zinfer.kernels import cpu_int8 as ci
 from zinfer.kernels import cpu_quant as cq
 from zinfer.models.batch import ForwardBatch
 from zinfer.models.forward import forward
@@ -42,18 +43,19 @@ def crossover(src, repeat: int) -> None:
     dev = FastCpuDevice()
     w = dev.upload("up", t)
     nocopy = cpu_fast.FastWeight(w.shape, w.packed, None)
-    print(f"\nlinear {t.qtype.name} {w.shape}: quantized kernel vs BLAS (us)")
-    print("  T   quant   f32-copy   deq-tiles")
-    for T in (1, 2, 4, 8, 12, 16, 32, 64):
+    print(f"\nlinear {t.qtype.name} {w.shape}: int8 (VNNI) and float quantized kernels vs BLAS (us)")
+    print("  T    int8   quant   f32-copy   deq-tiles")
+    for T in (1, 2, 4, 8, 12, 16, 32, 64, 128, 256, 512):
         x = np.random.default_rng(0).standard_normal((T, w.shape[1]), dtype=np.float32)
         out = np.empty((T, w.shape[0]), np.float32)
+        i8 = best(lambda: ci.matmul(w.int8, x, out), repeat * 5) if w.int8 is not None else float("nan")
         q = best(lambda: cq.matmul(w.packed, x, out), repeat * 5)
         f = best(lambda: x @ w.f32.T, repeat * 5)
         saved = cpu_fast.SMALL_BATCH_NO_COPY
         cpu_fast.SMALL_BATCH_NO_COPY = 0
         d = best(lambda: dev.linear(x, nocopy), repeat * 5)
         cpu_fast.SMALL_BATCH_NO_COPY = saved
-        print(f"{T:4d} {q*1e6:7.0f} {f*1e6:10.0f} {d*1e6:11.0f}")
+        print(f"{T:4d} {i8*1e6:7.0f} {q*1e6:7.0f} {f*1e6:10.0f} {d*1e6:11.0f}")
 
 
 class Ours:
@@ -137,7 +139,8 @@ def main() -> None:
         z, l = tps["zinfer"], tps.get("llama.cpp", float("nan"))
         gz = gl = ""
         if n_seq:
-            per_round = ours.q_bytes if n_seq <= cpu_fast.SMALL_BATCH else ours.f32_bytes
+            small = cpu_fast.INT8_ROWS if ours.dev.int8 else cpu_fast.SMALL_BATCH
+            per_round = ours.q_bytes if n_seq <= small else ours.f32_bytes
             gz = f"{per_round * z / n_seq / 1e9:.1f}"
             gl = f"{ours.q_bytes * l / n_seq / 1e9:.1f}"
         print(f"{case:14s} {z:13.1f} {l:12.1f} {z / l:6.2f} {gz:>12s} {gl:>11s}")
