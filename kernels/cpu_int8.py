@@ -84,9 +84,9 @@ def quantize_for_u4(x, A, S, N):
 
 
 @njit(parallel=True, fastmath=False, cache=True, nogil=True)
-def quantize_for_i8(x, A, S, N):
-    """A [T, cols] uint8 = code + 128; S lanes = d_a, N lanes = d_a / 8 (one m_w per step)
-    or d_a / 4 (two, one per 4 lanes): the caller scales N for the second case."""
+def quantize_for_i8(x, A, S, N, share):
+    """A [T, cols] uint8 = code + 128; S lanes = d_a, N lanes = d_a * share, the part of
+    a step's m_w each lane carries: 1/8 (one m_w per step) or 1/4 (two, per 4 lanes)."""
     T, K = x.shape
     for t in prange(T):
         for b in range(K // 32):
@@ -95,7 +95,7 @@ def quantize_for_i8(x, A, S, N):
                 A[t, b * 32 + i] = np.uint8(int(np.rint(x[t, b * 32 + i] * inv)) + 128)
             for lane in range(8):
                 S[t, b * 8 + lane] = d
-                N[t, b * 8 + lane] = d * np.float32(0.125)
+                N[t, b * 8 + lane] = d * share
 
 
 # ---- the parallel driver ----
@@ -156,9 +156,7 @@ def quantize_activations(w: Int8Weight, x: np.ndarray) -> tuple[np.ndarray, np.n
         quantize_for_u4(x, A, S, N)
     else:
         A = np.empty((T, cols), np.uint8)
-        quantize_for_i8(x, A, S, N)
-        if w.dps == 2:
-            N *= np.float32(2.0)
+        quantize_for_i8(x, A, S, N, np.float32(w.dps / 8))
     return A, S, N
 
 

@@ -26,7 +26,6 @@ so that the sum of the 8 lanes of acc[t] is out[t, r]. Two weight layouts:
 
 from __future__ import annotations
 
-import ctypes
 import functools
 
 ARGS = ("W", "D", "M", "A", "S", "N", "nsteps", "r0", "r1", "wstride", "dstride", "t0", "astride", "sstride", "out", "ostride")
@@ -172,9 +171,3 @@ _ENGINES: list = []
 def available() -> bool:
     """Whether the int8 kernels run on this machine."""
     return addresses() is not None
-
-
-def ctypes_kernel(kind: str, dps: int, tile: int):
-    """One kernel as a ctypes function (for tests and one-off calls)."""
-    proto = ctypes.CFUNCTYPE(None, *([ctypes.c_int64] * len(ARGS)))
-    return proto(addresses()[(kind, dps, tile)])
