@@ -54,6 +54,17 @@ class PartWriter:
             self._file.write(lines)
             self._file.flush()
 
+    def span_record(self, name: str, trace: str, span: str, parent: str | None, start: int, end: int,
+                    attrs: dict, links: list) -> dict:
+        """A "span" line of this process (ids as hex strings, times as epoch ns)."""
+        return {"k": "span", "name": name, "trace": trace, "span": span, "parent": parent, "start": start,
+                "end": end, "attrs": attrs, "links": links, "pid": self.pid, "role": self.role}
+
+    def kernels_record(self, trace: str, parent: str, offset: int, events: list) -> dict:
+        """A "kernels" line: a round's events under its span `parent`."""
+        return {"k": "kernels", "trace": trace, "parent": parent, "pid": self.pid, "role": self.role,
+                "offset": offset, "events": events}
+
     def close(self) -> None:
         with self._lock:
             if self._file is not None:
@@ -69,19 +80,16 @@ class PartSpanProcessor(SpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         ctx = span.context
-        self.writer.write({
-            "k": "span",
-            "name": span.name,
-            "trace": f"{ctx.trace_id:032x}",
-            "span": f"{ctx.span_id:016x}",
-            "parent": f"{span.parent.span_id:016x}" if span.parent else None,
-            "start": span.start_time,
-            "end": span.end_time,
-            "attrs": {k: (list(v) if isinstance(v, tuple) else v) for k, v in (span.attributes or {}).items()},
-            "links": [[f"{l.context.trace_id:032x}", f"{l.context.span_id:016x}"] for l in span.links],
-            "pid": self.writer.pid,
-            "role": self.writer.role,
-        })
+        self.writer.write(self.writer.span_record(
+            span.name,
+            f"{ctx.trace_id:032x}",
+            f"{ctx.span_id:016x}",
+            f"{span.parent.span_id:016x}" if span.parent else None,
+            span.start_time,
+            span.end_time,
+            {k: (list(v) if isinstance(v, tuple) else v) for k, v in (span.attributes or {}).items()},
+            [[f"{l.context.trace_id:032x}", f"{l.context.span_id:016x}"] for l in span.links],
+        ))
 
     def shutdown(self) -> None:
         self.writer.close()

@@ -79,16 +79,11 @@ class Tracing:
         trace = ids[0] if ids else f"{random.getrandbits(128) or 1:032x}"
         span_id = f"{random.getrandbits(64) or 1:016x}"
         w = self.writer
-        records = [{
-            "k": "span", "name": name, "trace": trace, "span": span_id, "parent": ids[1] if ids else None,
-            "start": now if start_ns is None else start_ns, "end": now if end_ns is None else end_ns,
-            "attrs": attributes,
-            "links": [link[:2] for link in map(traceparent_ids, links) if link is not None],
-            "pid": w.pid, "role": w.role,
-        }]
+        link_ids = [link[:2] for link in map(traceparent_ids, links) if link is not None]
+        start, end = (now if start_ns is None else start_ns), (now if end_ns is None else end_ns)
+        records = [w.span_record(name, trace, span_id, ids[1] if ids else None, start, end, attributes, link_ids)]
         if kernels is not None and kernels[1]:
-            records.append({"k": "kernels", "trace": trace, "parent": span_id, "pid": w.pid, "role": w.role,
-                            "offset": kernels[0], "events": kernels[1]})
+            records.append(w.kernels_record(trace, span_id, *kernels))
         w.write(*records)
 
     @staticmethod
@@ -106,8 +101,7 @@ class Tracing:
         if self.writer is None or not events:
             return
         ctx = round_span.get_span_context()
-        self.writer.write({"k": "kernels", "trace": f"{ctx.trace_id:032x}", "parent": f"{ctx.span_id:016x}",
-                           "pid": self.writer.pid, "role": self.role, "offset": offset, "events": events})
+        self.writer.write(self.writer.kernels_record(f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}", offset, events))
 
     def close(self) -> None:
         """Flush and close every output (OTLP included); the object is unusable after."""
