@@ -38,6 +38,10 @@ class Device(Protocol):
     def linear(self, x: Any, w: Any, b: Any = None) -> Any:
         """x [T, in] @ w.T (+ b) -> [T, out]."""
 
+    def linears(self, x: Any, ws: tuple, bs: tuple) -> list:
+        """[linear(x, w, b) for w, b in zip(ws, bs)]: one input through several matrices
+        (q/k/v, gate/up), which a device may compute in one launch."""
+
     def rope(self, x: Any, positions: Any, base: float, rope_dim: int, interleaved: bool) -> Any:
         """Rotary embedding on x [T, heads, hd] at positions [T]."""
 

@@ -99,6 +99,9 @@ class CpuDevice:
             return y if b is None else y + b
         return ref.linear(ln.round_activations(x, w.activation_type), w.w, b)
 
+    def linears(self, x, ws: tuple, bs: tuple) -> list:
+        return [self.linear(x, w, b) for w, b in zip(ws, bs)]
+
     def rope(self, x: np.ndarray, positions: np.ndarray, base: float, rope_dim: int, interleaved: bool) -> np.ndarray:
         return (lo if self.llama_cpp_numerics else ref).rope(x, positions, base, rope_dim, interleaved)
 

@@ -73,7 +73,7 @@ class FastCpuDevice:
         self.f32_cache_left = f32_cache_bytes
         self.int8 = int8_ir.available() if int8 is None else int8 and int8_ir.available()
         self._inv_freq: dict[tuple[float, int], np.ndarray] = {}
-        self._rounded: tuple = (None, None, None)  # (x, int8 layout, its rounding): q/k/v and gate/up share x
+        self._jobs: dict[tuple[int, ...], tuple] = {}  # id(matrices) -> (matrices, their int8 groups)
 
     # ---- weights and KV ----
 
@@ -126,35 +126,56 @@ class FastCpuDevice:
         return out
 
     def linear(self, x: np.ndarray, w: FastWeight, b: np.ndarray | None = None) -> np.ndarray:
+        return self.linears(x, (w,), (b,))[0]
+
+    def linears(self, x: np.ndarray, ws: tuple, bs: tuple) -> list:
+        """In int8 rounds, matrices of one layout share one rounding of x and one launch."""
         x = np.ascontiguousarray(x, dtype=np.float32)  # [T, in]
         T = x.shape[0]
+        outs: list = [None] * len(ws)
+        if T <= INT8_ROWS:
+            for jobs, members in self._int8_jobs(ws):
+                out = np.empty((T, int(jobs[1][-1, 5] + jobs[1][-1, 6])), np.float32)  # [T, sum of rows]
+                ci.matmul_many(jobs, x, out)
+                for i, (a, b) in members:
+                    outs[i] = out[:, a:b]
+        for i, (w, b) in enumerate(zip(ws, bs)):
+            if outs[i] is None:
+                outs[i] = self._float_linear(x, w)
+            if b is not None:
+                outs[i] += b
+        return outs
+
+    def _int8_jobs(self, ws: tuple) -> list:
+        """ws's int8 matrices grouped by activation layout: [(jobs, [(index, (col0, col1))])]."""
+        key = tuple(map(id, ws))
+        cached = self._jobs.get(key)
+        if cached is None:
+            groups = []
+            for idx in _int8_groups(ws):
+                jobs = ci.jobs_for([ws[i].int8 for i in idx])
+                cols = np.cumsum([0] + [ws[i].shape[0] for i in idx])
+                groups.append((jobs, [(i, (int(cols[k]), int(cols[k + 1]))) for k, i in enumerate(idx)]))
+            self._jobs[key] = cached = (ws, groups)  # ws pinned: their ids stay theirs
+        return cached[1]
+
+    def _float_linear(self, x: np.ndarray, w: FastWeight) -> np.ndarray:
+        """x [T, in] @ w.T through the float quantized kernel or BLAS, whichever is faster at T."""
+        T = x.shape[0]
         small = SMALL_BATCH if w.f32 is not None else SMALL_BATCH_NO_COPY
-        if w.int8 is not None and T <= INT8_ROWS:
-            out = np.empty((T, w.shape[0]), np.float32)  # [T, out]
-            ci.matmul(w.int8, x, out, self._rounding(x, w.int8))
-        elif w.packed is not None and T <= small:
+        if w.packed is not None and T <= small:
             out = np.empty((T, w.shape[0]), np.float32)  # [T, out]
             cq.matmul(w.packed, x, out)
-        elif w.f32 is not None:
-            out = x @ w.f32.T
-        else:
-            out = np.empty((T, w.shape[0]), np.float32)
-            tile = np.empty((min(_TILE_ROWS, w.shape[0]), w.shape[1]), np.float32)  # [tile, in]
-            for a in range(0, w.shape[0], _TILE_ROWS):
-                rows = np.arange(a, min(a + _TILE_ROWS, w.shape[0]), dtype=np.int64)
-                cq.dequantize_rows(w.packed, rows, tile[: len(rows)])
-                np.matmul(x, tile[: len(rows)].T, out=out[:, a : a + len(rows)])
-        if b is not None:
-            out += b
+            return out
+        if w.f32 is not None:
+            return x @ w.f32.T
+        out = np.empty((T, w.shape[0]), np.float32)
+        tile = np.empty((min(_TILE_ROWS, w.shape[0]), w.shape[1]), np.float32)  # [tile, in]
+        for a in range(0, w.shape[0], _TILE_ROWS):
+            rows = np.arange(a, min(a + _TILE_ROWS, w.shape[0]), dtype=np.int64)
+            cq.dequantize_rows(w.packed, rows, tile[: len(rows)])
+            np.matmul(x, tile[: len(rows)].T, out=out[:, a : a + len(rows)])
         return out
-
-    def _rounding(self, x: np.ndarray, w: ci.Int8Weight) -> tuple:
-        """x rounded to int8 for w's layout, reused while the same x meets the same layout."""
-        last_x, last_layout, rounded = self._rounded
-        if last_x is not x or last_layout != (w.kind, w.dps, w.nsteps):
-            rounded = ci.quantize_activations(w, x)
-            self._rounded = (x, (w.kind, w.dps, w.nsteps), rounded)
-        return rounded
 
     def rope(self, x: np.ndarray, positions: np.ndarray, base: float, rope_dim: int, interleaved: bool) -> np.ndarray:
         key = (float(base), int(rope_dim))
@@ -205,6 +226,19 @@ class FastCpuDevice:
 
     def from_numpy(self, x: np.ndarray) -> np.ndarray:
         return x
+
+
+def _int8_groups(ws: tuple) -> list[list[int]]:
+    """Indices of the matrices with int8 kernels, grouped by activation layout."""
+    groups: list[list[int]] = []
+    for i, w in enumerate(ws):
+        if w.int8 is not None:
+            group = next((g for g in groups if ci.same_layout(ws[g[0]].int8, w.int8)), None)
+            if group is None:
+                groups.append([i])
+            else:
+                group.append(i)
+    return groups
 
 
 def _short_rows(batch: ForwardBatch, seqs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -232,6 +232,9 @@ class CudaDevice:
             y += b
         return y
 
+    def linears(self, x, ws: tuple, bs: tuple) -> list:
+        return [self.linear(x, w, b) for w, b in zip(ws, bs)]
+
     def rope(self, x: Any, positions: Any, base: float, rope_dim: int, interleaved: bool) -> Any:
         cp = self.cupy
         x = cp.ascontiguousarray(x, dtype=cp.float32)  # [T, heads, hd]

@@ -28,26 +28,40 @@ class Int8Weight(NamedTuple):
     """A packed matrix as the int8 kernels read it."""
 
     kind: str  # "u4" or "i8"
-    dps: int  # d/m floats per 8-lane step
+    dps: int  # d/m numbers per 8-lane step
+    half: bool  # d and m stored as f16 (exactly: GGUF's own scales), else f32
     qs: np.ndarray  # [rows, cols/2] uint8 (u4) or [rows, cols] int8
-    d: np.ndarray  # [rows, groups] float32 scales
-    m: np.ndarray  # [rows, groups] float32: u4 offsets; i8: -128 * d * sum(codes of the group)
+    d: np.ndarray  # [rows, groups] scales
+    m: np.ndarray  # [rows, groups] u4 offsets; i8: d again (the kernels do not read it)
     nsteps: int  # 8-lane steps per row
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes one product streams."""
+        return self.qs.nbytes + self.d.nbytes + (self.m.nbytes if self.kind == "u4" else 0)
+
+
+def _as_f16_if_exact(*arrays: np.ndarray) -> tuple[bool, list[np.ndarray]]:
+    """The arrays in f16 when every value survives the trip, else unchanged."""
+    halves = [a.astype(np.float16) for a in arrays]
+    if all(np.array_equal(h.astype(np.float32), a) for h, a in zip(halves, arrays)):
+        return True, halves
+    return False, list(arrays)
 
 
 def prepare(p: Packed) -> Int8Weight | None:
     """The int8-kernel view of p, or None when its shape or layout has no kernel."""
     rows, cols = p.shape
     if p.kind == "u4" and cols % 64 == 0:
-        return Int8Weight("u4", 2, p.qs, p.d, p.m, cols // 64)
+        half, (d, m) = _as_f16_if_exact(p.d, p.m)
+        return Int8Weight("u4", 2, half, p.qs, d, m, cols // 64)
     if p.kind == "i8" and cols % 32 == 0 and p.group in (16, 32):
-        sums = p.qs.reshape(rows, cols // p.group, p.group).sum(-1, dtype=np.int32)
-        m = (np.float32(-128.0) * p.d * sums.astype(np.float32)).astype(np.float32)
-        return Int8Weight("i8", 32 // p.group, p.qs, p.d, m, cols // 32)
+        half, (d,) = _as_f16_if_exact(p.d)
+        return Int8Weight("i8", 32 // p.group, half, p.qs, d, d, cols // 32)
     return None
 
 
-# ---- activations: [T, cols] f32 -> int8 codes A and per-lane scales S, N [T, steps * 8] ----
+# ---- activations: [T, cols] f32 -> int8 codes A and per-lane scales S, N [T, steps * 8] (N: u4 only) ----
 
 
 @njit(cache=True, nogil=True)
@@ -59,8 +73,7 @@ def _block_scale(xb):
     return amax / np.float32(127), (np.float32(127) / amax if amax > 0 else np.float32(0))
 
 
-@njit(parallel=True, fastmath=False, cache=True, nogil=True)
-def quantize_for_u4(x, A, S, N):
+def _quantize_for_u4(x, A, S, N):
     """A [T, cols] int8 in the u4 step order; S lanes = d_a, N lanes = d_a * sum(codes) / 4."""
     T, K = x.shape
     q = np.empty((T, 32), np.int8)
@@ -83,19 +96,25 @@ def quantize_for_u4(x, A, S, N):
                 N[t, s * 8 + half * 4 + lane] = d * np.float32(total) * np.float32(0.25)
 
 
-@njit(parallel=True, fastmath=False, cache=True, nogil=True)
-def quantize_for_i8(x, A, S, N, share):
-    """A [T, cols] uint8 = code + 128; S lanes = d_a, N lanes = d_a * share, the part of
-    a step's m_w each lane carries: 1/8 (one m_w per step) or 1/4 (two, per 4 lanes)."""
+def _quantize_for_i8(x, A, S):
+    """A [T, cols] int8 codes; S lanes = d_a (8 per 32-block)."""
     T, K = x.shape
     for t in prange(T):
         for b in range(K // 32):
             d, inv = _block_scale(x[t, b * 32 : b * 32 + 32])
             for i in range(32):
-                A[t, b * 32 + i] = np.uint8(int(np.rint(x[t, b * 32 + i] * inv)) + 128)
+                A[t, b * 32 + i] = int(np.rint(x[t, b * 32 + i] * inv))
             for lane in range(8):
                 S[t, b * 8 + lane] = d
-                N[t, b * 8 + lane] = d * share
+
+
+# one row takes about a microsecond: a parallel launch costs more than it saves
+_PARALLEL_FROM = 8  # rows
+_QUANTIZE = {
+    (kind, parallel): njit(parallel=parallel, cache=True, nogil=True)(body)
+    for kind, body in (("u4", _quantize_for_u4), ("i8", _quantize_for_i8))
+    for parallel in (False, True)
+}
 
 
 # ---- the parallel driver ----
@@ -115,22 +134,35 @@ def _call(typingctx, address, args):
     return sig, codegen
 
 
+# columns of a job row: one weight matrix and the columns of `out` it writes
+_W, _D, _M, _WSTRIDE, _DSTRIDE, _ROWS, _COL = range(7)
+
+
 @njit(parallel=True, cache=True, nogil=True)
-def _run(wide, one, tile, W, D, M, A, S, N, nsteps, out):
-    """out [T, R] by tasks of ROWS_PER_TASK weight rows x ROWS_PER_BLOCK activation rows."""
-    R = W.shape[0]
+def _run(wide, one, tile, jobs, A, S, N, nsteps, out):
+    """out [T, sum of rows] = each job's product, side by side, by tasks of ROWS_PER_TASK
+    weight rows x ROWS_PER_BLOCK activation rows; jobs [n, 7] int64 (columns above)."""
     T = A.shape[0]
-    n_r = (R + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     n_t = (T + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK
+    first = np.zeros(jobs.shape[0] + 1, np.int64)  # first task of each job
+    for j in range(jobs.shape[0]):
+        first[j + 1] = first[j] + (jobs[j, _ROWS] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+    n_r = first[-1]
     for task in prange(n_r * n_t):
         tb, c = task // n_r, task % n_r
-        r0, r1 = c * ROWS_PER_TASK, min(R, (c + 1) * ROWS_PER_TASK)
+        j = 0
+        while c >= first[j + 1]:
+            j += 1
+        job = jobs[j]
+        r0 = (c - first[j]) * ROWS_PER_TASK
+        r1 = min(job[_ROWS], r0 + ROWS_PER_TASK)
+        o = out.ctypes.data + job[_COL] * 4
         t, t_end = tb * ROWS_PER_BLOCK, min(T, (tb + 1) * ROWS_PER_BLOCK)
         while t < t_end:
             fn, step = (wide, tile) if t + tile <= t_end else (one, 1)
-            _call(fn, (W.ctypes.data, D.ctypes.data, M.ctypes.data, A.ctypes.data, S.ctypes.data, N.ctypes.data,
-                       nsteps, r0, r1, W.strides[0], D.strides[0], t, A.strides[0], S.strides[0],
-                       out.ctypes.data, out.strides[0] // 4))
+            _call(fn, (job[_W], job[_D], job[_M], A.ctypes.data, S.ctypes.data, N.ctypes.data,
+                       nsteps, r0, r1, job[_WSTRIDE], job[_DSTRIDE], t, A.strides[0], S.strides[0],
+                       o, out.strides[0] // 4))
             t += step
 
 
@@ -146,24 +178,47 @@ def rounded(x: np.ndarray) -> np.ndarray:
 
 
 def quantize_activations(w: Int8Weight, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x [T, cols] f32 rounded for w's kernel: (A [T, cols], S, N [T, steps * 8])."""
+    """x [T, cols] f32 rounded for w's kernel: (A [T, cols] int8, S, N [T, steps * 8]);
+    for i8 kernels, which read no N, N is S."""
     T, cols = x.shape
     lanes = w.nsteps * 8
+    A = np.empty((T, cols), np.int8)
     S = np.empty((T, lanes), np.float32)
+    quantize = _QUANTIZE[w.kind, T >= _PARALLEL_FROM]
+    if w.kind == "i8":
+        quantize(x, A, S)
+        return A, S, S
     N = np.empty((T, lanes), np.float32)
-    if w.kind == "u4":
-        A = np.empty((T, cols), np.int8)
-        quantize_for_u4(x, A, S, N)
-    else:
-        A = np.empty((T, cols), np.uint8)
-        quantize_for_i8(x, A, S, N, np.float32(w.dps / 8))
+    quantize(x, A, S, N)
     return A, S, N
+
+
+def same_layout(a: Int8Weight, b: Int8Weight) -> bool:
+    """Whether a and b read the same activation rounding (one matmul_many can do both)."""
+    return (a.kind, a.dps, a.half, a.nsteps) == (b.kind, b.dps, b.half, b.nsteps)
 
 
 def matmul(w: Int8Weight, x: np.ndarray, out: np.ndarray, acts: tuple | None = None) -> None:
     """out [T, rows] = x [T, cols] @ W.T. `acts`: quantize_activations(w, x), when the
-    caller shares one rounding of x between matrices of the same kind."""
+    caller shares one rounding of x between matrices of the same layout."""
+    matmul_many(jobs_for([w]), x, out, acts)
+
+
+def jobs_for(ws: list[Int8Weight]) -> tuple:
+    """The job table of matmul_many for matrices of one layout, their outputs side by side.
+    Build it once per group: reading array addresses from Python costs microseconds."""
+    rows = np.cumsum([0] + [w.qs.shape[0] for w in ws])
+    table = np.array([(w.qs.ctypes.data, w.d.ctypes.data, w.m.ctypes.data, w.qs.strides[0], w.d.strides[0],
+                       w.qs.shape[0], col) for w, col in zip(ws, rows)], np.int64)  # [n, 7]
+    return ws, table
+
+
+def matmul_many(jobs: tuple, x: np.ndarray, out: np.ndarray, acts: tuple | None = None) -> None:
+    """out [T, sum of rows] = x [T, cols] @ the job's matrices (jobs_for), side by side,
+    in one parallel launch over all their rows. out's rows must be contiguous."""
+    ws, table = jobs
+    w = ws[0]
     A, S, N = acts if acts is not None else quantize_activations(w, x)
     addr = int8_ir.addresses()
-    wide, one = addr[(w.kind, w.dps, int8_ir.TILE)], addr[(w.kind, w.dps, 1)]
-    _run(wide, one, int8_ir.TILE, w.qs, w.d, w.m, A, S, N, w.nsteps, out)
+    wide, one = addr[(w.kind, w.dps, w.half, int8_ir.TILE)], addr[(w.kind, w.dps, w.half, 1)]
+    _run(wide, one, int8_ir.TILE, table, A, S, N, w.nsteps, out)

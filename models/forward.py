@@ -42,9 +42,10 @@ def _layer(spec: ModelSpec, i: int, lw: LayerWeights, dev: Device, kv: KVStore, 
     """One transformer block on x [T, d]; returns the new residual stream."""
     T = batch.n_tokens
     h = dev.rms_norm(x, lw.attn_norm, spec.rms_eps)
-    q = dev.linear(h, lw.wq, lw.bq).reshape(T, spec.n_heads, spec.head_dim)
-    k = dev.linear(h, lw.wk, lw.bk).reshape(T, spec.n_kv_heads, spec.head_dim)
-    v = dev.linear(h, lw.wv, lw.bv).reshape(T, spec.n_kv_heads, spec.head_dim)
+    q, k, v = dev.linears(h, (lw.wq, lw.wk, lw.wv), (lw.bq, lw.bk, lw.bv))
+    q = q.reshape(T, spec.n_heads, spec.head_dim)
+    k = k.reshape(T, spec.n_kv_heads, spec.head_dim)
+    v = v.reshape(T, spec.n_kv_heads, spec.head_dim)
     if spec.qk_norm:
         q = dev.rms_norm(q, lw.q_norm, spec.rms_eps)
         k = dev.rms_norm(k, lw.k_norm, spec.rms_eps)
@@ -58,7 +59,8 @@ def _layer(spec: ModelSpec, i: int, lw: LayerWeights, dev: Device, kv: KVStore, 
         o = dev.rms_norm(o, lw.post_attn_norm, spec.rms_eps)
     x = x + o
     h = dev.rms_norm(x, lw.ffn_norm, spec.rms_eps)
-    f = dev.linear(dev.glu(dev.linear(h, lw.w_gate), dev.linear(h, lw.w_up), spec.act), lw.w_down)
+    gate, up = dev.linears(h, (lw.w_gate, lw.w_up), (None, None))
+    f = dev.linear(dev.glu(gate, up, spec.act), lw.w_down)
     if spec.sandwich_norms:
         f = dev.rms_norm(f, lw.post_ffn_norm, spec.rms_eps)
     return x + f

@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable
 
 # The Device protocol's ops (devices/base.py) that run kernels.
-KERNEL_OPS = ("embed", "rms_norm", "linear", "rope", "write_kv", "attention", "glu")
+KERNEL_OPS = ("embed", "rms_norm", "linear", "linears", "rope", "write_kv", "attention", "glu")
 
 _layer_names: list[str] = []
 
