@@ -122,7 +122,8 @@ class FastCpuDevice:
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty_like(x)
         n = x.shape[-1]
-        ops.rms_norm(x.reshape(-1, n), w, np.float32(eps), out.reshape(-1, n))
+        rows = x.size // n
+        (ops.rms_norm if rows >= ops.PARALLEL_ROWS else ops.rms_norm_one)(x.reshape(rows, n), w, np.float32(eps), out.reshape(rows, n))
         return out
 
     def linear(self, x: np.ndarray, w: FastWeight, b: np.ndarray | None = None) -> np.ndarray:
@@ -185,7 +186,8 @@ class FastCpuDevice:
             self._inv_freq[key] = inv_freq = inv_freq.astype(np.float32)
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty_like(x)
-        ops.rope(x, np.ascontiguousarray(positions, dtype=np.int64), inv_freq, bool(interleaved), out)
+        rope = ops.rope if x.shape[0] >= ops.PARALLEL_ROWS else ops.rope_one
+        rope(x, np.ascontiguousarray(positions, dtype=np.int64), inv_freq, bool(interleaved), out)
         return out
 
     def write_kv(self, kv: CpuKV, layer: int, k: np.ndarray, v: np.ndarray, slots: np.ndarray) -> None:
@@ -212,13 +214,8 @@ class FastCpuDevice:
         return out
 
     def glu(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
-        gate = np.ascontiguousarray(gate, dtype=np.float32)
-        up = np.ascontiguousarray(up, dtype=np.float32)
-        out = np.empty_like(gate)
-        if gate.shape[0] <= SMALL_BATCH:
-            ops.glu(gate, up, act != "silu", out)
-        else:  # numpy's exp/tanh are vectorized: 3.5x faster than the numba kernel on one thread
-            ops.glu_numpy(gate, up, act != "silu", out)
+        out = np.empty(gate.shape, np.float32)  # gate and up may be views side by side (linears)
+        ops.glu(np.asarray(gate, np.float32), np.asarray(up, np.float32), act != "silu", out)
         return out
 
     def to_numpy(self, x) -> np.ndarray:

@@ -17,6 +17,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from zinfer.kernels import int8_ir
+from zinfer.kernels.cpu_ops import PARALLEL_ROWS, compile_twice
 from zinfer.kernels.cpu_quant import Packed
 
 ROWS_PER_TASK = 16  # weight rows per parallel task
@@ -108,13 +109,7 @@ def _quantize_for_i8(x, A, S):
                 S[t, b * 8 + lane] = d
 
 
-# one row takes about a microsecond: a parallel launch costs more than it saves
-_PARALLEL_FROM = 8  # rows
-_QUANTIZE = {
-    (kind, parallel): njit(parallel=parallel, cache=True, nogil=True)(body)
-    for kind, body in (("u4", _quantize_for_u4), ("i8", _quantize_for_i8))
-    for parallel in (False, True)
-}
+_QUANTIZE = {kind: compile_twice(body) for kind, body in (("u4", _quantize_for_u4), ("i8", _quantize_for_i8))}
 
 
 # ---- the parallel driver ----
@@ -184,7 +179,7 @@ def quantize_activations(w: Int8Weight, x: np.ndarray) -> tuple[np.ndarray, np.n
     lanes = w.nsteps * 8
     A = np.empty((T, cols), np.int8)
     S = np.empty((T, lanes), np.float32)
-    quantize = _QUANTIZE[w.kind, T >= _PARALLEL_FROM]
+    quantize = _QUANTIZE[w.kind][T < PARALLEL_ROWS]
     if w.kind == "i8":
         quantize(x, A, S)
         return A, S, S

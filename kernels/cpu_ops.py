@@ -7,15 +7,26 @@ They write into a caller-given `out`, so the device decides where memory comes f
 from __future__ import annotations
 
 import math
+import types
 
 import numpy as np
 from numba import njit, prange
 
 _GELU_C = np.float32(math.sqrt(2.0 / math.pi))
+PARALLEL_ROWS = 8  # rows from which the elementwise kernels run on every thread
 
 
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def rms_norm(x, w, eps, out):
+def compile_twice(body, **flags):
+    """body compiled for every thread (its prange loops parallel) and, as body_one, for
+    one: on small inputs a parallel launch (~3 us) costs more than the work. The copy
+    gets its own name so that numba's on-disk cache keeps the two apart."""
+    one = types.FunctionType(body.__code__, body.__globals__, body.__name__ + "_one", body.__defaults__, body.__closure__)
+    one.__qualname__ = body.__qualname__ + "_one"
+    flags = {"cache": True, "nogil": True, **flags}
+    return njit(parallel=True, **flags)(body), njit(**flags)(one)
+
+
+def _rms_norm(x, w, eps, out):
     """out = x * w / sqrt(mean(x^2) + eps) per row. x, out [rows, n], w [n]."""
     rows, n = x.shape
     for r in prange(rows):
@@ -29,8 +40,10 @@ def rms_norm(x, w, eps, out):
             o[i] = xr[i] * inv * w[i]
 
 
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def rope(x, positions, inv_freq, interleaved, out):
+rms_norm, rms_norm_one = compile_twice(_rms_norm, fastmath=True)
+
+
+def _rope(x, positions, inv_freq, interleaved, out):
     """Rotary embedding of the first 2*len(inv_freq) dims of each head.
 
     x, out [T, heads, hd] (may alias), positions [T] int64, inv_freq [rope_dim/2] f32.
@@ -54,23 +67,13 @@ def rope(x, positions, inv_freq, interleaved, out):
                 out[t, h, i] = x[t, h, i]
 
 
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+rope, rope_one = compile_twice(_rope, fastmath=True)
+
+
 def glu(gate, up, gelu, out):
-    """out = act(gate) * up; act = gelu_tanh if gelu else silu. All [T, n]."""
-    T, n = gate.shape
-    for t in prange(T):
-        g, u, o = gate[t], up[t], out[t]
-        for i in range(n):
-            v = g[i]
-            if gelu:
-                a = np.float32(0.5) * v * (np.float32(1) + np.tanh(_GELU_C * (v + np.float32(0.044715) * v * v * v)))
-            else:
-                a = v / (np.float32(1) + np.exp(-v))
-            o[i] = a * u[i]
-
-
-def glu_numpy(gate, up, gelu, out):
-    """glu with numpy's vectorized exp/tanh, in place in out (no temporaries). All [T, n]."""
+    """out = act(gate) * up; act = gelu_tanh if gelu else silu. All [T, n]. numpy, in
+    place in out: its vectorized exp/tanh beat a numba loop at every T (1 row: 3.4 vs
+    4.6 us; 16 rows: 20 vs 37 us on two threads)."""
     if gelu:  # 0.5 g (1 + tanh(c (g + 0.044715 g^3)))
         np.multiply(gate, gate, out=out)
         out *= np.float32(0.044715)
