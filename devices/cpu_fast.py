@@ -136,10 +136,8 @@ class FastCpuDevice:
         outs: list = [None] * len(ws)
         if T <= INT8_ROWS:
             for jobs, members in self._int8_jobs(ws):
-                out = np.empty((T, int(jobs[1][-1, 5] + jobs[1][-1, 6])), np.float32)  # [T, sum of rows]
-                ci.matmul_many(jobs, x, out)
-                for i, (a, b) in members:
-                    outs[i] = out[:, a:b]
+                for i, out in zip(members, ci.matmul_many(jobs, x)):
+                    outs[i] = out
         for i, (w, b) in enumerate(zip(ws, bs)):
             if outs[i] is None:
                 outs[i] = self._float_linear(x, w)
@@ -147,16 +145,12 @@ class FastCpuDevice:
                 outs[i] += b
         return outs
 
-    def _int8_jobs(self, ws: tuple) -> list:
-        """ws's int8 matrices grouped by activation layout: [(jobs, [(index, (col0, col1))])]."""
+    def _int8_jobs(self, ws: tuple) -> list[tuple[ci.Jobs, list[int]]]:
+        """ws's int8 matrices grouped by activation layout: [(their jobs, their indices in ws)]."""
         key = tuple(map(id, ws))
         cached = self._jobs.get(key)
         if cached is None:
-            groups = []
-            for idx in _int8_groups(ws):
-                jobs = ci.jobs_for([ws[i].int8 for i in idx])
-                cols = np.cumsum([0] + [ws[i].shape[0] for i in idx])
-                groups.append((jobs, [(i, (int(cols[k]), int(cols[k + 1]))) for k, i in enumerate(idx)]))
+            groups = [(ci.jobs_for([ws[i].int8 for i in idx]), idx) for idx in _int8_groups(ws)]
             self._jobs[key] = cached = (ws, groups)  # ws pinned: their ids stay theirs
         return cached[1]
 
@@ -214,8 +208,10 @@ class FastCpuDevice:
         return out
 
     def glu(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
-        out = np.empty(gate.shape, np.float32)  # gate and up may be views side by side (linears)
-        ops.glu(np.asarray(gate, np.float32), np.asarray(up, np.float32), act != "silu", out)
+        gate = np.ascontiguousarray(gate, dtype=np.float32)  # strided rows would not vectorize (8x slower)
+        up = np.ascontiguousarray(up, dtype=np.float32)
+        out = np.empty_like(gate)
+        (ops.glu if gate.shape[0] >= ops.PARALLEL_ROWS else ops.glu_one)(gate, up, act != "silu", out)
         return out
 
     def to_numpy(self, x) -> np.ndarray:

@@ -129,14 +129,15 @@ def _call(typingctx, address, args):
     return sig, codegen
 
 
-# columns of a job row: one weight matrix and the columns of `out` it writes
-_W, _D, _M, _WSTRIDE, _DSTRIDE, _ROWS, _COL = range(7)
+# columns of a job row: one weight matrix, and where its product starts in `out`: at
+# T * first_row floats, as a C-contiguous [T, rows] block
+_W, _D, _M, _WSTRIDE, _DSTRIDE, _ROWS, _FIRST_ROW = range(7)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def _run(wide, one, tile, jobs, A, S, N, nsteps, out):
-    """out [T, sum of rows] = each job's product, side by side, by tasks of ROWS_PER_TASK
-    weight rows x ROWS_PER_BLOCK activation rows; jobs [n, 7] int64 (columns above)."""
+    """Each job's product [T, rows] into its block of the flat buffer out, by tasks of
+    ROWS_PER_TASK weight rows x ROWS_PER_BLOCK activation rows; jobs [n, 7] int64."""
     T = A.shape[0]
     n_t = (T + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK
     first = np.zeros(jobs.shape[0] + 1, np.int64)  # first task of each job
@@ -151,13 +152,13 @@ def _run(wide, one, tile, jobs, A, S, N, nsteps, out):
         job = jobs[j]
         r0 = (c - first[j]) * ROWS_PER_TASK
         r1 = min(job[_ROWS], r0 + ROWS_PER_TASK)
-        o = out.ctypes.data + job[_COL] * 4
+        o = out.ctypes.data + T * job[_FIRST_ROW] * 4
         t, t_end = tb * ROWS_PER_BLOCK, min(T, (tb + 1) * ROWS_PER_BLOCK)
         while t < t_end:
             fn, step = (wide, tile) if t + tile <= t_end else (one, 1)
             _call(fn, (job[_W], job[_D], job[_M], A.ctypes.data, S.ctypes.data, N.ctypes.data,
                        nsteps, r0, r1, job[_WSTRIDE], job[_DSTRIDE], t, A.strides[0], S.strides[0],
-                       o, out.strides[0] // 4))
+                       o, job[_ROWS]))
             t += step
 
 
@@ -193,27 +194,44 @@ def same_layout(a: Int8Weight, b: Int8Weight) -> bool:
     return (a.kind, a.dps, a.half, a.nsteps) == (b.kind, b.dps, b.half, b.nsteps)
 
 
-def matmul(w: Int8Weight, x: np.ndarray, out: np.ndarray, acts: tuple | None = None) -> None:
-    """out [T, rows] = x [T, cols] @ W.T. `acts`: quantize_activations(w, x), when the
-    caller shares one rounding of x between matrices of the same layout."""
-    matmul_many(jobs_for([w]), x, out, acts)
+class Jobs(NamedTuple):
+    """Matrices of one layout that one launch multiplies by the same activations."""
+
+    weights: list[Int8Weight]
+    table: np.ndarray  # [n, 7] int64, the job columns above
+    bounds: list[tuple[int, int]]  # each matrix's rows in the stacked output
+
+    @property
+    def rows(self) -> int:
+        return self.bounds[-1][1]
 
 
-def jobs_for(ws: list[Int8Weight]) -> tuple:
-    """The job table of matmul_many for matrices of one layout, their outputs side by side.
-    Build it once per group: reading array addresses from Python costs microseconds."""
-    rows = np.cumsum([0] + [w.qs.shape[0] for w in ws])
+def jobs_for(ws: list[Int8Weight]) -> Jobs:
+    """The jobs of matmul_many for matrices of one layout. Build them once per group:
+    reading array addresses from Python costs microseconds."""
+    first = np.cumsum([0] + [w.qs.shape[0] for w in ws])
     table = np.array([(w.qs.ctypes.data, w.d.ctypes.data, w.m.ctypes.data, w.qs.strides[0], w.d.strides[0],
-                       w.qs.shape[0], col) for w, col in zip(ws, rows)], np.int64)  # [n, 7]
-    return ws, table
+                       w.qs.shape[0], row) for w, row in zip(ws, first)], np.int64)
+    return Jobs(ws, table, [(int(a), int(b)) for a, b in zip(first[:-1], first[1:])])
 
 
-def matmul_many(jobs: tuple, x: np.ndarray, out: np.ndarray, acts: tuple | None = None) -> None:
-    """out [T, sum of rows] = x [T, cols] @ the job's matrices (jobs_for), side by side,
-    in one parallel launch over all their rows. out's rows must be contiguous."""
-    ws, table = jobs
-    w = ws[0]
-    A, S, N = acts if acts is not None else quantize_activations(w, x)
+def matmul(w: Int8Weight, x: np.ndarray, out: np.ndarray) -> None:
+    """out [T, rows] (C-contiguous) = x [T, cols] @ W.T."""
+    assert out.flags.c_contiguous and out.shape == (x.shape[0], w.qs.shape[0])
+    _launch(jobs_for([w]), x, out, quantize_activations(w, x))
+
+
+def matmul_many(jobs: Jobs, x: np.ndarray) -> list[np.ndarray]:
+    """[x [T, cols] @ W.T for each of the jobs' matrices], C-contiguous [T, rows_i] arrays
+    in one buffer, from one rounding of x and one parallel launch over all their rows."""
+    T = x.shape[0]
+    flat = np.empty(T * jobs.rows, np.float32)
+    _launch(jobs, x, flat, quantize_activations(jobs.weights[0], x))
+    return [flat[T * a : T * b].reshape(T, b - a) for a, b in jobs.bounds]
+
+
+def _launch(jobs: Jobs, x: np.ndarray, out: np.ndarray, acts: tuple) -> None:
+    w = jobs.weights[0]
     addr = int8_ir.addresses()
     wide, one = addr[(w.kind, w.dps, w.half, int8_ir.TILE)], addr[(w.kind, w.dps, w.half, 1)]
-    _run(wide, one, int8_ir.TILE, table, A, S, N, w.nsteps, out)
+    _run(wide, one, int8_ir.TILE, jobs.table, *acts, w.nsteps, out)

@@ -49,7 +49,7 @@ def crossover(src, repeat: int) -> None:
         x = np.random.default_rng(0).standard_normal((T, w.shape[1]), dtype=np.float32)
         out = np.empty((T, w.shape[0]), np.float32)
         jobs = ci.jobs_for([w.int8]) if w.int8 is not None else None
-        i8 = best(lambda: ci.matmul_many(jobs, x, out), repeat * 5) if jobs else float("nan")
+        i8 = best(lambda: ci.matmul_many(jobs, x), repeat * 5) if jobs else float("nan")
         q = best(lambda: cq.matmul(w.packed, x, out), repeat * 5)
         f = best(lambda: x @ w.f32.T, repeat * 5)
         saved = cpu_fast.SMALL_BATCH_NO_COPY
