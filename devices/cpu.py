@@ -21,7 +21,8 @@ from zinfer.models.gguf_file import TensorData
 
 @dataclass
 class CpuKV:
-    """Per layer K and V pools, [num_blocks * block_size, Hkv, hd] float32 (flat slots)."""
+    """Per layer K and V pools, [num_blocks * block_size, Hkv, hd] (flat slots), float32
+    or, on cpu-fast by default, float16 as llama.cpp keeps them."""
 
     k: list[np.ndarray]
     v: list[np.ndarray]
@@ -29,11 +30,11 @@ class CpuKV:
     block_size: int
 
     @staticmethod
-    def zeros(n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int) -> "CpuKV":
+    def zeros(n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int, dtype=np.float32) -> "CpuKV":
         shape = (num_blocks * block_size, n_kv_heads, head_dim)
         return CpuKV(
-            k=[np.zeros(shape, np.float32) for _ in range(n_layers)],
-            v=[np.zeros(shape, np.float32) for _ in range(n_layers)],
+            k=[np.zeros(shape, dtype) for _ in range(n_layers)],
+            v=[np.zeros(shape, dtype) for _ in range(n_layers)],
             num_blocks=num_blocks,
             block_size=block_size,
         )

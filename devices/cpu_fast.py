@@ -62,16 +62,19 @@ class FastWeight:
 class FastCpuDevice:
     """Numba CPU device. `threads`: numba threads (default: all); `f32_cache_bytes`:
     memory allowed for f32 copies of quantized matrices (used for large batches);
-    `int8`: use the int8 kernels (default: where the CPU has VNNI)."""
+    `int8`: use the int8 kernels (default: where the CPU has VNNI); `kv_f16`: keep K and V
+    in f16, as llama.cpp does by default (half the bytes that attention reads; at 16
+    streams those are as many as the weights), else f32 as the oracle does."""
 
     name = "cpu"
 
-    def __init__(self, threads: int | None = None, f32_cache_bytes: int = 1 << 30, int8: bool | None = None):
+    def __init__(self, threads: int | None = None, f32_cache_bytes: int = 1 << 30, int8: bool | None = None, kv_f16: bool = True):
         if threads is not None:
             numba.set_num_threads(threads)
         self.threads = numba.get_num_threads()
         self.f32_cache_left = f32_cache_bytes
         self.int8 = int8_ir.available() if int8 is None else int8 and int8_ir.available()
+        self.kv_dtype = np.float16 if kv_f16 else np.float32
         self._inv_freq: dict[tuple[float, int], np.ndarray] = {}
         self._jobs: dict[tuple[int, ...], tuple] = {}  # id(matrices) -> (matrices, their int8 groups)
 
@@ -93,7 +96,7 @@ class FastCpuDevice:
         return FastWeight(shape, packed, f32, ci.prepare(packed) if packed is not None and self.int8 else None)
 
     def alloc_kv(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int) -> CpuKV:
-        return CpuKV.zeros(n_layers, n_kv_heads, head_dim, num_blocks, block_size)
+        return CpuKV.zeros(n_layers, n_kv_heads, head_dim, num_blocks, block_size, self.kv_dtype)
 
     # ---- ops ----
 
@@ -191,7 +194,7 @@ class FastCpuDevice:
     def attention(self, q: np.ndarray, kv: CpuKV, layer: int, batch: ForwardBatch, scale: float, window: int) -> np.ndarray:
         q = np.ascontiguousarray(q, dtype=np.float32)  # [T, H, hd]
         out = np.empty_like(q)
-        kp, vp = kv.k[layer], kv.v[layer]
+        kp, vp = (a.view(np.uint16) if a.dtype == np.float16 else a for a in (kv.k[layer], kv.v[layer]))
         # BLAS tiles only in rounds where BLAS runs anyway: its spinning threads would
         # slow the numba kernels of the other rounds several times over
         long_chunk = LONG_CHUNK if self._blas_round(batch.n_tokens) else batch.n_tokens + 1
@@ -199,7 +202,7 @@ class FastCpuDevice:
         for s in batch.seqs:
             if s.n_tokens >= long_chunk:
                 rows = slice(s.start, s.start + s.n_tokens)
-                k, v = kv.gather(layer, s.block_table, s.context_len)
+                k, v = (a.astype(np.float32, copy=False) for a in kv.gather(layer, s.block_table, s.context_len))
                 ops.chunk_attention(q[rows], k, v, batch.positions[rows], scale, window, out[rows])
         if short:
             rows, row_seq, tables = _short_rows(batch, short)

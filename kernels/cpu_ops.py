@@ -43,6 +43,20 @@ def _f32_from_bits(typingctx, bits):
     return sig, codegen
 
 
+@intrinsic
+def as_f32(typingctx, x):
+    """x as float32: a float32 unchanged, a uint16 read as the bits of an f16 (numba has
+    no float16 type; LLVM turns this into vcvtph2ps)."""
+    if x == nt.float32:
+        return nt.float32(nt.float32), lambda context, builder, signature, args: args[0]
+    if x == nt.uint16:
+        def codegen(context, builder, signature, args):
+            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+        return nt.float32(nt.uint16), codegen
+    return None
+
+
 @njit(fastmath=True, inline="always")
 def fast_exp(x):
     """exp(x) in float32 to ~1 ulp for x in [-87, 88] (clamped there): Cody-Waite
@@ -127,7 +141,8 @@ glu, glu_one = compile_twice(_glu, fastmath=True)
 def paged_attention(q, k_pool, v_pool, rows, positions, row_seq, tables, block_size, scale, window, out):
     """Causal attention of the token rows `rows` over each one's paged KV, in one kernel.
 
-    q, out [T, H, hd]; k_pool, v_pool [slots, Hkv, hd]; rows [n] int64 rows of q to do;
+    q, out [T, H, hd]; k_pool, v_pool [slots, Hkv, hd] float32, or uint16 holding f16;
+    rows [n] int64 rows of q to do;
     positions [T]; row_seq [T] index into tables [n_seqs, max_blocks] int32. Row t sees
     keys j <= positions[t] (and positions[t] - j < window when window > 0). Parallel over
     (row, kv head); no per-sequence Python loop.
@@ -144,38 +159,43 @@ def paged_attention(q, k_pool, v_pool, rows, positions, row_seq, tables, block_s
         table = tables[row_seq[t]]
         sc = np.empty((grp, n), np.float32)
         slots = np.empty(n, np.int64)  # KV pool slot of each visible key
+        row = np.empty(hd, np.float32)  # one key or value in f32
         for j in range(n):
             key = lo + j
             slots[j] = table[key // block_size] * block_size + key % block_size
         for j in range(n):
             kv = k_pool[slots[j], g]
+            for i in range(hd):
+                row[i] = as_f32(kv[i])
             for h in range(grp):
                 qh = q[t, g * grp + h]
                 s = np.float32(0)
                 for i in range(hd):
-                    s += qh[i] * kv[i]
+                    s += qh[i] * row[i]
                 sc[h, j] = s * scale
         for h in range(grp):
-            mx = sc[h, 0]
-            for j in range(n):
-                mx = max(mx, sc[h, j])
+            p_h = sc[h]
+            mx = p_h[0]
+            for j in range(p_h.shape[0]):
+                mx = max(mx, p_h[j])
             tot = np.float32(0)
-            for j in range(n):
-                e = np.exp(sc[h, j] - mx)
-                sc[h, j] = e
+            for j in range(p_h.shape[0]):
+                e = fast_exp(p_h[j] - mx)
+                p_h[j] = e
                 tot += e
             inv = np.float32(1) / tot
-            for j in range(n):
-                sc[h, j] *= inv
-            o = out[t, g * grp + h]
-            o[:] = 0
+            for j in range(p_h.shape[0]):
+                p_h[j] *= inv
+            out[t, g * grp + h] = 0
         for j in range(n):
             vv = v_pool[slots[j], g]
+            for i in range(hd):
+                row[i] = as_f32(vv[i])
             for h in range(grp):
                 o = out[t, g * grp + h]
                 pj = sc[h, j]
                 for i in range(hd):
-                    o[i] += pj * vv[i]
+                    o[i] += pj * row[i]
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)

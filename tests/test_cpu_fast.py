@@ -139,21 +139,25 @@ def test_rms_norm_glu_rope(shape):
                 close(dev.rope(x, pos, 10000.0, rope_dim, inter), ref.rope(x, pos, 10000.0, rope_dim, inter), 1e-4)
 
 
+@pytest.mark.parametrize("kv_f16", [True, False])
 @pytest.mark.parametrize("window", [0, 5])
-def test_attention_mixed_round(window):
-    """Long chunk (BLAS tiles), short appends and decodes (one numba kernel) in one round."""
+def test_attention_mixed_round(window, kv_f16):
+    """Long chunk (BLAS tiles), short appends and decodes (one numba kernel) in one round,
+    over f16 or f32 K/V pools."""
     H, Hkv, hd, bs = 6, 2, 16, 4
     rng = np.random.default_rng(window)
     chunks = [(list(range(40)), 3, [9, 2, 7, 0, 5, 11, 1, 3, 4, 6, 8], False), ([1], 0, [10], True), ([1, 2, 3], 6, [12, 13, 14], True), ([1], 17, [15, 16, 17, 18, 19], True)]
     batch = ForwardBatch.build(chunks, bs)
     q = rng.standard_normal((batch.n_tokens, H, hd), dtype=np.float32)
-    kv_ref, kv_fast = CpuDevice(llama_cpp_numerics=False).alloc_kv(1, Hkv, hd, 20, bs), FastCpuDevice().alloc_kv(1, Hkv, hd, 20, bs)
+    fast = FastCpuDevice(kv_f16=kv_f16)
+    kv_ref, kv_fast = CpuDevice(llama_cpp_numerics=False).alloc_kv(1, Hkv, hd, 20, bs), fast.alloc_kv(1, Hkv, hd, 20, bs)
+    assert kv_fast.k[0].dtype == (np.float16 if kv_f16 else np.float32)
     for pool in ("k", "v"):
         data = rng.standard_normal(getattr(kv_ref, pool)[0].shape, dtype=np.float32)
-        getattr(kv_ref, pool)[0][:] = data
         getattr(kv_fast, pool)[0][:] = data
+        getattr(kv_ref, pool)[0][:] = getattr(kv_fast, pool)[0]  # what the pool kept
     want = CpuDevice(llama_cpp_numerics=False).attention(q, kv_ref, 0, batch, 0.25, window)
-    close(FastCpuDevice().attention(q, kv_fast, 0, batch, 0.25, window), want)
+    close(fast.attention(q, kv_fast, 0, batch, 0.25, window), want)
 
 
 class Int8Oracle(CpuDevice):
@@ -172,6 +176,21 @@ class Int8Oracle(CpuDevice):
         return ref.linear(x, w.w, b)
 
 
+class F16KV:
+    """An oracle that rounds K and V to f16 as they are stored, as cpu-fast keeps them."""
+
+    def write_kv(self, kv, layer, k, v, slots):
+        super().write_kv(kv, layer, k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32), slots)
+
+
+class F16Oracle(F16KV, CpuDevice):
+    pass
+
+
+class F16Int8Oracle(F16KV, Int8Oracle):
+    pass
+
+
 class Pair:
     """One model on both devices; `round` runs the same chunks through each."""
 
@@ -179,7 +198,7 @@ class Pair:
         src = open_model(path)
         self.spec = src.spec
         self.int8 = int8
-        self.devs = [Int8Oracle() if int8 else CpuDevice(), FastCpuDevice(int8=int8)]
+        self.devs = [F16Int8Oracle() if int8 else F16Oracle(), FastCpuDevice(int8=int8)]
         self.ws = [build_weights(self.spec, src.tensors, d.upload) for d in self.devs]
 
     def kvs(self, n_blocks=32):
