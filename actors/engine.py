@@ -165,7 +165,8 @@ async def open_engine(config: EngineConfig = EngineConfig(), addrs: Addresses | 
 def log_start(source: ModelSource, config: EngineConfig) -> None:
     """The start-up line: the model, its file, architecture and quant types, and memory."""
     spec, sched = source.spec, config.scheduler_config(source)
-    kv_bytes = 2 * spec.n_layers * sched.num_blocks * sched.block_size * spec.n_kv_heads * spec.head_dim * 4  # f32 K and V
+    per_value = 2 if config.device == "cpu-fast" else 4  # cpu-fast keeps K and V in f16, the others f32
+    kv_bytes = 2 * spec.n_layers * sched.num_blocks * sched.block_size * spec.n_kv_heads * spec.head_dim * per_value
     log.info(
         "engine started",
         model=source.name,

@@ -29,7 +29,7 @@ def compile_twice(body, **flags):
     return njit(parallel=True, **flags)(body), njit(**flags)(one)
 
 
-# ---- exp that LLVM vectorizes (numba's np.exp is a scalar libm call per element) ----
+# ---- scalar helpers that LLVM vectorizes: exp (numba's np.exp is a libm call per element), f16 -> f32 ----
 
 
 @intrinsic
@@ -119,8 +119,8 @@ rope, rope_one = compile_twice(_rope, fastmath=True)
 
 
 def _glu(gate, up, gelu, out):
-    """out = act(gate) * up; act = gelu_tanh if gelu else silu. All [T, n]; gate and up
-    may be strided views."""
+    """out = act(gate) * up; act = gelu_tanh if gelu else silu. All [T, n] (contiguous
+    rows: numba does not vectorize strided ones)."""
     T, n = gate.shape
     for t in prange(T):
         g, u, o = gate[t], up[t], out[t]
