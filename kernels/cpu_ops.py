@@ -57,6 +57,17 @@ def as_f32(typingctx, x):
     return None
 
 
+@intrinsic
+def f16_bits(typingctx, x):
+    """The bits of float32 x rounded to f16 (to nearest even, as numpy and F16C do)."""
+    sig = nt.uint16(nt.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return sig, codegen
+
+
 @njit(fastmath=True, inline="always")
 def fast_exp(x):
     """exp(x) in float32 to ~1 ulp for x in [-87, 88] (clamped there): Cody-Waite
@@ -72,6 +83,21 @@ def fast_exp(x):
     p = p * r + np.float32(1.6666665459e-1)
     p = p * r + np.float32(5.0000001201e-1)
     return (p * r * r + r + np.float32(1)) * _f32_from_bits((np.int32(k) + np.int32(127)) << np.int32(23))
+
+
+def _store_f16(pool, slots, x):
+    """pool[slots[t]] = x[t] rounded to f16. pool [slots, ...] uint16 (f16 bits); x
+    [T, ...] float32 with the same trailing shape, both C-contiguous."""
+    T = x.shape[0]
+    flat_x = x.reshape(T, -1)
+    flat_pool = pool.reshape(pool.shape[0], -1)
+    for t in prange(T):
+        src, dst = flat_x[t], flat_pool[slots[t]]
+        for i in range(src.shape[0]):
+            dst[i] = f16_bits(src[i])
+
+
+store_f16, store_f16_one = compile_twice(_store_f16)
 
 
 def _rms_norm(x, w, eps, out):

@@ -160,6 +160,24 @@ def test_attention_mixed_round(window, kv_f16):
     close(fast.attention(q, kv_fast, 0, batch, 0.25, window), want)
 
 
+@pytest.mark.parametrize("T", [1, 9])
+def test_write_kv_rounds_to_f16_as_numpy(T):
+    """f16 pools hold exactly numpy's rounding of K and V (nearest even, overflow to inf,
+    subnormals kept), in the given slots only."""
+    dev = FastCpuDevice()
+    kv = dev.alloc_kv(1, 3, 64, 4, 16)
+    rng = np.random.default_rng(T)
+    k = (rng.standard_normal((T, 3, 64)) * 100).astype(np.float32)
+    k[0, 0, :4] = [1e-6, 7e4, -1e-8, 0.1]
+    v = rng.standard_normal((T, 3, 64)).astype(np.float32)
+    slots = rng.permutation(64)[:T]
+    with np.errstate(over="ignore"):
+        dev.write_kv(kv, 0, k, v, slots)
+        assert np.array_equal(kv.k[0][slots], k.astype(np.float16)) and np.array_equal(kv.v[0][slots], v.astype(np.float16))
+    untouched = np.setdiff1d(np.arange(64), slots)
+    assert not kv.k[0][untouched].any() and not kv.v[0][untouched].any()
+
+
 class Int8Oracle(CpuDevice):
     """The f32 oracle, with activations rounded as the int8 kernels round them before
     the products that FastCpuDevice gives its int8 kernels."""
