@@ -117,28 +117,42 @@ def _rms_norm(x, w, eps, out):
 rms_norm, rms_norm_one = compile_twice(_rms_norm, fastmath=True)
 
 
-def _rope(x, positions, inv_freq, interleaved, out):
-    """Rotary embedding of the first 2*len(inv_freq) dims of each head.
+@njit(fastmath=True, cache=True, nogil=True)
+def rope_table(positions, inv_freq, cos, sin):
+    """cos, sin [T, rope_dim/2] of positions [T] int64 times inv_freq [rope_dim/2] f32:
+    one round's angles, shared by q and k of every layer with the same base."""
+    for t in range(positions.shape[0]):
+        p = np.float32(positions[t])
+        for i in range(inv_freq.shape[0]):
+            th = p * inv_freq[i]
+            cos[t, i], sin[t, i] = np.cos(th), np.sin(th)
 
-    x, out [T, heads, hd] (may alias), positions [T] int64, inv_freq [rope_dim/2] f32.
+
+def _rope(x, cos, sin, interleaved, out):
+    """Rotary embedding of the first 2*cos.shape[1] dims of each head.
+
+    x, out [T, heads, hd] (may alias); cos, sin [T, rope_dim/2] (rope_table).
     interleaved: pairs (2i, 2i+1); else halves (i, i + rope_dim/2).
     """
     T, H, hd = x.shape
-    half = inv_freq.shape[0]
+    half = cos.shape[1]
     for t in prange(T):
-        p = np.float32(positions[t])
-        for i in range(half):
-            th = p * inv_freq[i]
-            c, s = np.cos(th), np.sin(th)
-            a_i = 2 * i if interleaved else i
-            b_i = 2 * i + 1 if interleaved else i + half
-            for h in range(H):
-                a, b = x[t, h, a_i], x[t, h, b_i]
-                out[t, h, a_i] = a * c - b * s
-                out[t, h, b_i] = a * s + b * c
+        c, s = cos[t], sin[t]
         for h in range(H):
+            xh, oh = x[t, h], out[t, h]
+            if interleaved:
+                for i in range(half):
+                    a, b = xh[2 * i], xh[2 * i + 1]
+                    oh[2 * i] = a * c[i] - b * s[i]
+                    oh[2 * i + 1] = a * s[i] + b * c[i]
+            else:  # contiguous halves: this loop vectorizes
+                xa, xb, oa, ob = xh[:half], xh[half : 2 * half], oh[:half], oh[half : 2 * half]
+                for i in range(half):
+                    a, b = xa[i], xb[i]
+                    oa[i] = a * c[i] - b * s[i]
+                    ob[i] = a * s[i] + b * c[i]
             for i in range(2 * half, hd):
-                out[t, h, i] = x[t, h, i]
+                oh[i] = xh[i]
 
 
 rope, rope_one = compile_twice(_rope, fastmath=True)
