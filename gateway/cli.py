@@ -6,13 +6,23 @@ ends as one line on stderr and a non-zero exit, never a traceback.
 
 from __future__ import annotations
 
-import argparse
-import sys
+import os
 
-import msgspec
+# OpenBLAS's idle workers spin for a second or two after each call (its default timeout,
+# measured here), and the numba threads of the next rounds share the cores with them:
+# 16-stream decode right after a BLAS prefill took 48 ms per round instead of 36.
+# 2^20 cycles (~0.3 ms) still bridges the gaps between the BLAS calls of one prefill
+# round (512-token prefill unchanged). OpenBLAS reads it when numpy loads: before any
+# import below.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
 
-from zinfer.models.pull import DEFAULT_MODEL, KNOWN_MODELS, PullError
-from zinfer.models.spec import ModelError
+import argparse  # noqa: E402
+import sys  # noqa: E402
+
+import msgspec  # noqa: E402
+
+from zinfer.models.pull import DEFAULT_MODEL, KNOWN_MODELS, PullError  # noqa: E402
+from zinfer.models.spec import ModelError  # noqa: E402
 
 
 class UsageError(Exception):
