@@ -13,15 +13,12 @@ Per linear, by the number of rows T in the round:
   in `f32_cache_bytes`, else on rows dequantized tile by tile into scratch.
 
 Attention: one numba kernel over every short row of the round (decode, small appends,
-every row of a round of up to BLAS_ATTENTION_ROWS) and a tiled BLAS path for long
-prefill chunks in larger rounds.
+every row of a round without BLAS) and a tiled BLAS path for long prefill chunks.
 
-Threads: OpenBLAS's workers and numba's spin for a while after each call, and the other
-pool's threads then fight them for the same cores (measured: 16 streams decoded 10x
-slower). So the two pools take turns: in a round whose linears go through BLAS the
-numba kernels run on one thread, and BLAS chunk attention runs with numba on one thread
-too. The CLI also shortens both spins (gateway/cli.py): a 512-token round of int8
-linears and BLAS attention took 1.17 s with the default spins and 0.79-0.80 s with them.
+Threads: OpenBLAS's workers spin for a while after each call, and numba's parallel
+kernels then fight them for the same cores (measured: 16 streams decoded 10x slower).
+So in a round whose linears go through BLAS, the numba kernels run on one thread; in a
+round of quantized kernels (decode, small appends) they use every core.
 """
 
 from __future__ import annotations
@@ -41,11 +38,10 @@ from zinfer.kernels.quants import dequantize
 from zinfer.models.batch import ForwardBatch
 from zinfer.models.gguf_file import TensorData
 
-INT8_ROWS = 512  # rows up to which int8 linears beat BLAS (tests/benchmarks/bench_cpu_kernels.py: 4.3 vs 5.4 ms at 512)
-BLAS_ATTENTION_ROWS = 128  # rounds of more rows compute long chunks' attention through BLAS tiles
+INT8_ROWS = 128  # rows up to which int8 rounds beat BLAS rounds (tests/benchmarks/bench_cpu_kernels.py)
 SMALL_BATCH = 4  # rows up to which the float quantized kernel beats BLAS on an f32 copy
 SMALL_BATCH_NO_COPY = 12  # the same crossover when BLAS must dequantize tiles first
-LONG_CHUNK = 32  # a sequence's rows from which attention goes through BLAS tiles (in those rounds)
+LONG_CHUNK = 32  # a sequence's rows from which attention goes through BLAS tiles (BLAS rounds)
 _TILE_ROWS = 2048  # weight rows dequantized per BLAS tile when no f32 copy is kept
 
 
@@ -215,21 +211,15 @@ class FastCpuDevice:
         q = np.ascontiguousarray(q, dtype=np.float32)  # [T, H, hd]
         out = np.empty_like(q)
         kp, vp = (a.view(np.uint16) if a.dtype == np.float16 else a for a in (kv.k[layer], kv.v[layer]))
-        # BLAS tiles only in large rounds: the switch between thread pools costs more
-        # than it saves on short chunks
-        blas = self._blas_round(batch.n_tokens) or batch.n_tokens > BLAS_ATTENTION_ROWS
-        long_chunk = LONG_CHUNK if blas else batch.n_tokens + 1
+        # BLAS tiles only in rounds where BLAS runs anyway: its spinning threads would
+        # slow the numba kernels of the other rounds several times over
+        long_chunk = LONG_CHUNK if self._blas_round(batch.n_tokens) else batch.n_tokens + 1
         short = [s for s in batch.seqs if s.n_tokens < long_chunk]
         for s in batch.seqs:
             if s.n_tokens >= long_chunk:
                 rows = slice(s.start, s.start + s.n_tokens)
                 k, v = (a.astype(np.float32, copy=False) for a in kv.gather(layer, s.block_table, s.context_len))
-                threads = numba.get_num_threads()
-                numba.set_num_threads(1)  # BLAS has the cores; numba's softmax runs on this thread
-                try:
-                    ops.chunk_attention(q[rows], k, v, batch.positions[rows], scale, window, out[rows])
-                finally:
-                    numba.set_num_threads(threads)
+                ops.chunk_attention(q[rows], k, v, batch.positions[rows], scale, window, out[rows])
         if short:
             rows, row_seq, tables = _short_rows(batch, short)
             positions = np.ascontiguousarray(batch.positions, dtype=np.int64)

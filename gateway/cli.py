@@ -12,12 +12,9 @@ import os
 # measured here), and the numba threads of the next rounds share the cores with them:
 # 16-stream decode right after a BLAS prefill took 48 ms per round instead of 36.
 # 2^20 cycles (~0.3 ms) still bridges the gaps between the BLAS calls of one prefill
-# round. numba's OpenMP workers spin too (GOMP_SPINCOUNT, default 300000): at 20000 a
-# 512-token round that mixes int8 linears with BLAS attention went from 0.87 s to
-# 0.79-0.80 s (2000: 0.75-0.78 s, but decode looked a little slower). Both are read when
-# the libraries load: before any import below.
+# round (512-token prefill unchanged). OpenBLAS reads it when numpy loads: before any
+# import below.
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
-os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 
 import argparse  # noqa: E402
 import sys  # noqa: E402
