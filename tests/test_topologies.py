@@ -59,7 +59,8 @@ async def test_killing_the_executor_fails_open_requests_fast(smollm2_path):
             killed_at = [0.0]
 
             async def stream(i: int) -> None:
-                async for ev in client.generate(f"Tell me a long story number {i}.", params=SamplingParams(max_tokens=500)):
+                # ignore_eos: a stream that samples EOS first would finish before the kill
+                async for ev in client.generate(f"Tell me a long story number {i}.", params=SamplingParams(max_tokens=500, ignore_eos=True)):
                     if isinstance(ev, Delta):
                         started.set()
                     if isinstance(ev, Failed):
