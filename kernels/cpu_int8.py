@@ -9,6 +9,7 @@ kernels/cpu_quant.py, `matmul` computes out [T, rows] = x [T, cols] @ W.T.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -29,12 +30,17 @@ class Int8Weight(NamedTuple):
     """A packed matrix as the int8 kernels read it."""
 
     kind: str  # "u4" or "i8"
-    dps: int  # d/m numbers per 8-lane step
+    dps: int  # d numbers per 8-lane step
     half: bool  # d and m stored as f16 (exactly: GGUF's own scales), else f32
     qs: np.ndarray  # [rows, cols/2] uint8 (u4) or [rows, cols] int8
     d: np.ndarray  # [rows, groups] scales
-    m: np.ndarray  # [rows, groups] u4 offsets; i8: d again (the kernels do not read it)
+    m: np.ndarray  # [rows, blocks] u4 offsets, readable 8 values past the end; i8: d again (not read)
     nsteps: int  # 8-lane steps per row
+
+    @property
+    def nchunks(self) -> int:
+        """Vectors of 8 blocks' offsets per row (u4)."""
+        return -(-self.nsteps * 2 // 8)
 
     @property
     def nbytes(self) -> int:
@@ -55,7 +61,9 @@ def prepare(p: Packed) -> Int8Weight | None:
     rows, cols = p.shape
     if p.kind == "u4" and cols % 64 == 0:
         half, (d, m) = _as_f16_if_exact(p.d, p.m)
-        return Int8Weight("u4", 2, half, p.qs, d, m, cols // 64)
+        padded = np.zeros(m.size + 8, m.dtype)  # the offsets loop reads whole vectors of 8
+        padded[: m.size] = m.reshape(-1)
+        return Int8Weight("u4", 2, half, p.qs, d, padded[: m.size].reshape(m.shape), cols // 64)
     if p.kind == "i8" and cols % 32 == 0 and p.group in (16, 32):
         half, (d,) = _as_f16_if_exact(p.d)
         return Int8Weight("i8", 32 // p.group, half, p.qs, d, d, cols // 32)
@@ -75,7 +83,8 @@ def _block_scale(xb):
 
 
 def _quantize_for_u4(x, A, S, N):
-    """A [T, cols] int8 in the u4 step order; S lanes = d_a, N lanes = d_a * sum(codes) / 4."""
+    """A [T, cols] int8 in the u4 step order; S lanes = d_a; N [T, chunks * 8] = d_a * sum(codes)
+    per block, zero-padded."""
     T, K = x.shape
     q = np.empty((T, 32), np.int8)
     for t in prange(T):
@@ -94,7 +103,8 @@ def _quantize_for_u4(x, A, S, N):
                 A[t, base + 32 + i] = qt[16 + i]
             for lane in range(4):
                 S[t, s * 8 + half * 4 + lane] = d
-                N[t, s * 8 + half * 4 + lane] = d * np.float32(total) * np.float32(0.25)
+            N[t, b] = d * np.float32(total)
+        N[t, K // 32 :] = 0
 
 
 def _quantize_for_i8(x, A, S):
@@ -132,12 +142,15 @@ def _call(typingctx, address, args):
 # columns of a job row: one weight matrix, and where its product starts in `out`: at
 # T * first_row floats, as a C-contiguous [T, rows] block
 _W, _D, _M, _WSTRIDE, _DSTRIDE, _ROWS, _FIRST_ROW = range(7)
+_KTILE, _KROWS = int8_ir.TILE, int8_ir.ROWS
+assert int8_ir.SHAPES == ((1, 1), (1, _KROWS), (_KTILE, 1), (_KTILE, _KROWS))
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _run(wide, one, tile, jobs, A, S, N, nsteps, out):
+def _run(kernels, jobs, A, S, N, nsteps, nchunks, out):
     """Each job's product [T, rows] into its block of the flat buffer out, by tasks of
-    ROWS_PER_TASK weight rows x ROWS_PER_BLOCK activation rows; jobs [n, 7] int64."""
+    ROWS_PER_TASK weight rows x ROWS_PER_BLOCK activation rows; jobs [n, 7] int64;
+    kernels: the addresses of the (tile, rows) kernels in int8_ir.SHAPES' order."""
     T = A.shape[0]
     n_t = (T + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK
     first = np.zeros(jobs.shape[0] + 1, np.int64)  # first task of each job
@@ -152,14 +165,16 @@ def _run(wide, one, tile, jobs, A, S, N, nsteps, out):
         job = jobs[j]
         r0 = (c - first[j]) * ROWS_PER_TASK
         r1 = min(job[_ROWS], r0 + ROWS_PER_TASK)
+        r_even = r0 + (r1 - r0) // _KROWS * _KROWS
         o = out.ctypes.data + T * job[_FIRST_ROW] * 4
         t, t_end = tb * ROWS_PER_BLOCK, min(T, (tb + 1) * ROWS_PER_BLOCK)
         while t < t_end:
-            fn, step = (wide, tile) if t + tile <= t_end else (one, 1)
-            _call(fn, (job[_W], job[_D], job[_M], A.ctypes.data, S.ctypes.data, N.ctypes.data,
-                       nsteps, r0, r1, job[_WSTRIDE], job[_DSTRIDE], t, A.strides[0], S.strides[0],
-                       o, job[_ROWS]))
-            t += step
+            wide = t + _KTILE <= t_end
+            for k, a, b in ((2 * wide + 1, r0, r_even), (2 * wide, r_even, r1)):
+                if a < b:
+                    _call(kernels[k], (job[_W], job[_D], job[_M], A.ctypes.data, S.ctypes.data, N.ctypes.data, nsteps, nchunks,
+                                       a, b, job[_WSTRIDE], job[_DSTRIDE], t, A.strides[0], S.strides[0], N.strides[0], o, job[_ROWS]))
+            t += _KTILE if wide else 1
 
 
 def rounded(x: np.ndarray) -> np.ndarray:
@@ -174,8 +189,8 @@ def rounded(x: np.ndarray) -> np.ndarray:
 
 
 def quantize_activations(w: Int8Weight, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x [T, cols] f32 rounded for w's kernel: (A [T, cols] int8, S, N [T, steps * 8]);
-    for i8 kernels, which read no N, N is S."""
+    """x [T, cols] f32 rounded for w's kernel: (A [T, cols] int8, S [T, steps * 8],
+    N [T, chunks * 8]); for i8 kernels, which read no N, N is S."""
     T, cols = x.shape
     lanes = w.nsteps * 8
     A = np.empty((T, cols), np.int8)
@@ -184,7 +199,7 @@ def quantize_activations(w: Int8Weight, x: np.ndarray) -> tuple[np.ndarray, np.n
     if w.kind == "i8":
         quantize(x, A, S)
         return A, S, S
-    N = np.empty((T, lanes), np.float32)
+    N = np.empty((T, w.nchunks * 8), np.float32)
     quantize(x, A, S, N)
     return A, S, N
 
@@ -232,6 +247,11 @@ def matmul_many(jobs: Jobs, x: np.ndarray) -> list[np.ndarray]:
 
 def _launch(jobs: Jobs, x: np.ndarray, out: np.ndarray, acts: tuple) -> None:
     w = jobs.weights[0]
+    _run(_kernels(w.kind, w.dps, w.half), jobs.table, *acts, w.nsteps, w.nchunks, out)
+
+
+@functools.cache
+def _kernels(kind: str, dps: int, half: bool) -> np.ndarray:
+    """Addresses of the kernels of one layout, in int8_ir.SHAPES' order."""
     addr = int8_ir.addresses()
-    wide, one = addr[(w.kind, w.dps, w.half, int8_ir.TILE)], addr[(w.kind, w.dps, w.half, 1)]
-    _run(wide, one, int8_ir.TILE, jobs.table, *acts, w.nsteps, out)
+    return np.array([addr[(kind, dps, half, tile, rows)] for tile, rows in int8_ir.SHAPES], np.int64)

@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import functools
 
-ARGS = ("W", "D", "M", "A", "S", "N", "nsteps", "r0", "r1", "wstride", "dstride", "t0", "astride", "sstride", "out", "ostride")
-TILE = 4  # activation rows per tile in the wide kernel
+ARGS = ("W", "D", "M", "A", "S", "N", "nsteps", "nchunks", "r0", "r1", "wstride", "dstride", "t0", "astride", "sstride", "nstride", "out", "ostride")
+TILE = 4  # activation rows per tile in the wide kernels
+ROWS = 2  # weight rows per pass in the wide kernels
+SHAPES = ((1, 1), (1, ROWS), (TILE, 1), (TILE, ROWS))  # (activation rows, weight rows) of the kernels
 # (weight layout, d_w numbers per step, scales in f16)
 VARIANTS = tuple((k, d, h) for k, d in (("u4", 2), ("i8", 1), ("i8", 2)) for h in (True, False))
 
@@ -45,107 +47,147 @@ declare <8 x float> @llvm.fma.v8f32(<8 x float>, <8 x float>, <8 x float>)
 declare float @llvm.vector.reduce.fadd.v8f32(float, <8 x float>)
 """
 _SPREAD2 = "<8 x i32> <i32 0, i32 0, i32 0, i32 0, i32 1, i32 1, i32 1, i32 1>"
+_F8 = "<8 x float>"
+_I8 = "<8 x i32>"
 
 
 def _splat(n: int, ty: str, v: int) -> str:
     return "<" + ", ".join([f"{ty} {v}"] * n) + ">"
 
 
-def kernel_name(kind: str, dps: int, half: bool, tile: int) -> str:
-    return f"{kind}_d{dps}_{'h' if half else 'f'}_t{tile}"
+def kernel_name(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
+    return f"{kind}_d{dps}_{'h' if half else 'f'}_t{tile}_r{rows}"
 
 
-def kernel_ir(kind: str, dps: int, half: bool, tile: int) -> str:
-    """IR of one kernel: void(i64 x 16) with the arguments of ARGS (pointers and byte strides)."""
+def _scale_vector(e, name: str, ptr: str, offset: str, count: int, half: bool) -> None:
+    """%name = `count` scales at ptr + offset (f16 or f32), spread over 8 float lanes."""
+    ty, size = ("half", 2) if half else ("float", 4)
+    vec = f"<{count} x {ty}>" if count > 1 else ty
+    e(f"  %{name}p = getelementptr i8, ptr {ptr}, i64 {offset}")
+    e(f"  %{name}s = load {vec}, ptr %{name}p, align {size}")
+    fvec = f"<{count} x float>" if count > 1 else "float"
+    e(f"  %{name}f = fpext {vec} %{name}s to {fvec}" if half else f"  %{name}f = fadd {fvec} %{name}s, {'zeroinitializer' if count > 1 else '0.0'}")
+    if count == 8:
+        e(f"  %{name} = fadd {_F8} %{name}f, zeroinitializer")
+    elif count == 2:
+        e(f"  %{name} = shufflevector <2 x float> %{name}f, <2 x float> poison, {_SPREAD2}")
+    else:
+        e(f"  %{name}i = insertelement {_F8} poison, float %{name}f, i64 0")
+        e(f"  %{name} = shufflevector {_F8} %{name}i, {_F8} poison, <8 x i32> zeroinitializer")
+
+
+def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
+    """IR of one kernel: void(i64 x 18) with the arguments of ARGS (pointers and byte strides).
+
+    It computes out[t0 + t, r] for t < tile and r in [r0, r1), `rows` weight rows per
+    pass (r1 - r0 a multiple of rows). Per pass and step, each weight row is decoded once
+    and each activation row loaded once for all rows x tile dot products.
+    u4's offsets: out += sum over blocks of m_w * N, N [t, nchunks * 8] = d_a * sum(codes)
+    per 32-block (zero-padded); it runs after the steps, 8 blocks per vector, instead of
+    one more fma per step (which made the step loop float-bound).
+    """
+    u4 = kind == "u4"
+    size = 2 if half else 4
+    pairs = [(i, t) for i in range(rows) for t in range(tile)]
     lines: list[str] = []
     e = lines.append
-    e(f"define void @{kernel_name(kind, dps, half, tile)}(" + ", ".join(f"i64 %{a}" for a in ARGS) + ") {")
+    e(f"define void @{kernel_name(kind, dps, half, tile, rows)}(" + ", ".join(f"i64 %{a}" for a in ARGS) + ") {")
     e("entry:")
     for p in ("W", "D", "M", "A", "S", "N", "out"):
         e(f"  %{p}p = inttoptr i64 %{p} to ptr")
     for t in range(tile):  # per activation row of the tile: its A, S, N rows and out offset
         e(f"  %trow{t} = add i64 %t0, {t}")
-        e(f"  %aoff{t} = mul i64 %trow{t}, %astride")
-        e(f"  %arow{t} = getelementptr i8, ptr %Ap, i64 %aoff{t}")
-        e(f"  %soff{t} = mul i64 %trow{t}, %sstride")
-        e(f"  %srow{t} = getelementptr i8, ptr %Sp, i64 %soff{t}")
-        e(f"  %nrow{t} = getelementptr i8, ptr %Np, i64 %soff{t}")
+        for v, base, stride in (("a", "Ap", "astride"), ("s", "Sp", "sstride"), ("n", "Np", "nstride")):
+            e(f"  %{v}off{t} = mul i64 %trow{t}, %{stride}")
+            e(f"  %{v}row{t} = getelementptr i8, ptr %{base}, i64 %{v}off{t}")
         e(f"  %ooff{t} = mul i64 %trow{t}, %ostride")
     e("  br label %rloop")
-    e("rloop:")  # over weight rows
+
+    e("rloop:")  # over passes of `rows` weight rows
     e("  %r = phi i64 [ %r0, %entry ], [ %rn, %rlatch ]")
-    e("  %woff = mul i64 %r, %wstride")
-    e("  %wrow = getelementptr i8, ptr %Wp, i64 %woff")
-    e("  %doff = mul i64 %r, %dstride")
-    e("  %drow = getelementptr i8, ptr %Dp, i64 %doff")
-    e("  %mrow = getelementptr i8, ptr %Mp, i64 %doff")
+    for i in range(rows):
+        e(f"  %row{i} = add i64 %r, {i}")
+        e(f"  %woff{i} = mul i64 %row{i}, %wstride")
+        e(f"  %wrow{i} = getelementptr i8, ptr %Wp, i64 %woff{i}")
+        e(f"  %doff{i} = mul i64 %row{i}, %dstride")
+        e(f"  %drow{i} = getelementptr i8, ptr %Dp, i64 %doff{i}")
+        e(f"  %mrow{i} = getelementptr i8, ptr %Mp, i64 %doff{i}")
     e("  br label %sloop")
+
     e("sloop:")  # over steps of 8 lanes
     e("  %s = phi i64 [ 0, %rloop ], [ %sn, %sloop ]")
-    for t in range(tile):
-        e(f"  %acc{t} = phi <8 x float> [ zeroinitializer, %rloop ], [ %accn{t}, %sloop ]")
+    for i, t in pairs:
+        e(f"  %acc{i}_{t} = phi {_F8} [ zeroinitializer, %rloop ], [ %accn{i}_{t}, %sloop ]")
     e("  %wo = shl i64 %s, 5")
-    e("  %wp = getelementptr i8, ptr %wrow, i64 %wo")
-    e("  %w = load <32 x i8>, ptr %wp, align 1")
-    if kind == "u4":
-        e(f"  %lo = and <32 x i8> %w, {_splat(32, 'i8', 15)}")
-        e(f"  %hi = lshr <32 x i8> %w, {_splat(32, 'i8', 4)}")
-        e("  %lo32 = bitcast <32 x i8> %lo to <8 x i32>")
-        e("  %hi32 = bitcast <32 x i8> %hi to <8 x i32>")
-    else:
-        e("  %wabs = call <32 x i8> @llvm.abs.v32i8(<32 x i8> %w, i1 false)")
-        e("  %wabs32 = bitcast <32 x i8> %wabs to <8 x i32>")
-    ty, size = ("half", 2) if half else ("float", 4)
     e(f"  %do = mul i64 %s, {dps * size}")
-    for v in ("d", "m") if kind == "u4" else ("d",):
-        e(f"  %{v}p = getelementptr i8, ptr %{v}row, i64 %do")
-        vec = "<2 x {}>" if dps == 2 else "{}"
-        e(f"  %{v}s = load {vec.format(ty)}, ptr %{v}p, align {size}")
-        if half:
-            e(f"  %{v}f = fpext {vec.format('half')} %{v}s to {vec.format('float')}")
+    for i in range(rows):
+        e(f"  %wp{i} = getelementptr i8, ptr %wrow{i}, i64 %wo")
+        e(f"  %w{i} = load <32 x i8>, ptr %wp{i}, align 1")
+        if u4:
+            e(f"  %lo{i} = and <32 x i8> %w{i}, {_splat(32, 'i8', 15)}")
+            e(f"  %hi{i} = lshr <32 x i8> %w{i}, {_splat(32, 'i8', 4)}")
+            e(f"  %lo32{i} = bitcast <32 x i8> %lo{i} to {_I8}")
+            e(f"  %hi32{i} = bitcast <32 x i8> %hi{i} to {_I8}")
         else:
-            e(f"  %{v}f = bitcast {vec.format('float')} %{v}s to {vec.format('float')}")  # a no-op, for one name
-        if dps == 2:
-            e(f"  %{v}x = shufflevector <2 x float> %{v}f, <2 x float> poison, {_SPREAD2}")
-        else:
-            e(f"  %{v}i = insertelement <8 x float> poison, float %{v}f, i64 0")
-            e(f"  %{v}x = shufflevector <8 x float> %{v}i, <8 x float> poison, <8 x i32> zeroinitializer")
-    e(f"  %ao = shl i64 %s, {6 if kind == 'u4' else 5}")
+            e(f"  %wabs{i} = call <32 x i8> @llvm.abs.v32i8(<32 x i8> %w{i}, i1 false)")
+            e(f"  %wabs32{i} = bitcast <32 x i8> %wabs{i} to {_I8}")
+        _scale_vector(e, f"dx{i}", f"%drow{i}", "%do", dps, half)
+    e(f"  %ao = shl i64 %s, {6 if u4 else 5}")
     e("  %so = shl i64 %s, 5")
     for t in range(tile):
         e(f"  %ap{t} = getelementptr i8, ptr %arow{t}, i64 %ao")
-        if kind == "u4":
-            e(f"  %alo{t} = load <8 x i32>, ptr %ap{t}, align 1")
+        e(f"  %sp{t} = getelementptr i8, ptr %srow{t}, i64 %so")
+        e(f"  %sc{t} = load {_F8}, ptr %sp{t}, align 4")
+        if u4:
+            e(f"  %alo{t} = load {_I8}, ptr %ap{t}, align 1")
             e(f"  %aph{t} = getelementptr i8, ptr %ap{t}, i64 32")
-            e(f"  %ahi{t} = load <8 x i32>, ptr %aph{t}, align 1")
-            e(f"  %ia{t} = call <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32> zeroinitializer, <8 x i32> %lo32, <8 x i32> %alo{t})")
-            e(f"  %ib{t} = call <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32> %ia{t}, <8 x i32> %hi32, <8 x i32> %ahi{t})")
+            e(f"  %ahi{t} = load {_I8}, ptr %aph{t}, align 1")
         else:
             e(f"  %a{t} = load <32 x i8>, ptr %ap{t}, align 1")
-            e(f"  %as{t} = call <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8> %a{t}, <32 x i8> %w)")
-            e(f"  %as32{t} = bitcast <32 x i8> %as{t} to <8 x i32>")
-            e(f"  %ib{t} = call <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32> zeroinitializer, <8 x i32> %wabs32, <8 x i32> %as32{t})")
-        e(f"  %f{t} = sitofp <8 x i32> %ib{t} to <8 x float>")
-        e(f"  %sp{t} = getelementptr i8, ptr %srow{t}, i64 %so")
-        e(f"  %sc{t} = load <8 x float>, ptr %sp{t}, align 4")
-        e(f"  %ds{t} = fmul <8 x float> %dx, %sc{t}")
-        if kind == "u4":
-            e(f"  %np{t} = getelementptr i8, ptr %nrow{t}, i64 %so")
-            e(f"  %mn{t} = load <8 x float>, ptr %np{t}, align 4")
-            e(f"  %q{t} = call <8 x float> @llvm.fma.v8f32(<8 x float> %f{t}, <8 x float> %ds{t}, <8 x float> %acc{t})")
-            e(f"  %accn{t} = call <8 x float> @llvm.fma.v8f32(<8 x float> %mx, <8 x float> %mn{t}, <8 x float> %q{t})")
-        else:
-            e(f"  %accn{t} = call <8 x float> @llvm.fma.v8f32(<8 x float> %f{t}, <8 x float> %ds{t}, <8 x float> %acc{t})")
+    for i, t in pairs:
+        k = f"{i}_{t}"
+        if u4:
+            e(f"  %ia{k} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} zeroinitializer, {_I8} %lo32{i}, {_I8} %alo{t})")
+            e(f"  %ib{k} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} %ia{k}, {_I8} %hi32{i}, {_I8} %ahi{t})")
+        else:  # |w| times a * sign(w)
+            e(f"  %as{k} = call <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8> %a{t}, <32 x i8> %w{i})")
+            e(f"  %as32{k} = bitcast <32 x i8> %as{k} to {_I8}")
+            e(f"  %ib{k} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} zeroinitializer, {_I8} %wabs32{i}, {_I8} %as32{k})")
+        e(f"  %f{k} = sitofp {_I8} %ib{k} to {_F8}")
+        e(f"  %ds{k} = fmul {_F8} %dx{i}, %sc{t}")
+        e(f"  %accn{k} = call {_F8} @llvm.fma.v8f32({_F8} %f{k}, {_F8} %ds{k}, {_F8} %acc{k})")
     e("  %sn = add i64 %s, 1")
     e("  %more = icmp ult i64 %sn, %nsteps")
-    e("  br i1 %more, label %sloop, label %rlatch")
+    e(f"  br i1 %more, label %sloop, label %{'mloop' if u4 else 'rlatch'}")
+
+    total = "accn"
+    if u4:
+        e("mloop:")  # offsets: 8 blocks of m_w . N per vector
+        e("  %c = phi i64 [ 0, %sloop ], [ %cn, %mloop ]")
+        for i, t in pairs:
+            e(f"  %macc{i}_{t} = phi {_F8} [ %accn{i}_{t}, %sloop ], [ %maccn{i}_{t}, %mloop ]")
+        e(f"  %mo = mul i64 %c, {8 * size}")
+        e("  %no = shl i64 %c, 5")
+        for i in range(rows):
+            _scale_vector(e, f"mx{i}", f"%mrow{i}", "%mo", 8, half)
+        for t in range(tile):
+            e(f"  %np{t} = getelementptr i8, ptr %nrow{t}, i64 %no")
+            e(f"  %nv{t} = load {_F8}, ptr %np{t}, align 4")
+        for i, t in pairs:
+            e(f"  %maccn{i}_{t} = call {_F8} @llvm.fma.v8f32({_F8} %mx{i}, {_F8} %nv{t}, {_F8} %macc{i}_{t})")
+        e("  %cn = add i64 %c, 1")
+        e("  %cmore = icmp ult i64 %cn, %nchunks")
+        e("  br i1 %cmore, label %mloop, label %rlatch")
+        total = "maccn"
+
     e("rlatch:")  # 8 lanes -> out[t, r]
-    for t in range(tile):
-        e(f"  %red{t} = call reassoc float @llvm.vector.reduce.fadd.v8f32(float -0.0, <8 x float> %accn{t})")
-        e(f"  %oi{t} = add i64 %ooff{t}, %r")
-        e(f"  %op{t} = getelementptr float, ptr %outp, i64 %oi{t}")
-        e(f"  store float %red{t}, ptr %op{t}, align 4")
-    e("  %rn = add i64 %r, 1")
+    for i, t in pairs:
+        k = f"{i}_{t}"
+        e(f"  %red{k} = call reassoc float @llvm.vector.reduce.fadd.v8f32(float -0.0, {_F8} %{total}{k})")
+        e(f"  %oi{k} = add i64 %ooff{t}, %row{i}")
+        e(f"  %op{k} = getelementptr float, ptr %outp, i64 %oi{k}")
+        e(f"  store float %red{k}, ptr %op{k}, align 4")
+    e(f"  %rn = add i64 %r, {rows}")
     e("  %rmore = icmp ult i64 %rn, %r1")
     e("  br i1 %rmore, label %rloop, label %exit")
     e("exit:")
@@ -160,8 +202,8 @@ def _host_has_vnni(features: str) -> bool:
 
 
 @functools.cache
-def addresses() -> dict[tuple[str, int, bool, int], int] | None:
-    """Machine-code addresses of every kernel, (kind, dps, half, tile) -> address; None when
+def addresses() -> dict[tuple[str, int, bool, int, int], int] | None:
+    """Machine-code addresses of every kernel, (kind, dps, half, tile, rows) -> address; None when
     the host CPU lacks AVX512-VNNI or llvmlite cannot compile for it."""
     try:
         import llvmlite.binding as llvm
@@ -171,7 +213,7 @@ def addresses() -> dict[tuple[str, int, bool, int], int] | None:
         features = llvm.get_host_cpu_features().flatten()
         if not _host_has_vnni(features):
             return None
-        keys = [(k, d, h, t) for k, d, h in VARIANTS for t in (1, TILE)]
+        keys = [(k, d, h, t, r) for k, d, h in VARIANTS for t, r in SHAPES]
         module = llvm.parse_assembly(_DECLS + "\n".join(kernel_ir(*key) for key in keys))
         module.verify()
         machine = llvm.Target.from_default_triple().create_target_machine(cpu=llvm.get_host_cpu_name(), features=features, opt=3)
