@@ -2,23 +2,25 @@
 
 Same protocol as the numpy oracle (devices/cpu.py) and its numbers up to f32
 summation order, except where the int8 kernels round activations as llama.cpp does.
-Per linear, by the number of rows T in the round:
 
-- On CPUs with AVX512-VNNI, T <= INT8_ROWS: int8 kernels (kernels/cpu_int8.py):
-  activations rounded to int8 per 32 values, exact integer products with the weight
-  codes, as llama.cpp computes. Decode and small appends.
-- Else T <= SMALL_BATCH: the float quantized kernel (blocks -> f32 inside the kernel),
-  which streams ~1/6 of the bytes of an f32 matrix.
-- larger T: f32 GEMM through BLAS, on an f32 copy kept at upload while the copies fit
-  in `f32_cache_bytes`, else on rows dequantized tile by tile into scratch.
+Linears:
+- On CPUs with AVX512-VNNI, every round: int8 kernels (kernels/cpu_int8.py).
+  Activations rounded to int8 per 32 values, exact integer products with the weight
+  codes, as llama.cpp computes. At 512 rows they beat BLAS on f32 copies (SmolLM2:
+  ~150 vs ~90 GMAC/s on 2 cores), so no f32 copies are kept.
+- Elsewhere, T <= SMALL_BATCH: the float quantized kernel (blocks -> f32 inside the
+  kernel), which streams ~1/6 of the bytes of an f32 matrix; larger T: f32 GEMM through
+  BLAS, on an f32 copy kept at upload while the copies fit in `f32_cache_bytes`, else
+  on rows dequantized tile by tile into scratch.
 
-Attention: one numba kernel over every short row of the round (decode, small appends,
-every row of a round without BLAS) and a tiled BLAS path for long prefill chunks.
+Attention: one numba kernel over every short row of the round (decode, small appends),
+and for a sequence's long chunk a blocked kernel over the causal triangle
+(kernels/cpu_prefill_attention.py). Neither uses BLAS.
 
 Threads: OpenBLAS's workers spin for a while after each call, and numba's parallel
 kernels then fight them for the same cores (measured: 16 streams decoded 10x slower).
-So in a round whose linears go through BLAS, the numba kernels run on one thread; in a
-round of quantized kernels (decode, small appends) they use every core.
+So in a round whose linears go through BLAS, the numba kernels run on one thread;
+every other round uses every core and no BLAS.
 """
 
 from __future__ import annotations
@@ -32,16 +34,16 @@ from gguf import GGMLQuantizationType as QT
 from zinfer.devices.cpu import CpuKV
 from zinfer.kernels import cpu_int8 as ci
 from zinfer.kernels import cpu_ops as ops
+from zinfer.kernels import cpu_prefill_attention as prefill
 from zinfer.kernels import cpu_quant as cq
-from zinfer.kernels import int8_ir
+from zinfer.kernels import gemm_ir, int8_ir
 from zinfer.kernels.quants import dequantize
 from zinfer.models.batch import ForwardBatch
 from zinfer.models.gguf_file import TensorData
 
-INT8_ROWS = 128  # rows up to which int8 rounds beat BLAS rounds (tests/benchmarks/bench_cpu_kernels.py)
 SMALL_BATCH = 4  # rows up to which the float quantized kernel beats BLAS on an f32 copy
 SMALL_BATCH_NO_COPY = 12  # the same crossover when BLAS must dequantize tiles first
-LONG_CHUNK = 32  # a sequence's rows from which attention goes through BLAS tiles (BLAS rounds)
+LONG_CHUNK = 32  # a sequence's rows from which attention gathers its keys and goes blockwise
 _TILE_ROWS = 2048  # weight rows dequantized per BLAS tile when no f32 copy is kept
 
 
@@ -88,12 +90,13 @@ class FastCpuDevice:
             return f if f.ndim != 2 else FastWeight(f.shape, None, f)
         shape = (int(tensor.shape[0]), int(tensor.shape[1]))
         packed = cq.repack(qt, tensor.data, shape) if qt in cq.U4_TYPES + cq.I8_TYPES else None
+        int8 = ci.prepare(packed) if packed is not None and self.int8 else None
         f32 = None
-        if packed is None or shape[0] * shape[1] * 4 <= self.f32_cache_left:
+        if packed is None or (int8 is None and shape[0] * shape[1] * 4 <= self.f32_cache_left):
             f32 = np.ascontiguousarray(dequantize(tensor.data, qt, tensor.shape), dtype=np.float32)
             if packed is not None:
                 self.f32_cache_left -= f32.nbytes
-        return FastWeight(shape, packed, f32, ci.prepare(packed) if packed is not None and self.int8 else None)
+        return FastWeight(shape, packed, f32, int8)
 
     def alloc_kv(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int) -> CpuKV:
         return CpuKV.zeros(n_layers, n_kv_heads, head_dim, num_blocks, block_size, self.kv_dtype)
@@ -102,7 +105,7 @@ class FastCpuDevice:
 
     def _blas_round(self, rows: int) -> bool:
         """Whether a round of `rows` token rows computes its linears through BLAS."""
-        return rows > (INT8_ROWS if self.int8 else SMALL_BATCH)
+        return not self.int8 and rows > SMALL_BATCH
 
     def _threads_for(self, rows: int) -> None:
         """Numba threads for a round of `rows` token rows: all of them unless BLAS is busy too."""
@@ -133,11 +136,10 @@ class FastCpuDevice:
         return self.linears(x, (w,), (b,))[0]
 
     def linears(self, x: np.ndarray, ws: tuple, bs: tuple) -> list:
-        """In int8 rounds, matrices of one layout share one rounding of x and one launch."""
+        """With int8 kernels, matrices of one layout share one rounding of x and one launch."""
         x = np.ascontiguousarray(x, dtype=np.float32)  # [T, in]
-        T = x.shape[0]
         outs: list = [None] * len(ws)
-        if T <= INT8_ROWS:
+        if self.int8:
             for jobs, members in self._int8_jobs(ws):
                 for i, out in zip(members, ci.matmul_many(jobs, x)):
                     outs[i] = out
@@ -211,20 +213,30 @@ class FastCpuDevice:
         q = np.ascontiguousarray(q, dtype=np.float32)  # [T, H, hd]
         out = np.empty_like(q)
         kp, vp = (a.view(np.uint16) if a.dtype == np.float16 else a for a in (kv.k[layer], kv.v[layer]))
-        # BLAS tiles only in rounds where BLAS runs anyway: its spinning threads would
-        # slow the numba kernels of the other rounds several times over
-        long_chunk = LONG_CHUNK if self._blas_round(batch.n_tokens) else batch.n_tokens + 1
+        long_chunk = LONG_CHUNK if prefill.supported(q.shape[2]) else batch.n_tokens + 1
         short = [s for s in batch.seqs if s.n_tokens < long_chunk]
         for s in batch.seqs:
             if s.n_tokens >= long_chunk:
                 rows = slice(s.start, s.start + s.n_tokens)
-                k, v = (a.astype(np.float32, copy=False) for a in kv.gather(layer, s.block_table, s.context_len))
-                ops.chunk_attention(q[rows], k, v, batch.positions[rows], scale, window, out[rows])
+                self._chunk_attention(q[rows], kp, vp, kv.block_size, s.block_table, batch.positions[rows], scale, window, out[rows])
         if short:
             rows, row_seq, tables = _short_rows(batch, short)
             positions = np.ascontiguousarray(batch.positions, dtype=np.int64)
             ops.paged_attention(q, kp, vp, rows, positions, row_seq, tables, kv.block_size, np.float32(scale), int(window), out)
         return out
+
+    @staticmethod
+    def _chunk_attention(q, k_pool, v_pool, block_size, block_table, positions, scale, window, out) -> None:
+        """One sequence's chunk q, out [n, H, hd] at `positions` (increasing), its keys
+        gathered once from the pools into f32 scratch."""
+        positions = np.ascontiguousarray(positions, dtype=np.int64)
+        k0 = max(0, int(positions[0]) - window + 1) if window else 0  # the first key any row sees
+        n_keys = int(positions[-1]) + 1 - k0
+        Hkv, hd = k_pool.shape[1], k_pool.shape[2]
+        kt = np.zeros((Hkv, hd, n_keys + prefill.GEMM_NR), np.float32)  # keys transposed, zero-padded
+        v = np.zeros((Hkv, n_keys + prefill.GEMM_NR, hd), np.float32)
+        prefill.gather_keys_values(k_pool, v_pool, np.asarray(block_table, np.int32), block_size, k0, kt, v)
+        prefill.chunk_attention(gemm_ir.address(), q, kt, v, positions, k0, np.float32(scale), int(window), out)
 
     def glu(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
         gate = np.ascontiguousarray(gate, dtype=np.float32)  # strided rows would not vectorize (8x slower)

@@ -13,17 +13,14 @@ import functools
 from typing import NamedTuple
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
 from zinfer.kernels import int8_ir
-from zinfer.kernels.cpu_ops import PARALLEL_ROWS, compile_twice
+from zinfer.kernels.cpu_ops import PARALLEL_ROWS, call_native, compile_twice
 from zinfer.kernels.cpu_quant import Packed
 
 ROWS_PER_TASK = 16  # weight rows per parallel task
 ROWS_PER_BLOCK = 64  # activation rows per parallel task
-_NARGS = len(int8_ir.ARGS)
 
 
 class Int8Weight(NamedTuple):
@@ -125,20 +122,6 @@ _QUANTIZE = {kind: compile_twice(body) for kind, body in (("u4", _quantize_for_u
 # ---- the parallel driver ----
 
 
-@intrinsic
-def _call(typingctx, address, args):
-    """Call the machine code at `address` with 16 int64 arguments."""
-    sig = types.void(types.int64, types.UniTuple(types.int64, _NARGS))
-
-    def codegen(context, builder, signature, llargs):
-        fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64)] * _NARGS)
-        fn = builder.inttoptr(llargs[0], fnty.as_pointer())
-        builder.call(fn, [builder.extract_value(llargs[1], i) for i in range(_NARGS)])
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
 # columns of a job row: one weight matrix, and where its product starts in `out`: at
 # T * first_row floats, as a C-contiguous [T, rows] block
 _W, _D, _M, _WSTRIDE, _DSTRIDE, _ROWS, _FIRST_ROW = range(7)
@@ -172,7 +155,7 @@ def _run(kernels, jobs, A, S, N, nsteps, nchunks, out):
             wide = t + _KTILE <= t_end
             for k, a, b in ((2 * wide + 1, r0, r_even), (2 * wide, r_even, r1)):
                 if a < b:
-                    _call(kernels[k], (job[_W], job[_D], job[_M], A.ctypes.data, S.ctypes.data, N.ctypes.data, nsteps, nchunks,
+                    call_native(kernels[k], (job[_W], job[_D], job[_M], A.ctypes.data, S.ctypes.data, N.ctypes.data, nsteps, nchunks,
                                        a, b, job[_WSTRIDE], job[_DSTRIDE], t, A.strides[0], S.strides[0], N.strides[0], o, job[_ROWS]))
             t += _KTILE if wide else 1
 

@@ -33,6 +33,23 @@ def compile_twice(body, **flags):
 
 
 @intrinsic
+def call_native(typingctx, address, args):
+    """Call the machine code at `address` (a void function of n int64 arguments) with the
+    n-tuple of integers `args`: how numba kernels drive the llvmlite-compiled ones."""
+    if not (isinstance(args, nt.BaseTuple) and all(isinstance(a, nt.Integer) and a.bitwidth == 64 for a in args)):
+        return None
+    n = len(args)
+
+    def codegen(context, builder, signature, llargs):
+        fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64)] * n)
+        fn = builder.inttoptr(llargs[0], fnty.as_pointer())
+        builder.call(fn, [builder.extract_value(llargs[1], i) for i in range(n)])
+        return context.get_dummy_value()
+
+    return nt.void(address, args), codegen
+
+
+@intrinsic
 def _f32_from_bits(typingctx, bits):
     """The float32 whose bit pattern is the int32 `bits`."""
     sig = nt.float32(nt.int32)
@@ -236,53 +253,3 @@ def paged_attention(q, k_pool, v_pool, rows, positions, row_seq, tables, block_s
                 pj = sc[h, j]
                 for i in range(hd):
                     o[i] += pj * row[i]
-
-
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def causal_softmax(s, q_pos, k_start, scale, window):
-    """s [grp, rows, keys] of raw scores, in place: softmax(scale * s) over the keys
-    k_start + j that row i sees (<= q_pos[i], and within `window` when > 0); 0 elsewhere."""
-    grp, rows, keys = s.shape
-    for item in prange(grp * rows):
-        row = s[item // rows, item % rows]
-        p = q_pos[item % rows]
-        lo = max(0, p - window + 1 - k_start) if window > 0 else 0
-        hi = min(keys, p + 1 - k_start)
-        seen = row[lo:hi]  # loops over a slice's own length vectorize; range(lo, hi) did not (10x slower)
-        mx = np.float32(-np.inf)
-        for j in range(seen.shape[0]):
-            mx = max(mx, seen[j])
-        tot = np.float32(0)
-        for j in range(seen.shape[0]):
-            e = fast_exp((seen[j] - mx) * scale)
-            seen[j] = e
-            tot += e
-        inv = np.float32(1) / tot
-        for j in range(seen.shape[0]):
-            seen[j] *= inv
-        row[:lo] = 0
-        row[hi:] = 0
-
-
-def chunk_attention(q, k, v, q_pos, scale, window, out, tile=128):
-    """Causal attention of one sequence's long chunk through BLAS, tile by tile.
-
-    q, out [n, H, hd] (out written); k, v [ctx, Hkv, hd] in position order; q_pos [n].
-    Temporaries are [group, tile, keys] per KV head: no [H, n, ctx] score array.
-    """
-    n, H, hd = q.shape
-    Hkv = k.shape[1]
-    grp = H // Hkv
-    for g in range(Hkv):
-        kg, vg = np.ascontiguousarray(k[:, g]), np.ascontiguousarray(v[:, g])  # [ctx, hd]
-        for a in range(0, n, tile):
-            b = min(n, a + tile)
-            pos = q_pos[a:b]
-            end = int(pos.max()) + 1
-            start = max(0, int(pos.min()) - window + 1) if window else 0
-            # the group's heads stacked: one 2-D GEMM each way (7% faster than batched 3-D)
-            qg = np.ascontiguousarray(q[a:b, g * grp : (g + 1) * grp].transpose(1, 0, 2)).reshape(grp * (b - a), hd)
-            s = (qg @ kg[start:end].T).reshape(grp, b - a, end - start)  # [grp, tile, keys]
-            causal_softmax(s, pos, start, np.float32(scale), window)
-            o = s.reshape(grp * (b - a), end - start) @ vg[start:end]  # [grp * tile, hd]
-            out[a:b, g * grp : (g + 1) * grp] = o.reshape(grp, b - a, hd).transpose(1, 0, 2)

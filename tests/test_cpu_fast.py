@@ -95,8 +95,7 @@ def test_int8_linear_is_the_product_of_rounded_activations(qt, T):
     out = np.empty((T, rows), np.float32)
     ci.matmul(w.int8, x, out)  # the kernel itself, at every T
     close(out, ci.rounded(x) @ wf.T)
-    if T <= cpu_fast.INT8_ROWS:
-        close(dev.linear(x, w), ci.rounded(x) @ wf.T)
+    close(dev.linear(x, w), ci.rounded(x) @ wf.T)
     close(out, x @ wf.T, 2e-2)  # what int8 activations cost
 
 
@@ -140,11 +139,11 @@ def test_rms_norm_glu_rope(shape):
 
 
 @pytest.mark.parametrize("kv_f16", [True, False])
-@pytest.mark.parametrize("window", [0, 5])
-def test_attention_mixed_round(window, kv_f16):
-    """Long chunk (BLAS tiles), short appends and decodes (one numba kernel) in one round,
-    over f16 or f32 K/V pools."""
-    H, Hkv, hd, bs = 6, 2, 16, 4
+@pytest.mark.parametrize("window, hd", [(0, 16), (5, 16), (19, 64)])
+def test_attention_mixed_round(window, hd, kv_f16):
+    """A long chunk appended after 3 cached tokens (the blockwise kernel), short appends
+    and decodes (the paged kernel) in one round, over f16 or f32 K/V pools."""
+    H, Hkv, bs = 6, 2, 4
     rng = np.random.default_rng(window)
     chunks = [(list(range(40)), 3, [9, 2, 7, 0, 5, 11, 1, 3, 4, 6, 8], False), ([1], 0, [10], True), ([1, 2, 3], 6, [12, 13, 14], True), ([1], 17, [15, 16, 17, 18, 19], True)]
     batch = ForwardBatch.build(chunks, bs)
@@ -189,7 +188,7 @@ class Int8Oracle(CpuDevice):
         return m
 
     def linear(self, x, w, b=None):
-        if w.activation_type == "int8" and x.shape[0] <= cpu_fast.INT8_ROWS:
+        if w.activation_type == "int8":
             x = ci.rounded(x)
         return ref.linear(x, w.w, b)
 

@@ -40,7 +40,8 @@ def best(fn, repeat: int) -> float:
 
 def crossover(src, repeat: int) -> None:
     t = src.tensors["blk.0.ffn_up.weight"]
-    dev = FastCpuDevice()
+    w8 = FastCpuDevice().upload("up", t)  # int8 kernels (where VNNI): no f32 copy
+    dev = FastCpuDevice(int8=False)
     w = dev.upload("up", t)
     nocopy = cpu_fast.FastWeight(w.shape, w.packed, None)
     print(f"\nlinear {t.qtype.name} {w.shape}: int8 (VNNI) and float quantized kernels vs BLAS (us)")
@@ -48,7 +49,7 @@ def crossover(src, repeat: int) -> None:
     for T in (1, 2, 4, 8, 12, 16, 32, 64, 128, 256, 512):
         x = np.random.default_rng(0).standard_normal((T, w.shape[1]), dtype=np.float32)
         out = np.empty((T, w.shape[0]), np.float32)
-        jobs = ci.jobs_for([w.int8]) if w.int8 is not None else None
+        jobs = ci.jobs_for([w8.int8]) if w8.int8 is not None else None
         i8 = best(lambda: ci.matmul_many(jobs, x), repeat * 5) if jobs else float("nan")
         q = best(lambda: cq.matmul(w.packed, x, out), repeat * 5)
         f = best(lambda: x @ w.f32.T, repeat * 5)
@@ -68,7 +69,7 @@ class Ours:
         self.q_bytes = sum((m.int8 or m.packed).nbytes for m in mats + [self.w.output])  # what small rounds read
         self.gguf_bytes = sum(t.data.nbytes for n, t in src.tensors.items() if n.startswith("blk.") and len(t.shape) == 2)
         self.gguf_bytes += (src.tensors.get("output.weight") or src.tensors["token_embd.weight"]).data.nbytes
-        self.f32_bytes = sum(m.f32.nbytes for m in mats) + self.w.output.packed.nbytes
+        self.f32_bytes = sum(m.shape[0] * m.shape[1] * 4 for m in mats) + self.w.output.packed.nbytes
 
     def run(self, seqs: list[list[int]], steps: int) -> float:
         """Prefill each prompt (one round), then `steps` greedy decode rounds; returns seconds of decode."""
@@ -142,8 +143,7 @@ def main() -> None:
         z, l = tps["zinfer"], tps.get("llama.cpp", float("nan"))
         gz = gl = ""
         if n_seq:
-            small = cpu_fast.INT8_ROWS if ours.dev.int8 else cpu_fast.SMALL_BATCH
-            per_round = ours.q_bytes if n_seq <= small else ours.f32_bytes
+            per_round = ours.q_bytes if ours.dev.int8 or n_seq <= cpu_fast.SMALL_BATCH else ours.f32_bytes
             gz = f"{per_round * z / n_seq / 1e9:.1f}"
             gl = f"{ours.gguf_bytes * l / n_seq / 1e9:.1f}"
         print(f"{case:14s} {z:13.1f} {l:12.1f} {z / l:6.2f} {gz:>12s} {gl:>11s}")

@@ -1,0 +1,98 @@
+"""Causal attention of one sequence's long chunk on every core, without BLAS.
+
+The chunk's keys and values are gathered once per layer from the paged pools into f32
+(keys transposed), then each parallel task takes GEMM_MR query rows of one head:
+scores for the keys those rows see (16 at a time, by kernels/gemm_ir.py), a softmax
+per row, and the rows' outputs from the probabilities and values. Only the causal
+triangle (and the sliding window) is computed, and the temporaries are [GEMM_MR, keys].
+Matches kernels.reference up to f32 summation order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from zinfer.kernels import gemm_ir
+from zinfer.kernels.cpu_ops import as_f32, call_native, fast_exp
+from zinfer.kernels.gemm_ir import MR as GEMM_MR
+from zinfer.kernels.gemm_ir import NR as GEMM_NR
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def gather_keys_values(k_pool, v_pool, table, block_size, k0, kt, v):
+    """Keys k0 + j of one sequence from the paged pools [slots, Hkv, hd] (f32, or uint16
+    holding f16) into kt [Hkv, hd, >= n] (transposed) and v [Hkv, >= n, hd], f32, for
+    j < n = number of keys wanted (kt.shape[2] rounded up: the caller zero-pads)."""
+    Hkv, hd = k_pool.shape[1], k_pool.shape[2]
+    n = v.shape[1] - GEMM_NR  # the last GEMM_NR rows are padding
+    for j in prange(n):
+        key = k0 + j
+        slot = table[key // block_size] * block_size + key % block_size
+        for g in range(Hkv):
+            for i in range(hd):
+                kt[g, i, j] = as_f32(k_pool[slot, g, i])
+                v[g, j, i] = as_f32(v_pool[slot, g, i])
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def chunk_attention(gemm, q, kt, v, q_pos, k0, scale, window, out):
+    """out [n, H, hd] = attention of q [n, H, hd] (positions q_pos [n], increasing) over
+    the keys at positions k0 + j held in kt [Hkv, hd, nk + GEMM_NR], v [Hkv, nk + GEMM_NR, hd]
+    (zero past nk); `gemm`: address of the gemm_ir kernel. Row t sees keys at positions
+    <= q_pos[t], and > q_pos[t] - window when window > 0."""
+    n, H, hd = q.shape
+    Hkv = kt.shape[0]
+    grp = H // Hkv
+    ldk = kt.shape[2]
+    blocks = (n + GEMM_MR - 1) // GEMM_MR
+    for item in prange(H * blocks):
+        h = item % H
+        # later blocks see more keys: pair block i with block blocks-1-i so that both
+        # halves of the (statically split) range carry the same work
+        pair = item // H
+        blk = pair // 2 if pair % 2 == 0 else blocks - 1 - pair // 2
+        g = h // grp
+        a = blk * GEMM_MR
+        rows = min(n, a + GEMM_MR) - a
+        hi = q_pos[a + rows - 1] + 1 - k0  # keys the block's last row sees: [lo, hi)
+        lo = max(0, q_pos[a] - window + 1 - k0) if window > 0 else 0
+        c0 = lo // GEMM_NR * GEMM_NR  # first score column computed
+        width = (hi - c0 + GEMM_NR - 1) // GEMM_NR * GEMM_NR
+        qb = np.zeros((GEMM_MR, hd), np.float32)  # the block's query rows (zero padded)
+        for r in range(rows):
+            qb[r] = q[a + r, h]
+        s = np.empty((GEMM_MR, width), np.float32)  # scores of keys c0 + j
+        for c in range(0, width, GEMM_NR):
+            call_native(gemm, (qb.ctypes.data, hd, kt[g].ctypes.data + (c0 + c) * 4, ldk, s.ctypes.data + c * 4, width, hd))
+        for r in range(GEMM_MR):
+            row = s[r]
+            if r >= rows:
+                row[:] = 0
+                continue
+            p = q_pos[a + r] - k0
+            r_lo = max(0, p - window + 1) if window > 0 else 0
+            seen = row[r_lo - c0 : p + 1 - c0]
+            mx = np.float32(-np.inf)
+            for j in range(seen.shape[0]):
+                mx = max(mx, seen[j])
+            tot = np.float32(0)
+            for j in range(seen.shape[0]):
+                e = fast_exp((seen[j] - mx) * scale)
+                seen[j] = e
+                tot += e
+            inv = np.float32(1) / tot
+            for j in range(seen.shape[0]):
+                seen[j] *= inv
+            row[: r_lo - c0] = 0
+            row[p + 1 - c0 :] = 0
+        o = np.empty((GEMM_MR, hd), np.float32)
+        for d in range(0, hd, GEMM_NR):
+            call_native(gemm, (s.ctypes.data, width, v[g].ctypes.data + (c0 * hd + d) * 4, hd, o.ctypes.data + d * 4, hd, hi - c0))
+        for r in range(rows):
+            out[a + r, h] = o[r]
+
+
+def supported(head_dim: int) -> bool:
+    """Whether chunk_attention runs here and handles heads of this size."""
+    return head_dim % GEMM_NR == 0 and gemm_ir.address() is not None
