@@ -116,7 +116,8 @@ def _quantize_for_i8(x, A, S):
                 S[t, b * 8 + lane] = d
 
 
-_QUANTIZE = {kind: compile_twice(body) for kind, body in (("u4", _quantize_for_u4), ("i8", _quantize_for_i8))}
+_quantize_u4, _quantize_u4_one = compile_twice(_quantize_for_u4)
+_quantize_i8, _quantize_i8_one = compile_twice(_quantize_for_i8)
 
 
 # ---- the parallel driver ----
@@ -171,22 +172,6 @@ def rounded(x: np.ndarray) -> np.ndarray:
     return (np.rint(xb * inv) * (amax / np.float32(127))).astype(np.float32).reshape(T, cols)
 
 
-def quantize_activations(w: Int8Weight, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x [T, cols] f32 rounded for w's kernel: (A [T, cols] int8, S [T, steps * 8],
-    N [T, chunks * 8]); for i8 kernels, which read no N, N is S."""
-    T, cols = x.shape
-    lanes = w.nsteps * 8
-    A = np.empty((T, cols), np.int8)
-    S = np.empty((T, lanes), np.float32)
-    quantize = _QUANTIZE[w.kind][T < PARALLEL_ROWS]
-    if w.kind == "i8":
-        quantize(x, A, S)
-        return A, S, S
-    N = np.empty((T, w.nchunks * 8), np.float32)
-    quantize(x, A, S, N)
-    return A, S, N
-
-
 def same_layout(a: Int8Weight, b: Int8Weight) -> bool:
     """Whether a and b read the same activation rounding (one matmul_many can do both)."""
     return (a.kind, a.dps, a.half, a.nsteps) == (b.kind, b.dps, b.half, b.nsteps)
@@ -198,6 +183,7 @@ class Jobs(NamedTuple):
     weights: list[Int8Weight]
     table: np.ndarray  # [n, 7] int64, the job columns above
     bounds: list[tuple[int, int]]  # each matrix's rows in the stacked output
+    kernels: np.ndarray  # the layout's kernel addresses, in int8_ir.SHAPES' order
 
     @property
     def rows(self) -> int:
@@ -210,13 +196,14 @@ def jobs_for(ws: list[Int8Weight]) -> Jobs:
     first = np.cumsum([0] + [w.qs.shape[0] for w in ws])
     table = np.array([(w.qs.ctypes.data, w.d.ctypes.data, w.m.ctypes.data, w.qs.strides[0], w.d.strides[0],
                        w.qs.shape[0], row) for w, row in zip(ws, first)], np.int64)
-    return Jobs(ws, table, [(int(a), int(b)) for a, b in zip(first[:-1], first[1:])])
+    w = ws[0]
+    return Jobs(ws, table, [(int(a), int(b)) for a, b in zip(first[:-1], first[1:])], _kernels(w.kind, w.dps, w.half))
 
 
 def matmul(w: Int8Weight, x: np.ndarray, out: np.ndarray) -> None:
     """out [T, rows] (C-contiguous) = x [T, cols] @ W.T."""
     assert out.flags.c_contiguous and out.shape == (x.shape[0], w.qs.shape[0])
-    _launch(jobs_for([w]), x, out, quantize_activations(w, x))
+    _launch(jobs_for([w]), x, out)
 
 
 def matmul_many(jobs: Jobs, x: np.ndarray) -> list[np.ndarray]:
@@ -224,13 +211,32 @@ def matmul_many(jobs: Jobs, x: np.ndarray) -> list[np.ndarray]:
     in one buffer, from one rounding of x and one parallel launch over all their rows."""
     T = x.shape[0]
     flat = np.empty(T * jobs.rows, np.float32)
-    _launch(jobs, x, flat, quantize_activations(jobs.weights[0], x))
+    _launch(jobs, x, flat)
     return [flat[T * a : T * b].reshape(T, b - a) for a, b in jobs.bounds]
 
 
-def _launch(jobs: Jobs, x: np.ndarray, out: np.ndarray, acts: tuple) -> None:
+def _launch(jobs: Jobs, x: np.ndarray, out: np.ndarray) -> None:
     w = jobs.weights[0]
-    _run(_kernels(w.kind, w.dps, w.half), jobs.table, *acts, w.nsteps, w.nchunks, out)
+    _product(jobs.kernels, jobs.table, x, w.kind == "u4", w.nsteps, w.nchunks, out)
+
+
+@njit(cache=True, nogil=True)
+def _product(kernels, jobs, x, u4, nsteps, nchunks, out):
+    """x [T, cols] rounded for the jobs' kernels, then _run: one call from Python per
+    launch (each numba call costs microseconds, and decode makes ~120 per token)."""
+    T, cols = x.shape
+    A = np.empty((T, cols), np.int8)
+    S = np.empty((T, nsteps * 8), np.float32)  # d_a per lane
+    N = np.empty((T, nchunks * 8 if u4 else 1), np.float32)  # u4: d_a * sum(codes) per block
+    if u4 and T < PARALLEL_ROWS:
+        _quantize_u4_one(x, A, S, N)
+    elif u4:
+        _quantize_u4(x, A, S, N)
+    elif T < PARALLEL_ROWS:
+        _quantize_i8_one(x, A, S)
+    else:
+        _quantize_i8(x, A, S)
+    _run(kernels, jobs, A, S, N, nsteps, nchunks, out)
 
 
 @functools.cache
