@@ -26,10 +26,10 @@ ROWS_PER_BLOCK = 64  # activation rows per parallel task
 class Int8Weight(NamedTuple):
     """A packed matrix as the int8 kernels read it."""
 
-    kind: str  # "u4" or "i8"
+    kind: str  # "u4", "p8" or "i8" (kernels/int8_ir.py's layouts)
     dps: int  # d numbers per 8-lane step
     half: bool  # d and m stored as f16 (exactly: GGUF's own scales), else f32
-    qs: np.ndarray  # [rows, cols/2] uint8 (u4) or [rows, cols] int8
+    qs: np.ndarray  # [rows, cols/2] uint8 (u4) or [rows, cols] int8 (p8: in u4's order)
     d: np.ndarray  # [rows, groups] scales
     m: np.ndarray  # [rows, blocks] u4 offsets, readable 8 values past the end; i8: d again (not read)
     nsteps: int  # 8-lane steps per row
@@ -61,6 +61,11 @@ def prepare(p: Packed) -> Int8Weight | None:
         padded = np.zeros(m.size + 8, m.dtype)  # the offsets loop reads whole vectors of 8
         padded[: m.size] = m.reshape(-1)
         return Int8Weight("u4", 2, half, p.qs, d, padded[: m.size].reshape(m.shape), cols // 64)
+    if p.kind == "i8" and cols % 64 == 0 and p.group == 32:
+        half, (d,) = _as_f16_if_exact(p.d)
+        pairs = p.qs.reshape(rows, cols // 64, 2, 2, 16)  # [rows, pair, block, half, 16]
+        qs = np.ascontiguousarray(pairs.transpose(0, 1, 3, 2, 4)).reshape(rows, cols)
+        return Int8Weight("p8", 2, half, qs, d, d, cols // 64)
     if p.kind == "i8" and cols % 32 == 0 and p.group in (16, 32):
         half, (d,) = _as_f16_if_exact(p.d)
         return Int8Weight("i8", 32 // p.group, half, p.qs, d, d, cols // 32)
@@ -217,13 +222,14 @@ def matmul_many(jobs: Jobs, x: np.ndarray) -> list[np.ndarray]:
 
 def _launch(jobs: Jobs, x: np.ndarray, out: np.ndarray) -> None:
     w = jobs.weights[0]
-    _product(jobs.kernels, jobs.table, x, w.kind == "u4", w.nsteps, w.nchunks, out)
+    _product(jobs.kernels, jobs.table, x, w.kind != "i8", w.nsteps, w.nchunks, out)
 
 
 @njit(cache=True, nogil=True)
 def _product(kernels, jobs, x, u4, nsteps, nchunks, out):
-    """x [T, cols] rounded for the jobs' kernels, then _run: one call from Python per
-    launch (each numba call costs microseconds, and decode makes ~120 per token)."""
+    """x [T, cols] rounded for the jobs' kernels (u4: in the u4 order, as p8 reads it
+    too), then _run: one call from Python per launch (each numba call costs
+    microseconds, and decode makes ~120 per token)."""
     T, cols = x.shape
     A = np.empty((T, cols), np.int8)
     S = np.empty((T, nsteps * 8), np.float32)  # d_a per lane

@@ -11,9 +11,10 @@ One kernel computes a tile: weight rows [r0, r1) times TILE activation rows from
 over `nsteps` steps of 8 int32 lanes each. Per step and lane, one or two vpdpbusd give
 an exact integer dot of 4 or 8 products, and then, in float,
 
-    acc[t] += float(int dot) * (d_w[lane] * S[t, lane]) (+ m_w[lane] * N[t, lane], u4)
+    acc[t] += float(int dot) * (d_w[lane] * S[t, lane])
 
-so that the sum of the 8 lanes of acc[t] is out[t, r]. Two weight layouts:
+so that the sum of the 8 lanes of acc[t] (plus u4's offsets) is out[t, r]. Three weight
+layouts:
 
 - u4: 64 weights per step in 32 bytes (two 32-blocks of kernels/cpu_quant's U4 layout:
   byte i of a block holds codes i and i + 16); activations int8 in the order
@@ -22,6 +23,10 @@ so that the sum of the 8 lanes of acc[t] is out[t, r]. Two weight layouts:
 - i8: 32 int8 weights per step against 32 int8 activations; vpdpbusd wants one operand
   unsigned, so it multiplies |w| by a * sign(w) (llama.cpp's trick); d_w one number per
   step (group 32) or two (group 16). No m_w.
+- p8: i8 with group 32 in the u4 order (64 weights per step, bytes [block0 0..15,
+  block1 0..15, block0 16..31, block1 16..31]): two vpdpbusd fill the same lanes, so
+  the float work per weight is half of i8's (Gemma's Q5_0 prefill: the step loop is
+  float-bound).
 
 Scales are stored as f16 where that is exact (Q4_0, Q4_1, Q8_0, Q5_0 keep GGUF's own
 f16 scales, so the kernels stream no more bytes than llama.cpp), else f32 (K-quants,
@@ -40,7 +45,7 @@ ROWS = 2  # weight rows per pass in the wide kernels
 PREFETCH_BYTES = 1024
 SHAPES = ((1, 1), (1, ROWS), (TILE, 1), (TILE, ROWS))  # (activation rows, weight rows) of the kernels
 # (weight layout, d_w numbers per step, scales in f16)
-VARIANTS = tuple((k, d, h) for k, d in (("u4", 2), ("i8", 1), ("i8", 2)) for h in (True, False))
+VARIANTS = tuple((k, d, h) for k, d in (("u4", 2), ("p8", 2), ("i8", 1), ("i8", 2)) for h in (True, False))
 
 _DECLS = """
 declare <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32>, <8 x i32>, <8 x i32>)
@@ -93,6 +98,7 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
     one more fma per step (which made the step loop float-bound).
     """
     u4 = kind == "u4"
+    step64 = kind in ("u4", "p8")  # 64 columns per step, activations in the u4 order
     size = 2 if half else 4
     pairs = [(i, t) for i in range(rows) for t in range(tile)]
     lines: list[str] = []
@@ -124,7 +130,7 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
     e("  %s = phi i64 [ 0, %rloop ], [ %sn, %sloop ]")
     for i, t in pairs:
         e(f"  %acc{i}_{t} = phi {_F8} [ zeroinitializer, %rloop ], [ %accn{i}_{t}, %sloop ]")
-    e("  %wo = shl i64 %s, 5")
+    e(f"  %wo = shl i64 %s, {6 if kind == 'p8' else 5}")
     e(f"  %do = mul i64 %s, {dps * size}")
     for i in range(rows):
         e(f"  %wp{i} = getelementptr i8, ptr %wrow{i}, i64 %wo")
@@ -139,8 +145,13 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
         else:
             e(f"  %wabs{i} = call <32 x i8> @llvm.abs.v32i8(<32 x i8> %w{i}, i1 false)")
             e(f"  %wabs32{i} = bitcast <32 x i8> %wabs{i} to {_I8}")
+        if kind == "p8":  # the step's second 32 bytes
+            e(f"  %wq{i} = getelementptr i8, ptr %wp{i}, i64 32")
+            e(f"  %wh{i} = load <32 x i8>, ptr %wq{i}, align 1")
+            e(f"  %whabs{i} = call <32 x i8> @llvm.abs.v32i8(<32 x i8> %wh{i}, i1 false)")
+            e(f"  %whabs32{i} = bitcast <32 x i8> %whabs{i} to {_I8}")
         _scale_vector(e, f"dx{i}", f"%drow{i}", "%do", dps, half)
-    e(f"  %ao = shl i64 %s, {6 if u4 else 5}")
+    e(f"  %ao = shl i64 %s, {6 if step64 else 5}")
     e("  %so = shl i64 %s, 5")
     for t in range(tile):
         e(f"  %ap{t} = getelementptr i8, ptr %arow{t}, i64 %ao")
@@ -152,6 +163,9 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
             e(f"  %ahi{t} = load {_I8}, ptr %aph{t}, align 1")
         else:
             e(f"  %a{t} = load <32 x i8>, ptr %ap{t}, align 1")
+        if kind == "p8":
+            e(f"  %aph{t} = getelementptr i8, ptr %ap{t}, i64 32")
+            e(f"  %ah{t} = load <32 x i8>, ptr %aph{t}, align 1")
     for i, t in pairs:
         k = f"{i}_{t}"
         if u4:
@@ -160,7 +174,12 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
         else:  # |w| times a * sign(w)
             e(f"  %as{k} = call <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8> %a{t}, <32 x i8> %w{i})")
             e(f"  %as32{k} = bitcast <32 x i8> %as{k} to {_I8}")
-            e(f"  %ib{k} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} zeroinitializer, {_I8} %wabs32{i}, {_I8} %as32{k})")
+            last = "ib" if kind == "i8" else "ia"
+            e(f"  %{last}{k} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} zeroinitializer, {_I8} %wabs32{i}, {_I8} %as32{k})")
+        if kind == "p8":  # both blocks' second halves into the same lanes
+            e(f"  %ahs{k} = call <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8> %ah{t}, <32 x i8> %wh{i})")
+            e(f"  %ahs32{k} = bitcast <32 x i8> %ahs{k} to {_I8}")
+            e(f"  %ib{k} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} %ia{k}, {_I8} %whabs32{i}, {_I8} %ahs32{k})")
         e(f"  %f{k} = sitofp {_I8} %ib{k} to {_F8}")
         e(f"  %ds{k} = fmul {_F8} %dx{i}, %sc{t}")
         e(f"  %accn{k} = call {_F8} @llvm.fma.v8f32({_F8} %f{k}, {_F8} %ds{k}, {_F8} %acc{k})")
