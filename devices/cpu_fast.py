@@ -77,7 +77,7 @@ class FastCpuDevice:
         self.f32_cache_left = f32_cache_bytes
         self.int8 = int8_ir.available() if int8 is None else int8 and int8_ir.available()
         self.kv_dtype = np.float16 if kv_f16 else np.float32
-        self._angles_for, self._angles = None, {}  # a round's positions and their (base, rope_dim) -> (cos, sin)
+        self._angles_for, self._angles = b"", {}  # a round's positions (bytes) and their (base, rope_dim) -> (cos, sin)
         self._jobs: dict[tuple[int, ...], tuple] = {}  # id(matrices) -> (matrices, their int8 groups)
 
     # ---- weights and KV ----
@@ -185,17 +185,19 @@ class FastCpuDevice:
         return out
 
     def _rope_table(self, positions: np.ndarray, base: float, rope_dim: int) -> tuple[np.ndarray, np.ndarray]:
-        """cos, sin [T, rope_dim/2] of this round's positions, computed once per round and
-        base (the forward passes one positions array to every layer): 60 calls' worth of
-        sin/cos at 512 rows took 20 ms."""
-        if self._angles_for is not positions:
-            self._angles_for, self._angles = positions, {}
+        """cos, sin [T, rope_dim/2] of these positions, computed once per round and base
+        (every layer of a round asks again): 60 calls' worth of sin/cos at 512 rows
+        took 20 ms."""
+        positions = np.ascontiguousarray(positions, dtype=np.int64)
+        key = positions.tobytes()  # ~0.3 us; np.array_equal took ~3
+        if key != self._angles_for:
+            self._angles_for, self._angles = key, {}
         table = self._angles.get((base, rope_dim))
         if table is None:
             inv_freq = (np.float32(base) ** (-np.arange(0, rope_dim, 2, dtype=np.float32) / np.float32(rope_dim))).astype(np.float32)
             T = positions.shape[0]
             table = (np.empty((T, rope_dim // 2), np.float32), np.empty((T, rope_dim // 2), np.float32))
-            ops.rope_table(np.ascontiguousarray(positions, dtype=np.int64), inv_freq, *table)
+            ops.rope_table(positions, inv_freq, *table)
             self._angles[(base, rope_dim)] = table
         return table
 
