@@ -58,8 +58,8 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 def make_device(name: str) -> Any:
     """A device by name: "cpu" or "numpy" (the float32 numpy oracle, the default),
     "cpu-llama" (numpy computing as llama.cpp's CPU backend does: its greedy ids, about 8x
-    slower), "cpu-fast" (numba kernels on GGUF blocks, BLAS for larger rounds: faster than
-    the oracle), or "cuda" / "cuda:N" where cupy and a GPU exist."""
+    slower), "cpu-fast" (int8 and numba kernels on GGUF blocks, BLAS for larger rounds only
+    on CPUs without AVX512-VNNI: faster than the oracle), or "cuda" / "cuda:N" where cupy and a GPU exist."""
     if name in ("cpu", "numpy", "cpu-llama"):
         from zinfer.devices.cpu import CpuDevice
 

@@ -12,8 +12,9 @@ import os
 # measured here), and the numba threads of the next rounds share the cores with them:
 # 16-stream decode right after a BLAS prefill took 48 ms per round instead of 36.
 # 2^20 cycles (~0.3 ms) still bridges the gaps between the BLAS calls of one prefill
-# round (512-token prefill unchanged). OpenBLAS reads it when numpy loads: before any
-# import below.
+# round (512-token prefill unchanged). cpu-fast on AVX512-VNNI calls no BLAS; this is
+# for the oracle and for cpu-fast elsewhere. OpenBLAS reads it when numpy loads:
+# before any import below.
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
 
 import argparse  # noqa: E402

@@ -159,6 +159,25 @@ def test_attention_mixed_round(window, hd, kv_f16):
     close(fast.attention(q, kv_fast, 0, batch, 0.25, window), want)
 
 
+@pytest.mark.parametrize("window", [0, 64])
+def test_long_chunk_attention_gemma_heads(window):
+    """The blockwise kernel at Gemma 3's head shape (4 query heads on 1 KV head of 256):
+    100 rows appended after 37 cached tokens, causal, with and without a sliding window."""
+    H, Hkv, hd, bs, past, n = 4, 1, 256, 16, 37, 100
+    blocks = -(-(past + n) // bs)
+    rng = np.random.default_rng(window)
+    table = [int(b) for b in rng.permutation(blocks + 2)[:blocks]]
+    batch = ForwardBatch.build([(list(range(n)), past, table, True)], bs)
+    q = rng.standard_normal((n, H, hd), dtype=np.float32)
+    fast = FastCpuDevice()
+    kv_ref, kv_fast = CpuDevice().alloc_kv(1, Hkv, hd, blocks + 2, bs), fast.alloc_kv(1, Hkv, hd, blocks + 2, bs)
+    for pool in ("k", "v"):
+        getattr(kv_fast, pool)[0][:] = rng.standard_normal(getattr(kv_ref, pool)[0].shape, dtype=np.float32)
+        getattr(kv_ref, pool)[0][:] = getattr(kv_fast, pool)[0]
+    want = CpuDevice().attention(q, kv_ref, 0, batch, 0.0625, window)
+    close(fast.attention(q, kv_fast, 0, batch, 0.0625, window), want)
+
+
 @pytest.mark.parametrize("T", [1, 9])
 def test_write_kv_rounds_to_f16_as_numpy(T):
     """f16 pools hold exactly numpy's rounding of K and V (nearest even, overflow to inf,
