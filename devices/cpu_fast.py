@@ -76,6 +76,7 @@ class FastCpuDevice:
         self.threads = numba.get_num_threads()
         self.f32_cache_left = f32_cache_bytes
         self.int8 = int8_ir.available() if int8 is None else int8 and int8_ir.available()
+        gemm_ir.address()  # compiled here, on the constructing thread, not in the first prefill
         self.kv_dtype = np.float16 if kv_f16 else np.float32
         self._angles_for, self._angles = b"", {}  # a round's positions (bytes) and their (base, rope_dim) -> (cos, sin)
         self._jobs: dict[tuple[int, ...], tuple] = {}  # id(matrices) -> (matrices, their int8 groups)
