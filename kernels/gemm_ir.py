@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import functools
 
+from zinfer.kernels import llvm_host
+
 MR = 4  # rows of C per call
 NR = 16  # columns of C per call (two 8-float vectors)
 ARGS = ("A", "lda", "B", "ldb", "C", "ldc", "K")
@@ -68,20 +70,6 @@ def kernel_ir(mr: int = MR) -> str:
 def address() -> int | None:
     """Machine-code address of the MR x 16 kernel, or None where llvmlite cannot compile."""
     try:
-        import llvmlite.binding as llvm
-
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
-        module = llvm.parse_assembly(kernel_ir())
-        module.verify()
-        machine = llvm.Target.from_default_triple().create_target_machine(
-            cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3)
-        engine = llvm.create_mcjit_compiler(module, machine)
-        engine.finalize_object()
-        _ENGINES.append(engine)  # the code lives as long as its engine
-        return engine.get_function_address(f"sgemm_{MR}x16")
+        return llvm_host.compile_for_host(kernel_ir(), [f"sgemm_{MR}x16"])[f"sgemm_{MR}x16"]
     except (ImportError, RuntimeError, OSError):
         return None
-
-
-_ENGINES: list = []

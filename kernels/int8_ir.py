@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import functools
 
+from zinfer.kernels import llvm_host
+
 ARGS = ("W", "D", "M", "A", "S", "N", "nsteps", "nchunks", "r0", "r1", "wstride", "dstride", "t0", "astride", "sstride", "nstride", "out", "ostride")
 TILE = 4  # activation rows per tile in the wide kernels
 ROWS = 2  # weight rows per pass in the wide kernels
@@ -233,26 +235,13 @@ def addresses() -> dict[tuple[str, int, bool, int, int], int] | None:
     """Machine-code addresses of every kernel, (kind, dps, half, tile, rows) -> address; None when
     the host CPU lacks AVX512-VNNI or llvmlite cannot compile for it."""
     try:
-        import llvmlite.binding as llvm
-
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
-        features = llvm.get_host_cpu_features().flatten()
-        if not _host_has_vnni(features):
+        if not _host_has_vnni(llvm_host.host_features()):
             return None
         keys = [(k, d, h, t, r) for k, d, h in VARIANTS for t, r in SHAPES]
-        module = llvm.parse_assembly(_DECLS + "\n".join(kernel_ir(*key) for key in keys))
-        module.verify()
-        machine = llvm.Target.from_default_triple().create_target_machine(cpu=llvm.get_host_cpu_name(), features=features, opt=3)
-        engine = llvm.create_mcjit_compiler(module, machine)
-        engine.finalize_object()
-        _ENGINES.append(engine)  # the code lives as long as its engine
-        return {key: engine.get_function_address(kernel_name(*key)) for key in keys}
+        addr = llvm_host.compile_for_host(_DECLS + "\n".join(kernel_ir(*key) for key in keys), [kernel_name(*key) for key in keys])
+        return {key: addr[kernel_name(*key)] for key in keys}
     except (ImportError, RuntimeError, OSError):
         return None
-
-
-_ENGINES: list = []
 
 
 def available() -> bool:

@@ -18,7 +18,6 @@ from zinfer.devices import cpu_fast
 from zinfer.devices.cpu import CpuDevice
 from zinfer.devices.cpu_fast import FastCpuDevice
 from zinfer.kernels import cpu_int8 as ci
-from zinfer.kernels import cpu_ops as ops
 from zinfer.kernels import cpu_quant as cq
 from zinfer.kernels import int8_ir
 from zinfer.kernels import reference as ref
