@@ -102,6 +102,22 @@ def fast_exp(x):
     return (p * r * r + r + np.float32(1)) * _f32_from_bits((np.int32(k) + np.int32(127)) << np.int32(23))
 
 
+@njit(fastmath=True, cache=True, nogil=True)
+def softmax_(row, scale):
+    """row [n] f32 (n >= 1), in place: softmax(scale * row)."""
+    mx = row[0]
+    for j in range(row.shape[0]):
+        mx = max(mx, row[j])
+    tot = np.float32(0)
+    for j in range(row.shape[0]):
+        e = fast_exp((row[j] - mx) * scale)
+        row[j] = e
+        tot += e
+    inv = np.float32(1) / tot
+    for j in range(row.shape[0]):
+        row[j] *= inv
+
+
 def _store_f16(pool, slots, x):
     """pool[slots[t]] = x[t] rounded to f16. pool [slots, ...] uint16 (f16 bits); x
     [T, ...] float32 with the same trailing shape, both C-contiguous."""
@@ -234,18 +250,7 @@ def paged_attention(q, k_pool, v_pool, rows, positions, row_seq, tables, block_s
                     s += qh[i] * row[i]
                 sc[h, j] = s * scale
         for h in range(grp):
-            p_h = sc[h]
-            mx = p_h[0]
-            for j in range(p_h.shape[0]):
-                mx = max(mx, p_h[j])
-            tot = np.float32(0)
-            for j in range(p_h.shape[0]):
-                e = fast_exp(p_h[j] - mx)
-                p_h[j] = e
-                tot += e
-            inv = np.float32(1) / tot
-            for j in range(p_h.shape[0]):
-                p_h[j] *= inv
+            softmax_(sc[h], np.float32(1))
             out[t, g * grp + h] = 0
         for j in range(n):
             vv = v_pool[slots[j], g]

@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit, prange
 
 from zinfer.kernels import gemm_ir
-from zinfer.kernels.cpu_ops import as_f32, call_native, fast_exp
+from zinfer.kernels.cpu_ops import as_f32, call_native, softmax_
 from zinfer.kernels.gemm_ir import MR as GEMM_MR
 from zinfer.kernels.gemm_ir import NR as GEMM_NR
 
@@ -72,18 +72,7 @@ def chunk_attention(gemm, q, kt, v, q_pos, k0, scale, window, out):
                 continue
             p = q_pos[a + r] - k0
             r_lo = max(0, p - window + 1) if window > 0 else 0
-            seen = row[r_lo - c0 : p + 1 - c0]
-            mx = np.float32(-np.inf)
-            for j in range(seen.shape[0]):
-                mx = max(mx, seen[j])
-            tot = np.float32(0)
-            for j in range(seen.shape[0]):
-                e = fast_exp((seen[j] - mx) * scale)
-                seen[j] = e
-                tot += e
-            inv = np.float32(1) / tot
-            for j in range(seen.shape[0]):
-                seen[j] *= inv
+            softmax_(row[r_lo - c0 : p + 1 - c0], scale)  # the keys row r sees
             row[: r_lo - c0] = 0
             row[p + 1 - c0 :] = 0
         o = np.empty((GEMM_MR, hd), np.float32)
