@@ -2,7 +2,9 @@
 and the operational routes /health and /metrics.
 
 /health answers before the engine is ready (503 {"status": "loading"}, then 200), and
-needs no API key. Unknown paths and methods get OpenAI-shaped errors too.
+needs no API key. Unknown paths and methods get OpenAI-shaped errors too. What a page
+on another site may make the server do (Host, Origin, CORS, body types) is decided in
+gateway/origins.py.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from zinfer.gateway import openai_api, websocket
 from zinfer.gateway.auth import ApiKeyMiddleware
 from zinfer.gateway.client import EngineError
 from zinfer.gateway.openai_schema import ApiError
+from zinfer.gateway.origins import BrowserGuard, JsonBodiesOnly
 from zinfer.gateway.state import GatewayState
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -44,7 +47,9 @@ def build_app(state: GatewayState) -> Starlette:
         kind = "not_found" if exc.status_code == 404 else "method_not_allowed" if exc.status_code == 405 else None
         return ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=kind).response()
 
-    middleware = [Middleware(ApiKeyMiddleware, api_key=state.api_key)] if state.api_key else []
+    # outermost first: Host and Origin (preflights need no key), then the key, then the body's type
+    keyed = [Middleware(ApiKeyMiddleware, api_key=state.api_key)] if state.api_key else []
+    middleware = [Middleware(BrowserGuard, policy=state.origins), *keyed, Middleware(JsonBodiesOnly)]
     operational = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]
     return Starlette(
         routes=[*operational, *openai_api.routes(state), *websocket.routes(state)],

@@ -1,33 +1,59 @@
-"""`--api-key`: an ASGI middleware that wants `Authorization: Bearer KEY` on every path but /health."""
+"""`--api-key`: an ASGI middleware that wants the key on every path but /health and the page's
+script and style.
+
+The key travels as `Authorization: Bearer KEY`; on the chat page `/` and its websocket
+`/v1/ws` also as `?api_key=KEY`, since a browser sets no headers on a page load or a
+websocket handshake. Every comparison is constant-time.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 
+from starlette.datastructures import Headers, QueryParams
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from zinfer.gateway.openai_schema import ApiError
+from zinfer.gateway.origins import refuse
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/static/chat.js", "/static/chat.css"})  # no secrets there
+KEY_IN_QUERY = frozenset({"/", "/v1/ws"})
+
+
+def key_matches(given: str | bytes | None, key: str) -> bool:
+    """Whether given is the key, in time independent of both: each side is hashed to 32
+    bytes first, so neither the content nor the length of the key shows in the timing."""
+    given = given.encode() if isinstance(given, str) else given or b""
+    return hmac.compare_digest(hashlib.sha256(given).digest(), hashlib.sha256(key.encode()).digest())
+
+
+def authorized(key: str | None, authorization: str | None, query_key: str | None = None) -> bool:
+    """Whether a request with this Authorization header (and ?api_key, where taken) has the key.
+
+    No key configured: always. Both ways are checked whatever the first one gave."""
+    if not key:
+        return True
+    scheme, _, token = (authorization or "").partition(" ")
+    by_header = key_matches(token.strip().encode("latin-1", "replace"), key) & (scheme.lower() == "bearer")  # headers are latin-1
+    by_query = key_matches(query_key, key) & (query_key is not None)
+    return by_header | by_query
 
 
 class ApiKeyMiddleware:
-    """Refuses HTTP requests with a missing or wrong key with 401 in OpenAI's error shape;
-    websocket handshakes with a missing or wrong key are closed before they are accepted."""
+    """Refuses HTTP requests and websocket handshakes with a missing or wrong key: 401 in
+    OpenAI's error shape (a handshake gets it as its HTTP response, or a 1008 close)."""
 
     def __init__(self, app: ASGIApp, api_key: str):
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.api_key = api_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS or self._authorized(scope):
-            await self.app(scope, receive, send)
-        elif scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1008, "reason": "invalid API key"})
-        else:
-            error = ApiError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'", type="authentication_error", code="invalid_api_key")
-            await error.response()(scope, receive, send)
+            return await self.app(scope, receive, send)
+        how = "send 'Authorization: Bearer <key>'" + (" or add ?api_key=<key>" if scope["path"] in KEY_IN_QUERY else "")
+        await refuse(ApiError(401, f"invalid or missing API key: {how}", type="authentication_error", code="invalid_api_key"), scope, receive, send)
 
     def _authorized(self, scope: Scope) -> bool:
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        return hmac.compare_digest(given, self.expected)
+        query_key = QueryParams(scope["query_string"]).get("api_key") if scope["path"] in KEY_IN_QUERY else None
+        return authorized(self.api_key, Headers(scope=scope).get("authorization"), query_key)

@@ -13,6 +13,7 @@ import trio
 from zinfer.actors.engine import EngineConfig, open_engine
 from zinfer.gateway.app import build_app
 from zinfer.gateway.client import AsyncClient
+from zinfer.gateway.origins import OriginPolicy
 from zinfer.gateway.run_command import engine_config, trace_config
 from zinfer.gateway.state import GatewayState
 from zinfer.traces.windows import merge_windows, parts_dir
@@ -32,7 +33,8 @@ def serve(args: argparse.Namespace) -> int:
 
 async def run_server(args: argparse.Namespace, config: EngineConfig) -> None:
     """Serve HTTP at args.host:args.port from an engine started with config, until cancelled."""
-    state = GatewayState(model_name=args.model, api_key=args.api_key)
+    origins = OriginPolicy.from_args(args.host, args.allowed_origins, args.allowed_hosts)
+    state = GatewayState(model_name=args.model, api_key=args.api_key, origins=origins)
     hc = hypercorn.config.Config()
     hc.bind = [f"{args.host}:{args.port}"]
     hc.accesslog = None

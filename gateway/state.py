@@ -7,12 +7,14 @@ from typing import Any
 
 from zinfer.gateway.client import AsyncClient
 from zinfer.gateway.metrics import Metrics
+from zinfer.gateway.origins import OriginPolicy
 
 
 @dataclass
 class GatewayState:
     model_name: str
     api_key: str | None = None
+    origins: OriginPolicy = field(default_factory=OriginPolicy)  # Host, Origin and CORS rules
     client: AsyncClient | None = None  # set once the engine is ready
     max_model_len: int = 0
     model_aliases: set[str] = field(default_factory=set)  # other names a request may use: the model's path

@@ -152,3 +152,22 @@ def test_chat_page_streams_the_engines_answer_and_stops(server, page, tmp_path):
     assert page.js(f"{LAST_ANSWER}.querySelector('.note').textContent") == "(stopped)"
     assert page.js("conversation.length") == 6
     assert page.js("document.getElementById('send').disabled") is False
+
+
+def test_chat_page_with_an_api_key_from_its_query(smollm2_path, page):
+    key = "sk-page-test"
+    with running_server(smollm2_path, "--max-running", "2", api_key=key) as keyed:
+        page.call("Page.navigate", url=keyed.url + f"/?api_key={key}&x=1#top")
+        page.wait_for("document.getElementById('status')?.dataset.state === 'open'", 30)
+        # the key is out of the address bar and history; the rest of the address is kept
+        assert page.js("location.href") == keyed.url + "/?x=1#top"
+        page.type("#temperature", "0")
+        page.type("#max-tokens", "8")
+        q = "What is the capital of France?"
+        ask(page, q)
+        page.wait_for(f"{LAST_ANSWER}.dataset.state === 'done'")
+        assert page.js(f"{LAST_ANSWER}.querySelector('.text').textContent") == engine_text(keyed, [{"role": "user", "content": q}], 8)
+        # a wrong key: the page itself is refused
+        page.call("Page.navigate", url=keyed.url + "/?api_key=wrong")
+        page.wait_for("document.readyState === 'complete'", 30)
+        assert "invalid_api_key" in page.js("document.body.innerText")

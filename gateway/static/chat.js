@@ -8,12 +8,25 @@ let socket = null;
 let current = null;            // the generation streaming now: {id, el, text, user}
 let counter = 0;
 let retryMs = 500;
+const apiKey = takeApiKey();  // with `zinfer serve --api-key`: opened as /?api_key=KEY
+
+// Read ?api_key from the address and take it out of the address bar and history, so it
+// is not shown, bookmarked or shared; the page keeps it in memory for its websocket.
+function takeApiKey() {
+  const url = new URL(location.href);
+  const key = url.searchParams.get("api_key");
+  if (key !== null) {
+    url.searchParams.delete("api_key");
+    history.replaceState(history.state, "", url.pathname + url.search + url.hash);
+  }
+  return key;
+}
 
 function socketUrl() {
   const url = new URL("v1/ws", location.href);
   url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
-  const key = new URLSearchParams(location.search).get("api_key");
-  url.search = key ? "?api_key=" + encodeURIComponent(key) : "";
+  url.search = apiKey ? "?api_key=" + encodeURIComponent(apiKey) : "";
+  url.hash = "";
   return url.href;
 }
 
