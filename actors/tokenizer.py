@@ -7,6 +7,10 @@ and matched against stop strings before they reach the client as deltas.
 
 Because every client event leaves from here, this actor guarantees the contract:
 each request gets exactly one terminal event (its state is dropped as it is sent).
+A generation is registered before its prompt is encoded (a Cancel or a failure in
+the meantime ends it; the encoding's result is then dropped), and encoding runs
+off the event loop when it is large (actors/prompt_encoding.py). Once an actor has
+failed or the engine shut down, every new generation is answered with Failed.
 
 Backpressure: client events queue in an unbounded channel to the ROUTER sender task
 (a slow client never stalls the engine); ROUTER sends to a full peer wait.
@@ -23,6 +27,7 @@ import structlog
 import trio
 import zmq
 
+from zinfer.actors.prompt_encoding import PromptLimits, PromptTooLong, Worker, encode_prompt, encode_text_or_chat, input_size
 from zinfer.actors.topology import Addresses
 from zinfer.messages.bus import AsyncSocket, PeerGone
 from zinfer.messages.channel import Inbox, Outbox
@@ -53,6 +58,14 @@ from zinfer.traces.config import REQUEST, TOKENIZE
 from zinfer.traces.setup import Tracing
 
 log = structlog.get_logger("zinfer.tokenizer")
+
+MAX_PUBLIC_MESSAGE = 16 * 1024 * 1024
+"""The largest message (bytes) a client of a public endpoint (`--zmq`) may send: libzmq
+drops the connection of a peer that sends more, before the message is buffered whole.
+The in-process front door (inproc, the gateways' own) has no such cap."""
+
+SEED_RANGE = 2**64
+"""Seeds are taken modulo this: choice i of a seeded request samples with seed + i."""
 
 
 @dataclass
@@ -96,6 +109,7 @@ class TokenizerActor:
 
     def __post_init__(self) -> None:
         self.front = AsyncSocket(self.ctx, zmq.ROUTER, bind=self.addrs.frontend)
+        self.front.socket.setsockopt(zmq.MAXMSGSIZE, MAX_PUBLIC_MESSAGE)  # bound endpoints keep the options of their bind
         for endpoint in self.public:
             self.front.socket.bind(endpoint)
         self.inbox: Inbox = Inbox(self.ctx, self.addrs.tokenizer, TokenizerInbox)
@@ -105,10 +119,14 @@ class TokenizerActor:
         self.seq_ids = itertools.count(1)
         self.client_tx, self.client_rx = trio.open_memory_channel[tuple[bytes, ClientEvent]](float("inf"))
         self.sched_tx, self.sched_rx = trio.open_memory_channel[object](float("inf"))
+        self.limits = PromptLimits.for_tokenizer(self.prompts.tokenizer, self.max_model_len)
+        self.worker = Worker()
+        self.down: str | None = None  # why new generations fail at once (an actor died, shutdown)
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         try:
             async with trio.open_nursery() as nursery:
+                self.tasks = nursery  # one task per request being encoded
                 nursery.start_soon(self._send_clients)
                 nursery.start_soon(self._send_scheduler)
                 nursery.start_soon(self._from_clients)
@@ -147,8 +165,7 @@ class TokenizerActor:
             msg = await self.inbox.recv()
             if isinstance(msg, Shutdown):
                 self.fail_all("the engine shut down")
-                return
-            if isinstance(msg, SeqOutputs):
+            elif isinstance(msg, SeqOutputs):
                 self.stats = msg.stats
                 for out in msg.outputs:
                     self.handle_output(out)
@@ -167,22 +184,40 @@ class TokenizerActor:
             if r is not None:
                 self._finish(r, Cancelled(r.request_id, r.usage()), abort="cancelled")
         elif isinstance(req, Tokenize):
-            try:
-                ids = self.prompts.tokenize(req.text, req.messages, req.add_special)
-                self._emit(peer, TokenizeResult(req.request_id, ids))
-            except ValueError as exc:
-                self._emit(peer, Rejected(req.request_id, "bad_request", str(exc)))
+            self.tasks.start_soon(self._tokenize, peer, req)
         elif isinstance(req, GetStats):
             s = self.stats
             self._emit(peer, EngineStats(req.request_id, s.running, s.waiting, s.kv_blocks, s.kv_used_blocks, s.kv_cached_blocks, s.rounds, len(self.requests)))
         elif isinstance(req, Detokenize):
-            try:
-                self._emit(peer, TokenizeResult(req.request_id, req.token_ids, self.prompts.tokenizer.decode(req.token_ids)))
-            except Exception as exc:  # the tokenizers library raises its own types on bad ids
-                self._emit(peer, Rejected(req.request_id, "bad_request", f"cannot detokenize: {exc}"))
+            self.tasks.start_soon(self._detokenize, peer, req)
+
+    async def _tokenize(self, peer: bytes, req: Tokenize) -> None:
+        try:
+            ids = await self.worker.run(input_size(req), encode_text_or_chat, self.prompts, self.limits, req.text, req.messages, req.add_special)
+        except PromptTooLong as exc:
+            self._emit(peer, Rejected(req.request_id, "too_long", str(exc), n_ctx=self.max_model_len))
+        except ValueError as exc:
+            self._emit(peer, Rejected(req.request_id, "bad_request", str(exc)))
+        except Exception as exc:  # a tokenizer bug fails this request only
+            log.exception("tokenizing failed", request_id=req.request_id)
+            self._emit(peer, Failed(req.request_id, f"cannot tokenize: {exc!r}"))
+        else:
+            self._emit(peer, TokenizeResult(req.request_id, ids))
+
+    async def _detokenize(self, peer: bytes, req: Detokenize) -> None:
+        try:
+            text = await self.worker.run(len(req.token_ids), self.prompts.tokenizer.decode, req.token_ids)
+        except Exception as exc:  # the tokenizers library raises its own types on bad ids
+            self._emit(peer, Rejected(req.request_id, "bad_request", f"cannot detokenize: {exc}"))
+        else:
+            self._emit(peer, TokenizeResult(req.request_id, req.token_ids, text))
 
     def _generate(self, peer: bytes, req: Generate) -> None:
+        """Check what is cheap to check, register the request, and start encoding its prompt."""
         rid = req.request_id
+        if self.down is not None:
+            self._emit(peer, Failed(rid, self.down))
+            return
         if (peer, rid) in self.requests:
             self._emit(peer, Rejected(rid, "bad_request", f"request_id {rid!r} is already in use"))
             return
@@ -195,28 +230,56 @@ class TokenizerActor:
         try:
             req.params.validate()
             self.prompts.check_params(req.params.logit_bias, req.params.stop_token_ids)
-            ids = r.prompt_ids = self.prompts.prompt_ids(req.prompt, req.messages, req.prompt_ids, req.add_special)
+            if req.prompt is not None:
+                self.limits.check_text(len(req.prompt))
+            if req.prompt_ids is not None:
+                self.limits.check_ids(len(req.prompt_ids))
         except ValueError as exc:
-            self._close(r, Rejected(rid, "bad_request", str(exc)), tok_span)
+            self._close(r, self._refusal(r, exc), tok_span)
             return
-        if tok_span is not None:
-            tok_span.set_attribute("prompt_tokens", len(ids))
-            tok_span.end()
-        if len(ids) >= self.max_model_len:
-            msg = f"the prompt has {len(ids)} tokens, the context holds {self.max_model_len}"
-            self._close(r, Rejected(rid, "too_long", msg, n_prompt_tokens=len(ids), n_ctx=self.max_model_len))
-            return
-        p = req.params
-        r.logprobs, r.top_n = p.logprobs is not None, p.logprobs or 0
         self.requests[(peer, rid)] = r
-        traceparent = self.tracing.traceparent(span) if span is not None else req.traceparent
-        self._emit(peer, Started(rid, len(ids)))
+        self.tasks.start_soon(self._encode_and_admit, r, req, tok_span)
+
+    async def _encode_and_admit(self, r: Request, req: Generate, tok_span) -> None:
+        """Encode r's prompt (off the loop when large), then admit a sequence per choice.
+
+        If r ended meanwhile (cancelled, failed, its client gone), its terminal event is
+        already out: the result is dropped."""
+        refusal = None
+        try:
+            r.prompt_ids = await self.worker.run(input_size(req), encode_prompt, self.prompts, self.limits, req)
+        except ValueError as exc:
+            refusal = self._refusal(r, exc)
+        except Exception as exc:  # a tokenizer bug fails this request only
+            log.exception("encoding failed", request_id=r.request_id)
+            refusal = Failed(r.request_id, f"cannot encode the prompt: {exc!r}")
+        if tok_span is not None:
+            tok_span.set_attribute("prompt_tokens", len(r.prompt_ids))
+            tok_span.end()
+        if self.requests.get((r.peer, r.request_id)) is not r:
+            return
+        if refusal is not None:
+            self._finish(r, refusal)
+            return
+        self._admit(r, req.params, req.traceparent)
+
+    def _refusal(self, r: Request, exc: ValueError) -> Rejected:
+        if isinstance(exc, PromptTooLong):
+            return Rejected(r.request_id, "too_long", str(exc), n_prompt_tokens=exc.n_tokens, n_ctx=self.max_model_len)
+        return Rejected(r.request_id, "bad_request", str(exc))
+
+    def _admit(self, r: Request, p, client_traceparent: str | None) -> None:
+        """Send Started and one Admit per choice (seeded choice i samples with seed + i)."""
+        ids = r.prompt_ids
+        r.logprobs, r.top_n = p.logprobs is not None, p.logprobs or 0
+        traceparent = self.tracing.traceparent(r.span) if r.span is not None else client_traceparent
+        self._emit(r.peer, Started(r.request_id, len(ids)))
         eos = sorted(self.prompts.tokenizer.eos_ids)
         for i in range(p.n):
             seq_id = next(self.seq_ids)
             r.choices.append(Choice(seq_id, IncrementalDetokenizer(self.prompts.tokenizer), StopMatcher(p.stop)))
             self.by_seq[seq_id] = r
-            params = p if p.seed is None or i == 0 else msgspec.structs.replace(p, seed=p.seed + i)
+            params = p if p.seed is None or i == 0 else msgspec.structs.replace(p, seed=(p.seed + i) % SEED_RANGE)
             self.sched_tx.send_nowait(Admit(seq_id, ids, params, eos, traceparent))
 
     # ---- outputs --------------------------------------------------------------------
@@ -225,6 +288,11 @@ class TokenizerActor:
         r = self.by_seq.get(out.seq_id)
         if r is None:
             return  # its request already ended (cancelled, stop string)
+        if out.finish_reason and out.finish_reason.startswith("error:"):
+            # sampling this sequence failed: the request fails, its other choices are aborted
+            self.by_seq.pop(out.seq_id, None)
+            self._finish(r, Failed(r.request_id, out.finish_reason[len("error:"):].strip()), abort="failed")
+            return
         index, choice = next((i, c) for i, c in enumerate(r.choices) if c.seq_id == out.seq_id)
         r.cached_tokens = max(r.cached_tokens, out.cached_tokens)
         if not r.first_token:
@@ -260,7 +328,8 @@ class TokenizerActor:
             self._finish(r, Rejected(r.request_id, msg.code, msg.message, n_prompt_tokens=len(r.prompt_ids)), abort="rejected")
 
     def fail_all(self, message: str) -> None:
-        """Fail every open request (an actor died or the engine stops)."""
+        """Fail every open request and every later generation (an actor died or the engine stops)."""
+        self.down = message
         for r in list(self.requests.values()):
             self._finish(r, Failed(r.request_id, message))
 
