@@ -111,13 +111,28 @@ ACTOR_ORDER = ("kv", "sampler", "executor", "scheduler", "tokenizer")
 
 
 class Engine:
-    """A running in-process engine: its context and the front door's address."""
+    """A running engine: its context, the front door's address, and what gateways ask of it.
+
+    Gateways read `max_model_len` and `tracing`, never `actors`: which actors live in
+    this process differs per topology (inproc: all five; ipc/tcp: the tokenizer and the
+    child processes under "processes")."""
 
     def __init__(self, ctx: zmq.Context, addrs: Addresses, source: ModelSource, actors: dict[str, Any], config: EngineConfig):
         self.ctx, self.addrs, self.source, self.actors, self.config = ctx, addrs, source, actors, config
 
     @property
+    def max_model_len(self) -> int:
+        """The context length every request is checked against (tokens)."""
+        return self.config.scheduler_config(self.source).max_model_len
+
+    @property
+    def tracing(self) -> Tracing | None:
+        """This process's Tracing (the front door's), None when tracing is off."""
+        return self.actors["tokenizer"].tracing
+
+    @property
     def kv_allocator(self):
+        """The KV allocator, inproc topology only (tests check its invariants)."""
         return self.actors["kv"].allocator
 
 
@@ -132,7 +147,7 @@ async def open_engine(config: EngineConfig = EngineConfig(), addrs: Addresses | 
         from zinfer.actors.processes import open_process_engine
 
         async with open_process_engine(config, config.topology) as engine:
-            tracing = engine.actors["tokenizer"].tracing
+            tracing = engine.tracing
             try:
                 log_start(engine.source, config)
                 yield engine

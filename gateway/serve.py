@@ -44,7 +44,7 @@ async def run_server(args: argparse.Namespace, config: EngineConfig) -> None:
         # HTTP first: /health answers 503 while the model loads
         await nursery.start(partial(hypercorn.trio.serve, build_app(state), hc))
         async with open_engine(config) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
-            state.max_model_len = engine.actors["scheduler"].policy.config.max_model_len
+            state.max_model_len = engine.max_model_len
             state.model_aliases = {str(engine.source.path), engine.source.path.name}
             state.client = client
             log.warning("serving", url=f"http://{args.host}:{args.port}", zmq=list(config.zmq_endpoints))

@@ -228,6 +228,6 @@ def stdio_main(args: argparse.Namespace) -> int:
 async def _stdio(args: argparse.Namespace, protocol_fd: int) -> None:
     config = engine_config(args)
     async with open_engine(config) as engine:
-        ready = Ready(model=engine.source.name, max_model_len=engine.actors["scheduler"].policy.config.max_model_len)
+        ready = Ready(model=engine.source.name, max_model_len=engine.max_model_len)
         log.info("stdio ready", model=ready.model)
         await StdioRelay(engine.ctx, engine.addrs.frontend, 0, protocol_fd).run(ready)

@@ -7,6 +7,12 @@ import time
 import pytest
 import trio
 
+import json
+import subprocess
+import sys
+
+import httpx
+
 from zinfer.actors.engine import EngineConfig, open_engine
 from zinfer.actors.processes import EngineFailure
 from zinfer.gateway.client import AsyncClient
@@ -53,6 +59,7 @@ async def test_tcp_topology_generates(smollm2_path):
 
 async def test_killing_the_executor_fails_open_requests_fast(smollm2_path):
     failed_after: list[float] = []
+    late: list = []
     started = trio.Event()
     with pytest.raises(BaseExceptionGroup) as info:
         async with open_engine(EngineConfig(model=str(smollm2_path), topology="ipc")) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
@@ -72,5 +79,37 @@ async def test_killing_the_executor_fails_open_requests_fast(smollm2_path):
                 await started.wait()
                 killed_at[0] = time.monotonic()
                 engine.actors["processes"]["executor"].kill()
+            # a request sent once the failure is known: failed at once, never started
+            late += [ev async for ev in client.generate("Too late?", params=GREEDY)]
     assert info.group_contains(EngineFailure, match="executor")
     assert len(failed_after) == 4 and max(failed_after) < 1.0, failed_after
+    assert [type(ev) for ev in late] == [Failed] and "executor failed" in late[0].message, late
+
+
+# ---- the commands on every topology (a tiny random model: start-up is what is tested) ----
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from zinfer.models.tiny import write_tiny_gguf
+
+    return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf", "llama")
+
+
+def test_serve_on_ipc_answers_a_chat_completion(tiny_model):
+    from http_server import running_server
+
+    with running_server(tiny_model, "--topology", "ipc") as server:
+        body = {"model": server.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
+        r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] >= 1
+        assert httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["max_model_len"] == 256
+
+
+@pytest.mark.parametrize("topology", ["ipc", "tcp"])
+def test_run_on_process_topologies(tiny_model, topology):
+    cmd = [sys.executable, "-m", "zinfer.gateway.cli", "run", "--model", str(tiny_model), "--topology", topology,
+           "--raw", "--json", "--temperature", "0", "--max-tokens", "4", "hello world"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len(json.loads(r.stdout.splitlines()[-1])["token_ids"]) == 4
