@@ -11,7 +11,9 @@ Lifecycle: logs go to stderr only (the real stdout is kept for the protocol and 
 is pointed at stderr, so a stray print cannot corrupt the stream); {"type": "ready"}
 is written once the engine is up; a line that is not a valid request gets a
 `rejected` event with code "bad_request" and the process carries on; at EOF on stdin
-the requests still open run to their terminal event, then the process exits 0.
+the requests still open run to their terminal event, then the process exits 0. A host
+that closes our stdout gets its open requests cancelled and the process exits 0 with
+one line on stderr.
 """
 
 from __future__ import annotations
@@ -82,8 +84,8 @@ class LineReader:
                     return line
                 return None
             if len(self.buf) > MAX_LINE:
+                line = bytes(self.buf[: MAX_LINE + 1])
                 await self._skip_rest()
-                line, self.buf = bytes(self.buf[: MAX_LINE + 1]), bytearray()
                 return line
             chunk = await read_fd(self.fd)
             if not chunk:
@@ -91,8 +93,8 @@ class LineReader:
             self.buf += chunk
 
     async def _skip_rest(self) -> None:
-        """Drop input up to and including the next newline (the tail of an overlong line)."""
-        del self.buf[: MAX_LINE + 1]
+        """Drop input up to and including the next newline (the tail of an overlong line);
+        what follows that newline stays in the buffer."""
         while True:
             nl = self.buf.find(b"\n")
             if nl >= 0:
@@ -128,6 +130,7 @@ class StdioRelay:
         self.stdin_closed = False
         self.all_done = trio.Event()  # set once stdin is closed and no request is open
         self.writer_done = trio.Event()
+        self.sender_done = trio.Event()
         self.line_no = 0
 
     def write(self, event: msgspec.Struct) -> None:
@@ -138,6 +141,7 @@ class StdioRelay:
         """Relay until stdin ends and every open request has ended."""
         try:
             async with trio.open_nursery() as nursery:
+                self.nursery = nursery
                 nursery.start_soon(self._write_stdout)
                 nursery.start_soon(self._send_engine)
                 nursery.start_soon(self._recv_engine)
@@ -186,8 +190,11 @@ class StdioRelay:
         self.write(Rejected(request_id or "", "bad_request", message))
 
     async def _send_engine(self) -> None:
-        async for req in self.req_rx:
-            await self.sock.send(self.wire.encode(req))
+        try:
+            async for req in self.req_rx:
+                await self.sock.send(self.wire.encode(req))
+        finally:
+            self.sender_done.set()
 
     async def _recv_engine(self) -> None:
         while True:
@@ -201,8 +208,20 @@ class StdioRelay:
         try:
             async for line in self.out_rx:
                 await write_fd(self.stdout_fd, line)
+        except BrokenPipeError:
+            await self._host_gone()
         finally:
             self.writer_done.set()
+
+    async def _host_gone(self) -> None:
+        """Our stdout was closed: cancel every open request, then end the relay."""
+        log.warning("stdout closed by the host: cancelling open requests and exiting", open_requests=len(self.open_ids))
+        for rid in self.open_ids:
+            self.req_tx.send_nowait(Cancel(rid))
+        self.req_tx.close()  # the sender sends the cancels, then returns
+        with trio.move_on_after(2.0):
+            await self.sender_done.wait()
+        self.nursery.cancel_scope.cancel()
 
 
 def _request_id_of(line: bytes) -> str | None:

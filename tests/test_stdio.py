@@ -89,3 +89,67 @@ def test_bad_lines_get_rejected_and_eof_lets_open_requests_finish(smollm2_path):
     assert ok[-1]["usage"]["completion_tokens"] == 12
     assert "Paris" in "".join(e.get("text", "") for e in ok if e["type"] == "delta")
     assert "bad request line" in stderr  # logs go to stderr, never stdout
+
+
+# ---- on a tiny random model: framing, a host that goes away, other topologies ------------
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from zinfer.models.tiny import write_tiny_gguf
+
+    return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf", "llama", max_position_embeddings=32768)
+
+
+def _generate_line(rid: str, max_tokens: int = 4) -> str:
+    return json.dumps({"type": "generate", "request_id": rid, "prompt": "hello world", "params": {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True}})
+
+
+def test_an_overlong_line_is_rejected_and_the_next_lines_stay_whole(tiny_model):
+    from zinfer.gateway.stdio import MAX_LINE
+
+    overlong = '{"type": "generate", "request_id": "huge", "prompt": "' + "x" * (MAX_LINE + 100) + '"}'
+    proc = subprocess.Popen(zinfer_stdio(tiny_model), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate("\n".join([overlong, _generate_line("g1"), _generate_line("g2")]).encode() + b"\n", timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    events = [json.loads(line) for line in out.splitlines()][1:]  # after "ready"
+    rejected = [e for e in events if e["type"] == "rejected"]
+    assert len(rejected) == 1 and f"longer than {MAX_LINE} bytes" in rejected[0]["message"], rejected
+    for rid in ("g1", "g2"):
+        mine = [e["type"] for e in events if e["request_id"] == rid]
+        assert mine[0] == "started" and mine[-1] == "finished", (rid, mine)
+
+
+def test_a_host_that_closes_our_stdout_ends_us_quietly(tiny_model):
+    proc = subprocess.Popen(zinfer_stdio(tiny_model), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert json.loads(proc.stdout.readline())["type"] == "ready"
+        proc.stdin.write(_generate_line("long", max_tokens=30000) + "\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["type"] == "started"
+        proc.stdout.close()  # stdin stays open: the host is gone all the same
+        assert proc.wait(60) == 0
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in err and "stdout closed by the host" in err, err[-2000:]
+
+
+def test_stdio_on_the_tcp_topology(tiny_model):
+    proc = subprocess.Popen([*zinfer_stdio(tiny_model), "--topology", "tcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(_generate_line("t").encode() + b"\n", timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    events = [json.loads(line) for line in out.splitlines()]
+    assert events[0]["type"] == "ready" and events[0]["max_model_len"] == 4096
+    types = [e["type"] for e in events[1:]]
+    assert types[0] == "started" and types[-1] == "finished" and set(types[1:-1]) == {"delta"}, types
+    assert events[-1]["usage"]["completion_tokens"] == 4
