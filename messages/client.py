@@ -8,47 +8,63 @@ Finished, Cancelled, Rejected or Failed.
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Annotated, Union
 
 import msgspec
+from msgspec import Meta
 
-from zinfer.messages.params import SamplingParams
+from zinfer.messages.params import TOKEN_ID_LIMIT, SamplingParams
 
 _MAP = dict(tag_field="type", omit_defaults=True, forbid_unknown_fields=True)
+
+# Bounds on what a client sends, checked as a request is decoded (ZeroMQ, stdio and
+# AsyncClient before it sends): a request outside them is refused as bad_request.
+MAX_REQUEST_ID = 256
+MAX_TEXT = 4 << 20
+"""Characters in a prompt, a text to tokenize or one message field (the HTTP body cap is 4 MiB too)."""
+MAX_MESSAGES = 1024
+MAX_PROMPT_IDS = 1 << 20
+
+RequestId = Annotated[str, Meta(max_length=MAX_REQUEST_ID)]
+Text = Annotated[str, Meta(max_length=MAX_TEXT)]
+TokenId = Annotated[int, Meta(ge=0, lt=TOKEN_ID_LIMIT)]
+TokenIds = Annotated[list[TokenId], Meta(max_length=MAX_PROMPT_IDS)]
+Message = Annotated[dict[Annotated[str, Meta(max_length=64)], Text], Meta(max_length=16)]  # role, content, ...
+Messages = Annotated[list[Message], Meta(max_length=MAX_MESSAGES)]
 
 
 class Generate(msgspec.Struct, tag="generate", **_MAP):
     """Start a generation from exactly one of: prompt (raw text), messages (chat), prompt_ids."""
 
-    request_id: str
-    prompt: str | None = None
-    messages: list[dict[str, str]] | None = None
-    prompt_ids: list[int] | None = None
+    request_id: RequestId
+    prompt: Text | None = None
+    messages: Messages | None = None
+    prompt_ids: TokenIds | None = None
     params: SamplingParams = msgspec.field(default_factory=SamplingParams)
     add_special: bool = True  # prepend BOS as the model says, for prompt text
-    traceparent: str | None = None
+    traceparent: Annotated[str, Meta(max_length=128)] | None = None
 
 
 class Cancel(msgspec.Struct, tag="cancel", **_MAP):
-    request_id: str
+    request_id: RequestId
 
 
 class Tokenize(msgspec.Struct, tag="tokenize", **_MAP):
     """Count or encode: text, or chat messages rendered through the template."""
 
-    request_id: str
-    text: str | None = None
-    messages: list[dict[str, str]] | None = None
+    request_id: RequestId
+    text: Text | None = None
+    messages: Messages | None = None
     add_special: bool = True
 
 
 class Detokenize(msgspec.Struct, tag="detokenize", **_MAP):
-    request_id: str
-    token_ids: list[int]
+    request_id: RequestId
+    token_ids: TokenIds
 
 
 class GetStats(msgspec.Struct, tag="stats", **_MAP):
-    request_id: str
+    request_id: RequestId
 
 
 ClientRequest = Union[Generate, Cancel, Tokenize, Detokenize, GetStats]
