@@ -4,6 +4,11 @@ The wire protocol is messages/client.py: a DEALER sends one msgpack map per requ
 (`{"type": "generate", "request_id": ..., "prompt": ..., "params": {...}}`) and receives
 events as msgpack maps tagged by "type"; every request ends with exactly one terminal
 event (finished, cancelled, rejected, failed; tokenized for tokenize/detokenize).
+
+Both clients encode a request in the caller's code and check it as the engine will
+decode it, so a request the engine could not take (an id too long, a token id or seed
+outside 64 bits) fails for its caller alone: AsyncClient answers it with a Rejected
+event (EngineError from tokenize/detokenize/stats), Client raises EngineError.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import uuid
 from typing import AsyncIterator, Iterator
 
+import msgspec
 import trio
 import zmq
 
@@ -37,19 +43,29 @@ class EngineError(RuntimeError):
     """A request ended with rejected or failed where a result was expected."""
 
 
+def wire_frames(codec: Codec, request: ClientRequest) -> list:
+    """The frames of request, checked first as the engine will decode it; EngineError names what is wrong."""
+    try:
+        msgspec.convert(msgspec.to_builtins(request), codec.type)  # the decoder's bounds, with the field's path
+        return codec.encode(request)
+    except (msgspec.MsgspecError, OverflowError, TypeError, ValueError, NotImplementedError) as exc:
+        raise EngineError(f"invalid request: {exc}") from None
+
+
 class AsyncClient:
     """Talks to one engine from trio code. Use `async with AsyncClient(ctx, address) as c`.
 
     One task receives and routes events to per-request channels; one task sends
-    (requests from any number of tasks queue in a channel). When the client closes,
-    every request still open gets a Failed event, so no stream waits forever.
+    (requests from any number of tasks queue in a channel, already encoded, so the
+    sender cannot fail on one of them). When the client closes, every request still
+    open gets a Failed event, so no stream waits forever.
     """
 
     def __init__(self, ctx: zmq.Context, address: str):
         self.sock = AsyncSocket(ctx, zmq.DEALER, connect=address)
         self.requests_codec = Codec(ClientRequest)
         self.events_codec = Codec(ClientEvent)
-        self.out_tx, self.out_rx = trio.open_memory_channel[ClientRequest](float("inf"))
+        self.out_tx, self.out_rx = trio.open_memory_channel[list](float("inf"))  # encoded requests
         self.streams: dict[str, trio.MemorySendChannel] = {}
 
     async def __aenter__(self) -> "AsyncClient":
@@ -69,8 +85,8 @@ class AsyncClient:
             self.sock.close()
 
     async def _send_loop(self) -> None:
-        async for req in self.out_rx:
-            await self.sock.send(self.requests_codec.encode(req))
+        async for frames in self.out_rx:
+            await self.sock.send(frames)
 
     async def _recv_loop(self) -> None:
         try:
@@ -90,11 +106,23 @@ class AsyncClient:
             tx.send_nowait(Failed(rid, message))
         self.streams.clear()
 
-    def _open(self, request: ClientRequest) -> trio.MemoryReceiveChannel:
+    def _open(self, request: ClientRequest) -> tuple[trio.MemorySendChannel, trio.MemoryReceiveChannel]:
+        """Queue request for sending; its events arrive on the receive channel returned.
+
+        A request the engine could not take, or whose id is already open on this
+        client, gets its Rejected event here and is not sent (nor in self.streams).
+        """
         tx, rx = trio.open_memory_channel[ClientEvent](float("inf"))
+        try:
+            if request.request_id in self.streams:
+                raise EngineError(f"request_id {request.request_id!r} is already in use")
+            frames = wire_frames(self.requests_codec, request)
+        except EngineError as exc:
+            tx.send_nowait(Rejected(request.request_id, "bad_request", str(exc)))
+            return tx, rx
         self.streams[request.request_id] = tx
-        self.out_tx.send_nowait(request)
-        return rx
+        self.out_tx.send_nowait(frames)
+        return tx, rx
 
     async def generate(
         self,
@@ -112,7 +140,7 @@ class AsyncClient:
         Leaving the loop early (break, cancellation, an exception) cancels the request.
         """
         req = Generate(request_id or uuid.uuid4().hex, prompt, messages, prompt_ids, params or SamplingParams(), add_special, traceparent)
-        rx = self._open(req)
+        tx, rx = self._open(req)
         done = False
         try:
             async for event in rx:
@@ -121,12 +149,12 @@ class AsyncClient:
                 if done:
                     return
         finally:
-            if not done and req.request_id in self.streams:
-                self.out_tx.send_nowait(Cancel(req.request_id))
+            if not done and self.streams.get(req.request_id) is tx:
+                self.cancel(req.request_id)
 
     def cancel(self, request_id: str) -> None:
-        """Ask the engine to cancel a request; its stream then ends with Cancelled."""
-        self.out_tx.send_nowait(Cancel(request_id))
+        """Ask the engine to cancel a request; its stream then ends with Cancelled. EngineError: not a valid id."""
+        self.out_tx.send_nowait(wire_frames(self.requests_codec, Cancel(request_id)))
 
     async def tokenize(self, text: str | None = None, *, messages: list[dict[str, str]] | None = None, add_special: bool = True) -> list[int]:
         result = await self._one(Tokenize(uuid.uuid4().hex, text, messages, add_special))
@@ -140,7 +168,7 @@ class AsyncClient:
         return await self._one(GetStats(uuid.uuid4().hex))
 
     async def _one(self, request: ClientRequest):
-        async for event in self._open(request):
+        async for event in self._open(request)[1]:
             if isinstance(event, (Rejected, Failed)):
                 raise EngineError(event.message)
             if isinstance(event, (TokenizeResult, EngineStats)):
@@ -161,7 +189,8 @@ class Client:
         self.events_codec = Codec(ClientEvent)
 
     def send(self, request: ClientRequest) -> None:
-        self.sock.send_multipart(self.requests_codec.encode(request))
+        """Send one request; EngineError (nothing sent) when the engine could not take it."""
+        self.sock.send_multipart(wire_frames(self.requests_codec, request))
 
     def events(self, request_id: str) -> Iterator[ClientEvent]:
         """Events of one request until its terminal (others' events are skipped)."""
