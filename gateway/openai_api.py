@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from zinfer.gateway.client import EngineError
+from zinfer.gateway.metrics import RequestRecord
 from zinfer.gateway.openai_schema import (
     ApiError,
     ChatRequest,
@@ -31,7 +32,7 @@ from zinfer.gateway.openai_schema import (
 )
 from zinfer.gateway.sse import DONE, SSEResponse, frame, until_disconnect
 from zinfer.gateway.state import GatewayState
-from zinfer.messages.client import Cancelled, ClientEvent, Delta, Failed, Finished, Rejected, Started, Usage
+from zinfer.messages.client import Cancelled, ClientEvent, Delta, Failed, Finished, Rejected, Started, Text, TokenIds, Usage
 
 ENGINE_PARAMS = {"logit_bias": "logit_bias", "stop_token_ids": "stop_token_ids", "prompt_ids": "prompt"}  # first word of an engine message -> param
 REJECTION_STATUS = {"too_long": 400, "bad_request": 400, "cannot_fit": 400, "queue_full": 429}
@@ -107,8 +108,26 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 async def generate(state: GatewayState, request: Request, kind: type[ChatRequest] | type[CompletionRequest]) -> Response:
-    """Serve one chat or text completion request."""
+    """Serve one chat or text completion request.
+
+    Its metrics record ends on every way out: here (an unexpected exception counts as
+    failed), or in the SSE response's on_close once a stream is handed to Starlette.
+    """
     record = state.metrics.open()
+    response: Response | None = None
+    try:
+        response = await respond(state, request, kind, record)
+        return response
+    except Exception:
+        record.finish("failed")
+        raise
+    finally:
+        if not isinstance(response, SSEResponse):
+            record.close()
+
+
+async def respond(state: GatewayState, request: Request, kind: type[ChatRequest] | type[CompletionRequest], record: RequestRecord) -> Response:
+    """generate()'s work: validate, send to the engine, answer whole or as a stream."""
     try:
         if not state.ready:
             raise ApiError(503, "the model is loading", type="unavailable_error", code="loading")
@@ -128,15 +147,18 @@ async def generate(state: GatewayState, request: Request, kind: type[ChatRequest
             done, result = await until_disconnect(request, shaper.collect, events)
         finally:
             await events.aclose()
-            record.close()
         if isinstance(result, ApiError):
             return result.response()
         return JSONResponse(result) if done else Response(status_code=499)
-    done, first = await until_disconnect(request, first_output, events)
-    if not done or isinstance(first, (Rejected, Failed, Cancelled)):
-        await events.aclose()
-        record.close()
-        return engine_error(first).response() if done else Response(status_code=499)
+    streaming = False
+    try:
+        done, first = await until_disconnect(request, first_output, events)
+        if not done or isinstance(first, (Rejected, Failed, Cancelled)):
+            return engine_error(first).response() if done else Response(status_code=499)
+        streaming = True
+    finally:
+        if not streaming:
+            await events.aclose()
 
     async def on_close() -> None:
         await events.aclose()
@@ -265,12 +287,12 @@ def usage_body(u: Usage) -> dict:
 
 
 class TokenizeBody(msgspec.Struct):
-    content: str
+    content: Text
     add_special: bool = True
 
 
 class DetokenizeBody(msgspec.Struct):
-    tokens: list[int]
+    tokens: TokenIds  # 0 <= id < 2**31 here; the engine checks them against the vocabulary
 
 
 async def _tokenize(state: GatewayState, request: Request) -> Response:

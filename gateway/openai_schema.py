@@ -2,9 +2,11 @@
 
 Requests are decoded with msgspec straight from the body bytes, so a wrong type or an
 out-of-range value is refused with a message that names the field (`$.temperature`
-becomes param "temperature"). Unknown fields are ignored, as OpenAI-compatible servers
-do. Extensions taken the way vLLM and llama-server take them, as extra body fields:
-top_k (-1 or 0: off), min_p, repetition_penalty, ignore_eos.
+becomes param "temperature"). Every number, string and list is bounded here or in
+SamplingParams.validate(), so nothing a client sends can fail to encode on the way to
+the engine. Unknown fields are ignored, as OpenAI-compatible servers do. Extensions
+taken the way vLLM and llama-server take them, as extra body fields: top_k (-1 or 0:
+off), min_p, repetition_penalty, ignore_eos.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import msgspec
 from msgspec import Meta
 from starlette.responses import JSONResponse
 
-from zinfer.messages.params import SamplingParams
+from zinfer.messages.client import MAX_MESSAGES, MAX_PROMPT_IDS
+from zinfer.messages.params import MAX_IDS, MAX_STOP_CHARS, MAX_STOPS, SEED_MAX, SEED_MIN, TOKEN_ID_LIMIT, SamplingParams
 
 
 class ApiError(Exception):
@@ -37,6 +40,9 @@ class ApiError(Exception):
 
 Unit = Annotated[float, Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+Count = Annotated[int, Meta(ge=1, lt=TOKEN_ID_LIMIT)]
+Name = Annotated[str, Meta(max_length=256)]
+Stop = Annotated[str, Meta(max_length=MAX_STOP_CHARS)]
 
 
 class StreamOptions(msgspec.Struct):
@@ -44,39 +50,39 @@ class StreamOptions(msgspec.Struct):
 
 
 class ContentPart(msgspec.Struct):
-    type: str
+    type: Name
     text: str | None = None
 
 
 class ChatMessage(msgspec.Struct):
-    role: str
-    content: str | list[ContentPart] | None = None
+    role: Annotated[str, Meta(max_length=64)]
+    content: str | Annotated[list[ContentPart], Meta(max_length=MAX_MESSAGES)] | None = None
 
 
 class _Sampling(msgspec.Struct, kw_only=True):
     """Fields both endpoints share. None means "not given": the OpenAI default applies."""
 
-    model: str | None = None
+    model: Name | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Annotated[int, Meta(ge=1, le=16)] | None = None
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
-    max_tokens: Annotated[int, Meta(ge=1)] | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    max_tokens: Count | None = None
+    stop: Stop | Annotated[list[Stop], Meta(max_length=MAX_STOPS)] | None = None
+    seed: int | None = None  # 64 bits, signed or not: checked in sampling_params (Meta stops at int64)
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
-    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    logit_bias: Annotated[dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]], Meta(max_length=MAX_IDS)] | None = None
+    top_k: Annotated[int, Meta(ge=-1, lt=TOKEN_ID_LIMIT)] | None = None
     min_p: Unit | None = None
     repetition_penalty: Annotated[float, Meta(gt=0.0)] | None = None
     ignore_eos: bool = False
 
 
 class ChatRequest(_Sampling, kw_only=True):
-    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
-    max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
+    messages: Annotated[list[ChatMessage], Meta(min_length=1, max_length=MAX_MESSAGES)]
+    max_completion_tokens: Count | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
 
@@ -105,6 +111,8 @@ def parse(body: bytes, kind: type[ChatRequest] | type[CompletionRequest]) -> Cha
         raise ApiError(400, f"invalid request: {exc}", param=param, code="invalid_value") from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:  # msgspec's decoder recurses per nesting level
+        raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
 
 
 def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
@@ -130,6 +138,8 @@ def completion_prompt(req: CompletionRequest) -> dict[str, Any]:
     if isinstance(p, str):
         return {"prompt": p}
     if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+        if len(p) > MAX_PROMPT_IDS or not all(0 <= t < TOKEN_ID_LIMIT for t in p):
+            raise ApiError(400, f"prompt token ids must be 0 to 2**31-1, at most {MAX_PROMPT_IDS} of them", param="prompt", code="invalid_value")
         return {"prompt_ids": p}
     raise ApiError(400, "prompt must be a string, a list of token ids, or a list holding one of those", param="prompt")
 
@@ -154,6 +164,8 @@ def sampling_params(req: ChatRequest | CompletionRequest, max_model_len: int) ->
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if any(not s for s in stop):
         raise ApiError(400, "stop sequences must not be empty", param="stop")
+    if req.seed is not None and not SEED_MIN <= req.seed <= SEED_MAX:
+        raise ApiError(400, f"invalid value for seed: an integer from -2**63 to 2**64-1, got one of {req.seed.bit_length()} bits", param="seed", code="invalid_value")
     p = SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_k=max(req.top_k or 0, 0),

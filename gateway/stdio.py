@@ -228,7 +228,7 @@ def _request_id_of(line: bytes) -> str | None:
     """The string request_id of a line that is a JSON object, if it has one."""
     try:
         obj = msgspec.json.decode(line)
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, RecursionError):  # RecursionError: nested too deeply
         return None
     rid = obj.get("request_id") if isinstance(obj, dict) else None
     return rid if isinstance(rid, str) else None

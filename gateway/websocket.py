@@ -104,6 +104,8 @@ class ChatSocket:
                         self.handle(nursery, self.parse(text))
                     except BadMessage as exc:
                         self.send(error(exc.id, exc.code, exc.message))
+                    except RecursionError:  # msgspec recurses per nesting level; no id can be read
+                        self.send(error(None, "bad_json", "the message is nested too deeply"))
             except WebSocketDisconnect:
                 pass
             finally:

@@ -45,6 +45,14 @@ def chat(**fields):
     return {"messages": HI, "max_tokens": 1, **fields}
 
 
+DEEP = b"[" * 5000 + b"]" * 5000  # msgspec's decoder recurses per level: RecursionError, once a 500
+
+
+def nested(body: bytes) -> bytes:
+    """body (a JSON object) with an unknown field nested 5000 deep."""
+    return body[:-1] + b', "extra": ' + DEEP + b"}"
+
+
 BAD = [
     # (name, path, body, status, param, words in the message)
     ("malformed json", "/v1/chat/completions", b'{"messages": [', 400, None, "not valid JSON"),
@@ -68,6 +76,31 @@ BAD = [
     ("prompt ids outside vocab", "/v1/completions", {"prompt": [1, 99999999]}, 400, "prompt", "outside the vocabulary"),
     ("unknown model", "/v1/chat/completions", chat(model="gpt-4"), 404, "model", "'gpt-4' does not exist"),
     ("too long", "/v1/completions", {"prompt": "word " * 300, "max_tokens": 1}, 400, "messages", "context"),
+    # integers outside 64 bits once crashed the msgpack encoder and with it the whole server
+    ("seed over 64 bits", "/v1/chat/completions", chat(seed=10**30), 400, "seed", "2**64-1"),
+    ("seed under -2**63", "/v1/chat/completions", chat(seed=-(2**63) - 1), 400, "seed", "-2**63"),
+    ("top_k over 64 bits", "/v1/chat/completions", chat(top_k=2**64), 400, "top_k", "<= 2147483647"),
+    ("max_tokens over 64 bits", "/v1/completions", {"prompt": "Hi", "max_tokens": 10**30}, 400, "max_tokens", "<= 2147483647"),
+    ("n over 64 bits", "/v1/chat/completions", chat(n=2**64), 400, "n", "<= 16"),
+    ("logprobs over 64 bits", "/v1/completions", {"prompt": "Hi", "logprobs": 2**64}, 400, "logprobs", "<= 20"),
+    ("prompt id over 64 bits", "/v1/completions", {"prompt": [1, 2**64]}, 400, "prompt", "2**31-1"),
+    ("prompt id negative", "/v1/completions", {"prompt": [[1, -1]]}, 400, "prompt", "2**31-1"),
+    ("logit_bias key over 64 bits", "/v1/chat/completions", chat(logit_bias={str(2**64): 1}), 400, "logit_bias", "2**31-1"),
+    ("detokenize id over 64 bits", "/detokenize", {"tokens": [2**64]}, 400, "tokens[0]", "<= 2147483647"),
+    ("detokenize id negative", "/detokenize", {"tokens": [-1]}, 400, "tokens[0]", ">= 0"),
+    # nesting 5000 deep: once a 500 that left zinfer_requests_in_flight at 1
+    ("nested chat", "/v1/chat/completions", nested(b'{"messages": [{"role": "user", "content": "Hi"}]}'), 400, None, "nested too deeply"),
+    ("nested prompt", "/v1/completions", b'{"prompt": ' + DEEP + b"}", 400, None, "nested too deeply"),
+    ("nested tokenize", "/tokenize", nested(b'{"content": "Hi"}'), 400, None, "nested too deeply"),
+    ("nested detokenize", "/detokenize", nested(b'{"tokens": [1]}'), 400, None, "nested too deeply"),
+    # sizes and numbers without a bound
+    ("temperature out of double range", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "Hi"}], "temperature": 1e400}', 400, "temperature", "out of range"),
+    ("stop list too long", "/v1/chat/completions", chat(stop=["a"] * 17), 400, "stop", "length <= 16"),
+    ("stop string too long", "/v1/chat/completions", chat(stop="x" * 513), 400, "stop", "length <= 512"),
+    ("logit_bias too many", "/v1/chat/completions", chat(logit_bias={str(i): 1 for i in range(1025)}), 400, "logit_bias", "length <= 1024"),
+    ("messages too many", "/v1/chat/completions", {"messages": HI * 1025, "max_tokens": 1}, 400, "messages", "length <= 1024"),
+    ("role too long", "/v1/chat/completions", {"messages": [{"role": "r" * 65, "content": "Hi"}]}, 400, "messages[0].role", "length <= 64"),
+    ("repetition_penalty tiny", "/v1/chat/completions", chat(repetition_penalty=1e-300), 400, "repetition_penalty", "0.01"),
 ]
 
 
@@ -81,6 +114,19 @@ def test_bad_request_is_refused_in_openai_shape(http, server, name, path, body, 
     if name == "too long":
         assert error["code"] == "context_length_exceeded" and error["n_ctx"] == 128 and error["n_prompt_tokens"] > 128
     assert_answers_next(http, server)
+
+
+def test_every_bad_request_leaves_the_server_answering_the_same(http, server):
+    """Before and after each bad input: the server is up and a greedy request gets the same text."""
+    greedy = {"model": server.model, "messages": [{"role": "user", "content": "Name a fruit."}], "temperature": 0, "max_tokens": 6}
+    reference = http.post("/v1/chat/completions", json=greedy).json()["choices"][0]["message"]["content"]
+    for name, path, body, status, *_ in BAD:
+        r = http.post(path, content=body) if isinstance(body, bytes) else http.post(path, json=body)
+        assert r.status_code == status, name
+        assert http.get("/health").json() == {"status": "ok"}, name  # the process is still there
+        assert http.post("/v1/chat/completions", json=greedy).json()["choices"][0]["message"]["content"] == reference, name
+    m = server.wait_idle()
+    assert m["zinfer_requests_in_flight"] == 0  # every bad generation request was counted as ended
 
 
 def test_after_every_bad_request_a_generation_still_works(http, server):
