@@ -151,7 +151,8 @@ async def test_async_client_refuses_an_id_already_open():
 
             nursery.start_soon(first)
             await trio.testing.wait_all_tasks_blocked()
-            second = [ev async for ev in client.generate("Hi", request_id="same")]
+            with trio.fail_after(30):  # before, no event ever came for the second
+                second = [ev async for ev in client.generate("Hi", request_id="same")]
             assert len(second) == 1 and isinstance(second[0], Rejected) and "already in use" in second[0].message
             assert "same" in client.streams  # the first is still the one open
             nursery.cancel_scope.cancel()
