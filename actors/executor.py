@@ -39,6 +39,7 @@ class ExecutorActor:
         self.to_sampler: Outbox = Outbox(ctx, addrs.sampler, SamplerInbox)
         self.busy_seconds = 0.0  # time inside forward, for the bus-overhead figure
         self.round_tracer = RoundTracer(tracing, device) if tracing is not None else None  # None: tracing off
+        self.tables = BlockTables()
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -54,7 +55,8 @@ class ExecutorActor:
             self.to_sampler.close()
 
     async def run_round(self, r: Round) -> RoundLogits:
-        batch = ForwardBatch.build([(s.token_ids, s.start_pos, s.block_table, s.wants_logits) for s in r.seqs], self.block_size)
+        tables = self.tables.update(r)
+        batch = ForwardBatch.build([(s.token_ids, s.start_pos, t, s.wants_logits) for s, t in zip(r.seqs, tables)], self.block_size)
         t0 = time.perf_counter()
         if self.round_tracer is None:
             logits = await trio.to_thread.run_sync(forward, self.spec, self.weights, self.device, self.kv, batch)
@@ -65,6 +67,37 @@ class ExecutorActor:
         self.busy_seconds += time.perf_counter() - t0
         seq_ids = [s.seq_id for s in r.seqs if s.wants_logits]
         return RoundLogits(r.round_id, seq_ids, logits, r.sampler_updates, r.traceparents)
+
+
+class BlockTables:
+    """The executor's copy of each sequence's block table, kept from the rounds' deltas.
+
+    A Round first drops the tables of its `forget` ids (finished, aborted, preempted), then
+    each RoundSeq cuts its sequence's table to table_start entries and appends new_blocks,
+    so the executor holds tables only for sequences the scheduler still runs.
+    """
+
+    def __init__(self) -> None:
+        self._tables: dict[int, list[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+    def update(self, r: Round) -> list[list[int]]:
+        """Apply r's deltas; return the full table of each of r.seqs, in order (the kept
+        lists themselves: read them only). Raises ValueError when a delta starts past the
+        table it extends."""
+        for seq_id in r.forget:
+            self._tables.pop(seq_id, None)
+        out = []
+        for s in r.seqs:
+            table = self._tables.setdefault(s.seq_id, [])
+            if s.table_start > len(table):
+                raise ValueError(f"seq {s.seq_id}: block table delta starts at {s.table_start}, the table has {len(table)}")
+            del table[s.table_start :]
+            table.extend(s.new_blocks)
+            out.append(table)
+        return out
 
 
 def round_name(r: Round) -> str:
@@ -83,6 +116,6 @@ def round_attributes(r: Round, batch: ForwardBatch) -> dict:
         "seq_ids": [s.seq_id for s in r.seqs],
         "seq_tokens": [len(s.token_ids) for s in r.seqs],
         "context_tokens": sum(s.start_pos + len(s.token_ids) for s in r.seqs),
-        "kv_blocks": sum(len(s.block_table) for s in r.seqs),
+        "kv_blocks": sum(s.table_start + len(s.new_blocks) for s in r.seqs),
         "logits_rows": len(batch.logits_rows),
     }

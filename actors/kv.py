@@ -42,20 +42,8 @@ class KvActor:
             self.sock.close()
 
     def apply(self, update: KvUpdate) -> KvReply:
-        """Frees, then commits, then allocations in order, each all-or-nothing."""
-        a = self.allocator
-        for seq_id in update.free:
-            a.free(seq_id)
-        for c in update.commit:
-            a.commit(c.seq_id, c.token_ids, c.num_computed)
-        grants = []
-        for ask in update.allocate:
-            cached = a.allocate(ask.seq_id, ask.token_ids, ask.num_tokens)
-            if cached is None:
-                grants.append(KvGrant(ask.seq_id, False))
-            else:
-                grants.append(KvGrant(ask.seq_id, True, a.block_table(ask.seq_id), cached))
-        return KvReply(grants, self.stats())
+        """Apply one update to the allocator (see apply_update); reply with its grants."""
+        return KvReply(apply_update(self.allocator, update), self.stats())
 
     def _trace(self, update: KvUpdate, reply: KvReply, t0: int) -> None:
         """One span per update, under the first request it serves and linked to the rest."""
@@ -73,6 +61,36 @@ class KvActor:
     def stats(self) -> KvStats:
         a = self.allocator
         return KvStats(a.num_blocks, a.num_used_blocks, a.num_cached_blocks)
+
+
+def apply_update(allocator: KVAllocator, update: KvUpdate) -> list[KvGrant]:
+    """Commits, then frees, then the allocations in order; returns one grant per ask.
+
+    Commits come first so that the last blocks of a sequence that finished (or was
+    aborted) in the round they were written still enter the prefix cache.
+
+    The protocol's invariant: blocks go only to sequences the scheduler admits, first
+    come, first served. The scheduler lists its asks in plan order (running sequences,
+    then the waiting queue's head onward) and this serves them in that order, each
+    all-or-nothing, up to the first one that does not fit: that ask and every later one
+    are refused and nothing is allocated for them. So the granted asks are a prefix of
+    the list, and a refused sequence never holds blocks it was not admitted with.
+    Mutates the allocator.
+    """
+    for c in update.commit:
+        allocator.commit(c.seq_id, c.first_block, c.token_ids)
+    for seq_id in update.free:
+        allocator.free(seq_id)
+    grants = []
+    refused = False
+    for ask in update.allocate:
+        cached = None if refused else allocator.allocate(ask.seq_id, ask.token_ids, ask.num_tokens)
+        if cached is None:
+            refused = True
+            grants.append(KvGrant(ask.seq_id, False))
+        else:
+            grants.append(KvGrant(ask.seq_id, True, allocator.block_table(ask.seq_id), cached))
+    return grants
 
 
 class KvClient:

@@ -44,6 +44,10 @@ class KVAllocator:
 
     With prefix_caching=False nothing is ever registered and allocate reports 0 cached
     tokens.
+
+    The allocator itself hands a block to whoever asks; the kv protocol around it (see
+    actors/kv.py apply_update) asks only for sequences the scheduler is admitting or
+    running, in plan order, and stops at the first refusal.
     """
 
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True) -> None:
@@ -139,31 +143,35 @@ class KVAllocator:
         self._hashed[seq_id] = (len(hits), last_hash)
         return len(hits) * self.block_size
 
-    def commit(self, seq_id: int, token_ids: Sequence[int], num_computed: int) -> None:
-        """Record that the first num_computed tokens of seq_id have their KV written.
+    def commit(self, seq_id: int, first_block: int, token_ids: Sequence[int]) -> None:
+        """Record that blocks first_block, first_block + 1, ... of seq_id are full and hold KV.
 
-        Registers every full block among them in the prefix cache, unless a block with
-        the same hash is already registered (then this sequence's copy stays private and
-        returns to the free list when freed). token_ids must be the sequence's tokens,
-        at least num_computed of them. Unknown seq_id: no-op.
+        token_ids are the tokens of exactly those blocks (len(token_ids) // block_size of
+        them), so a commit costs O(its blocks), not O(the sequence). Registers each block in
+        the prefix cache, unless a block with the same hash is already registered (then this
+        sequence's copy stays private and returns to the free list when freed). Blocks
+        commit in order: blocks below the count committed so far (prefix-cache hits count
+        as committed) are skipped; a gap or a block beyond the table raises ValueError.
+        Unknown seq_id: no-op.
         """
         table = self._tables.get(seq_id)
         if table is None or not self.prefix_caching:
             return
-        if num_computed > len(token_ids):
-            raise ValueError(f"num_computed {num_computed} > {len(token_ids)} token ids")
-        n_full = min(num_computed // self.block_size, len(table))
-        done, parent = self._hashed[seq_id]
         bs = self.block_size
-        for i in range(done, n_full):
-            h = block_hash(parent, token_ids[i * bs : (i + 1) * bs])
+        end = first_block + len(token_ids) // bs
+        done, parent = self._hashed[seq_id]
+        if first_block > done or end > len(table):
+            raise ValueError(f"seq {seq_id}: commit of blocks {first_block}..{end - 1} with {done} committed of {len(table)}")
+        for i in range(done, end):
+            j = i - first_block
+            h = block_hash(parent, token_ids[j * bs : (j + 1) * bs])
             block = table[i]
             if h not in self._block_of_hash:
                 self._block_of_hash[h] = block
                 self._hash_of_block[block] = h
             parent = h
-        if n_full > done:
-            self._hashed[seq_id] = (n_full, parent)
+        if end > done:
+            self._hashed[seq_id] = (end, parent)
 
     def free(self, seq_id: int) -> None:
         """Drop seq_id and its references to its blocks. Unknown seq_id: no-op.

@@ -62,6 +62,7 @@ class SchedulerActor:
         self.in_flight: list[Chunk] | None = None
         self.frees: list[int] = []
         self.commits: list[KvCommit] = []
+        self.forget: list[int] = []  # seq ids whose block tables the executor may drop
         self.sampler_updates: list[SamplerUpdate] = []
         self.tracing = tracing  # None: tracing off
         self.queue_spans: dict[int, object] = {}  # seq_id -> its open "queue" span
@@ -101,7 +102,9 @@ class SchedulerActor:
             await self.to_tokenizer.send(msg)
 
     def _release(self, seq_id: int) -> None:
+        """A sequence ended: queue the freeing of its KV, sampler state and executor table."""
         self.frees.append(seq_id)
+        self.forget.append(seq_id)
         self.sampler_updates.append(SamplerDrop(seq_id))
         if self.tracing is not None and seq_id in self.queue_spans:
             self.queue_spans.pop(seq_id).end()  # aborted while queued
@@ -120,6 +123,7 @@ class SchedulerActor:
             accepted, victims = self.policy.accept(chunks, grants)
             if victims:
                 self.frees = [v.seq_id for v in victims]
+                self.forget += self.frees
                 self.preemptions += len(victims)
                 log.info("preempted", seq_ids=self.frees, kv_used=self.kv_stats.used_blocks)
                 continue
@@ -132,8 +136,8 @@ class SchedulerActor:
         self.round_id += 1
         seqs = self.policy.round_seqs(accepted)
         parents = [c.seq.traceparent for c in accepted if c.seq.traceparent]
-        await self.to_executor.send(Round(self.round_id, seqs, self.sampler_updates, parents))
-        self.sampler_updates = []
+        await self.to_executor.send(Round(self.round_id, seqs, self.sampler_updates, parents, self.forget))
+        self.sampler_updates, self.forget = [], []
         self.in_flight = accepted
         if self.tracing is not None:
             self._trace_round(t0, accepted, parents)
@@ -169,12 +173,20 @@ class SchedulerActor:
         self.tracing.record(SCHEDULE, parents[0] if parents else None, attrs, parents, t0)
 
     async def _complete(self, msg: Sampled) -> None:
+        """A round's samples came back: end the sequences whose sampling failed (theirs
+        alone: KV, sampler state and table freed, an "error:" finish sent), advance the rest."""
         chunks, self.in_flight = self.in_flight or [], None
-        samples = {t.seq_id: t for t in msg.tokens}
+        samples, failed = {}, []
+        for t in msg.tokens:
+            if t.error is None:
+                samples[t.seq_id] = t
+            elif self.policy.abort(t.seq_id) is not None:
+                self._release(t.seq_id)
+                failed.append(SeqOutput(t.seq_id, [], None, finish_reason=f"error:{t.error}"))
         commits, finished = self.policy.complete(chunks, {k: t.token_id for k, t in samples.items()})
         self.commits += commits
         reasons = {f.seq.seq_id: f.reason for f in finished}
-        outputs = []
+        outputs = failed
         for c in chunks:
             t = samples.get(c.seq.seq_id)
             if t is None or (c.seq not in self.policy.running and c.seq.seq_id not in reasons):

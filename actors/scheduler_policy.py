@@ -9,8 +9,18 @@ preempted (its blocks freed, its prompt + output recomputed later).
 Invariants:
 - a sequence is in exactly one of `waiting` (FIFO, bounded by max_waiting) or `running`
   (at most max_running), or in neither once finished or aborted;
+- only running sequences hold KV blocks: the kv protocol grants asks in plan order up
+  to the first refusal (actors/kv.py apply_update), and `accept` admits exactly the
+  granted new sequences, so a waiting sequence never holds a block and the queue's head
+  always gets the next free blocks (first come, first served; no idle round while the
+  head would fit);
 - seq.num_computed tokens of seq.all_ids have KV in the blocks of seq.block_table;
-- a running sequence's block table covers num_computed + the tokens of its round.
+- a running sequence's block table covers num_computed + the tokens of its round;
+- seq.committed_blocks leading blocks are known to the allocator as written (commits
+  carry only the blocks after them); seq.sent_blocks leading entries of its table are
+  known to the executor (rounds carry only the entries after them);
+- a sequence ends at min(max_model_len, the whole pool's tokens), so the oldest running
+  sequence can always grow and every sequence finishes.
 """
 
 from __future__ import annotations
@@ -50,6 +60,8 @@ class Seq:
     num_computed: int = 0
     cached_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    committed_blocks: int = 0  # leading blocks the allocator knows are full and written
+    sent_blocks: int = 0  # leading block_table entries the executor has
     order: int = 0  # admission order: lower is older
 
     @property
@@ -87,6 +99,8 @@ class SchedulerPolicy:
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self._order = itertools.count()
+        # the longest a sequence may grow: past the pool's tokens it could never run
+        self.max_len = min(config.max_model_len, config.num_blocks * config.block_size)
 
     # ---- admission ------------------------------------------------------------------
 
@@ -152,44 +166,55 @@ class SchedulerPolicy:
         return [KvAllocate(c.seq.seq_id, c.seq.all_ids if c.new else [], c.end) for c in chunks]
 
     def accept(self, chunks: list[Chunk], grants: list[KvGrant]) -> tuple[list[Chunk], list[Seq]]:
-        """Apply the KV allocator's grants to a plan.
+        """Apply the KV allocator's grants (one per chunk, in plan order) to a plan.
 
-        Returns (chunks to run, sequences preempted now). When a running sequence was
-        refused, the youngest running sequence is preempted and nothing runs: the caller
-        frees the victims' blocks and plans again. A refused admission just waits.
+        Relies on the kv protocol: the grants are a prefix of oks followed only by
+        refusals (ValueError otherwise). Granted new sequences move to `running`; the
+        first refused one and everything behind it keep waiting, holding no blocks. When a
+        running sequence was refused, the youngest running sequence is preempted and
+        nothing runs: the caller frees the victim's blocks and plans again.
+
+        Returns (chunks to run, sequences preempted now). Mutates the sequences' tables
+        and the queues.
         """
-        by_id = {g.seq_id: g for g in grants}
+        if [g.seq_id for g in grants] != [c.seq.seq_id for c in chunks]:
+            raise ValueError("kv grants do not answer the plan's asks in order")
+        refused = next((i for i, g in enumerate(grants) if not g.ok), len(grants))
+        if any(g.ok for g in grants[refused:]):
+            raise ValueError("kv protocol broken: a grant after a refusal")
         accepted: list[Chunk] = []
-        for c in chunks:
-            g = by_id[c.seq.seq_id]
-            if not g.ok:
-                if c.new:
-                    break  # FCFS: nobody behind it is admitted either
-                victim = max(self.running, key=lambda s: s.order)
-                self._preempt(victim)
-                return [], [victim]
+        for c, g in zip(chunks[:refused], grants):
             c.seq.block_table = list(g.block_table)
             if c.new:
                 self.waiting.remove(c.seq)
                 self.running.append(c.seq)
                 c.seq.num_computed = c.seq.cached_tokens = g.cached_tokens
+                c.seq.committed_blocks = g.cached_tokens // self.config.block_size
             if c.end > c.seq.num_computed:
                 accepted.append(c)
+        if refused < len(chunks) and not chunks[refused].new:
+            victim = max(self.running, key=lambda s: s.order)
+            self._preempt(victim)
+            return [], [victim]
         return accepted, []
 
     def _preempt(self, seq: Seq) -> None:
         self.running.remove(seq)
-        seq.num_computed = 0
+        seq.num_computed = seq.committed_blocks = seq.sent_blocks = 0
         seq.block_table = []
         self.waiting.appendleft(seq)
 
     @staticmethod
     def round_seqs(chunks: list[Chunk]) -> list[RoundSeq]:
+        """The round's messages: each carries only the table entries the executor lacks
+        (and marks them sent)."""
         out = []
         for c in chunks:
             s = c.seq
             wants = c.end == len(s.prompt_ids) + len(s.output_ids)
-            out.append(RoundSeq(s.seq_id, s.tokens(s.num_computed, c.end), s.num_computed, s.block_table, wants))
+            new_blocks = s.block_table[s.sent_blocks :]
+            out.append(RoundSeq(s.seq_id, s.tokens(s.num_computed, c.end), s.num_computed, s.sent_blocks, new_blocks, wants))
+            s.sent_blocks = len(s.block_table)
         return out
 
     # ---- results --------------------------------------------------------------------
@@ -201,17 +226,19 @@ class SchedulerPolicy:
         and the sequences that finished (already removed from `running`).
         """
         commits, finished = [], []
+        bs = self.config.block_size
         for c in chunks:
             s = c.seq
             if s not in self.running:
                 continue
-            crossed_block = c.end // self.config.block_size > s.num_computed // self.config.block_size
             s.num_computed = c.end
             token = sampled.get(s.seq_id)
             if token is not None:
                 s.output_ids.append(token)
-            if crossed_block:  # only full blocks enter the prefix cache
-                commits.append(KvCommit(s.seq_id, s.all_ids[: s.num_computed], s.num_computed))
+            full = s.num_computed // bs  # only full blocks enter the prefix cache
+            if full > s.committed_blocks:
+                commits.append(KvCommit(s.seq_id, s.committed_blocks, s.tokens(s.committed_blocks * bs, full * bs)))
+                s.committed_blocks = full
             reason = self._finish_reason(s, token)
             if reason:
                 self.running.remove(s)
@@ -224,6 +251,6 @@ class SchedulerPolicy:
         p = s.params
         if (token in s.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
             return "stop"
-        if len(s.output_ids) >= p.max_tokens or len(s.prompt_ids) + len(s.output_ids) >= self.config.max_model_len:
+        if len(s.output_ids) >= p.max_tokens or len(s.prompt_ids) + len(s.output_ids) >= self.max_len:
             return "length"
         return None

@@ -40,6 +40,7 @@ class TokenSample(msgspec.Struct, array_like=True, gc=False):
     token_id: int
     logprob: float | None = None  # None unless the request asked for logprobs
     top: list[tuple[int, float]] | None = None
+    error: str | None = None  # sampling this sequence failed (token_id is then -1): fail it alone
 
 
 class Sampled(msgspec.Struct, tag="sampled", **_BUS):
@@ -70,7 +71,7 @@ class SeqOutput(msgspec.Struct, array_like=True, gc=False):
     token_ids: list[int]
     logprobs: list[float] | None  # None unless the request asked for logprobs
     top: list[list[tuple[int, float]]] | None = None
-    finish_reason: str | None = None  # "stop" | "length" | "abort:<why>"
+    finish_reason: str | None = None  # "stop" | "length" | "abort:<why>" | "error:<message>"
     cached_tokens: int = 0
 
 
@@ -100,10 +101,15 @@ TokenizerInbox = Union[SeqOutputs, SeqRejected, ActorFailed, Shutdown]
 # ---- to an executor ---------------------------------------------------------------
 
 class RoundSeq(msgspec.Struct, array_like=True, gc=False):
+    """One sequence's share of a round. The block table travels as a delta: the executor
+    keeps each sequence's table, cuts it to table_start entries and appends new_blocks
+    (table_start 0 starts a fresh table: a new or preempted sequence)."""
+
     seq_id: int
     token_ids: list[int]  # tokens to compute this round
     start_pos: int  # position of token_ids[0]
-    block_table: list[int]
+    table_start: int  # entries of the executor's table that stay
+    new_blocks: list[int]  # block ids appended after them
     wants_logits: bool
 
 
@@ -128,6 +134,7 @@ class Round(msgspec.Struct, tag="round", **_BUS):
     seqs: list[RoundSeq]
     sampler_updates: list[SamplerUpdate] = []
     traceparents: list[str] = []
+    forget: list[int] = []  # seq ids (finished, aborted, preempted) whose tables the executor drops first
 
 
 ExecutorInbox = Union[Round, Shutdown]
@@ -155,13 +162,17 @@ class KvAllocate(msgspec.Struct, array_like=True, gc=False):
 
 
 class KvCommit(msgspec.Struct, array_like=True, gc=False):
+    """Blocks first_block, first_block + 1, ... of a sequence are full and their KV is
+    written; token_ids are the tokens of just those blocks (a whole number of blocks)."""
+
     seq_id: int
+    first_block: int
     token_ids: list[int]
-    num_computed: int
 
 
 class KvUpdate(msgspec.Struct, tag="kv_update", **_BUS):
-    """Frees, then commits, then allocations in order (each all-or-nothing)."""
+    """Commits, then frees, then allocations in order (each all-or-nothing); the first
+    refused allocation refuses every later one, so blocks go first come, first served."""
 
     free: list[int] = []
     commit: list[KvCommit] = []

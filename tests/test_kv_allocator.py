@@ -21,7 +21,8 @@ from zinfer.actors.kv_allocator import KVAllocator
 def _admit_and_compute(kv: KVAllocator, seq_id: int, tokens: list[int]) -> int:
     cached = kv.allocate(seq_id, tokens, len(tokens))
     assert cached is not None
-    kv.commit(seq_id, tokens, len(tokens))
+    full = len(tokens) // kv.block_size
+    kv.commit(seq_id, 0, tokens[: full * kv.block_size])
     return cached
 
 
@@ -117,6 +118,20 @@ def test_prefix_caching_off_never_shares():
     kv.check_invariants()
 
 
+def test_commits_carry_only_new_blocks_and_refuse_a_gap():
+    kv = KVAllocator(num_blocks=8, block_size=4)
+    tokens = list(range(100, 116))  # 4 blocks
+    assert kv.allocate(1, tokens, 16) == 0
+    kv.commit(1, 0, tokens[:4])
+    kv.commit(1, 1, tokens[4:12])  # two blocks in one commit
+    with pytest.raises(ValueError):
+        kv.commit(1, 4, [0] * 4)  # block 3 was never committed: a gap
+    kv.commit(1, 3, tokens[12:16])  # the 4th block, right after the three committed
+    kv.free(1)
+    assert kv.allocate(2, tokens + [7], 17) == 16  # the whole chain was registered
+    kv.check_invariants()
+
+
 def test_free_unknown_sequence_is_noop():
     kv = KVAllocator(num_blocks=2, block_size=4)
     kv.free(123)
@@ -145,6 +160,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.memory = [[None] * BLOCK_SIZE for _ in range(NUM_BLOCKS)]
         self.tokens: dict[int, list[int]] = {}
         self.computed: dict[int, int] = {}
+        self.committed: dict[int, int] = {}  # leading blocks committed, as the scheduler counts them
         self.next_id = 0
 
     def _allocate_new(self, seq_id: int, toks: list[int], n: int) -> bool:
@@ -162,6 +178,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         for t in range(cached):  # the KV handed out is the KV of these very tokens
             assert self.memory[table[t // BLOCK_SIZE]][t % BLOCK_SIZE] == toks[t]
         self.tokens[seq_id], self.computed[seq_id] = toks, cached
+        self.committed[seq_id] = cached // BLOCK_SIZE  # cache hits count as committed
         return True
 
     def _new_id(self) -> int:
@@ -217,7 +234,9 @@ class AllocatorMachine(RuleBasedStateMachine):
             block = table[t // BLOCK_SIZE]
             assert block not in others, f"seq {seq_id} would overwrite shared block {block}"
             self.memory[block][t % BLOCK_SIZE] = toks[t]
-        self.kv.commit(seq_id, toks, k)
+        first, full = self.committed[seq_id], k // BLOCK_SIZE
+        self.kv.commit(seq_id, first, toks[first * BLOCK_SIZE : full * BLOCK_SIZE])  # only the new blocks
+        self.committed[seq_id] = max(first, full)
         self.computed[seq_id] = k
 
     @rule(seq_id=consumes(seqs))
@@ -233,6 +252,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.kv.free(seq_id)
         self.tokens.pop(seq_id, None)
         self.computed.pop(seq_id, None)
+        self.committed.pop(seq_id, None)
         assert self.kv.block_table(seq_id) == []
 
     @rule(seq_id=seqs)
@@ -242,6 +262,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             return
         toks = self.tokens.pop(seq_id)
         self.computed.pop(seq_id)
+        self.committed.pop(seq_id)
         self.kv.free(seq_id)
         self._allocate_new(seq_id, toks, len(toks))
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from zinfer.actors.kv import apply_update
 from zinfer.actors.kv_allocator import KVAllocator
 from zinfer.actors.scheduler_policy import SchedulerConfig, SchedulerPolicy, Seq
-from zinfer.messages.engine import KvGrant
+from zinfer.messages.engine import KvUpdate
 from zinfer.messages.params import SamplingParams
 
 
@@ -12,10 +13,7 @@ def _round(policy: SchedulerPolicy, alloc: KVAllocator) -> tuple[list, bool]:
     """Plan a round and grant it from `alloc` as the KV actor would; return (chunks, covered)."""
     chunks = policy.plan()
     covered = policy.kv_covered(chunks)
-    grants = []
-    for ask in policy.kv_asks(chunks):
-        cached = alloc.allocate(ask.seq_id, ask.token_ids, ask.num_tokens)
-        grants.append(KvGrant(ask.seq_id, cached is not None, alloc.block_table(ask.seq_id), cached or 0))
+    grants = apply_update(alloc, KvUpdate(allocate=policy.kv_asks(chunks)))
     accepted, victims = policy.accept(chunks, grants)
     assert not victims
     policy.complete(accepted, {c.seq.seq_id: 7 for c in accepted})
