@@ -2,12 +2,18 @@
 
 Per-sequence state (seeded generator, penalty counts) arrives as sampler updates that
 ride along with the round, so it is always in place before the logits that need it.
+
+One request's failure is its own: an exception while setting up or sampling one
+sequence (bad parameters, logits that are not finite) becomes an error sample for that
+sequence, which the scheduler ends; the other rows of the round are sampled as usual.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Callable
 
+import numpy as np
 import structlog
 import trio
 import zmq
@@ -21,6 +27,11 @@ log = structlog.get_logger("zinfer.sampler")
 
 
 class SamplerActor:
+    # Test-only fault injection: when set, called per row with that sequence's prompt ids
+    # and its logits row [vocab]; the row it returns is sampled instead (a soak test
+    # poisons the rows of marked prompts). Never set in production.
+    fault_hook: Callable[[list[int], np.ndarray], np.ndarray] | None = None
+
     def __init__(self, ctx: zmq.Context, addrs: Addresses, vocab_size: int, tracing=None):
         self.vocab_size = vocab_size
         self.tracing = tracing  # None: tracing off
@@ -46,16 +57,44 @@ class SamplerActor:
             self.to_scheduler.close()
 
     def sample_round(self, msg: RoundLogits) -> Sampled:
-        """Apply the round's sampler updates, then sample one token per logits row."""
+        """Apply the round's sampler updates, then sample one token per logits row.
+
+        A sequence whose set-up or sampling raises gets TokenSample(seq_id, -1,
+        error=...) instead of a token; its state is dropped. Mutates self.samplers.
+        """
+        tokens, failed = [], set()
         for u in msg.sampler_updates:
             if isinstance(u, SamplerAdd):
-                self.samplers[u.seq_id] = RequestSampler(u.params, u.prompt_ids, self.vocab_size)
+                try:
+                    self.samplers[u.seq_id] = RequestSampler(u.params, u.prompt_ids, self.vocab_size, u.seq_id)
+                except Exception as e:  # bad parameters fail this request only
+                    tokens.append(self._failure(u.seq_id, e))
+                    failed.add(u.seq_id)
             else:
                 self.samplers.pop(u.seq_id, None)
-        tokens = []
         for row, seq_id in enumerate(msg.seq_ids):
-            sampler = self.samplers[seq_id]
-            s = sampler.sample(msg.logits[row])  # [vocab]
-            sampler.accept(s.token_id)
-            tokens.append(TokenSample(seq_id, s.token_id, s.logprob, s.top_logprobs))
+            if seq_id in failed:
+                continue
+            try:
+                tokens.append(self._sample_row(seq_id, msg.logits[row]))  # [vocab]
+            except Exception as e:  # non-finite logits, a broken row: this request only
+                tokens.append(self._failure(seq_id, e))
         return Sampled(msg.round_id, tokens)
+
+    def _sample_row(self, seq_id: int, logits: np.ndarray) -> TokenSample:
+        """Sample and record one token of seq_id from its logits row [vocab]."""
+        sampler = self.samplers.get(seq_id)
+        if sampler is None:
+            raise ValueError(f"no sampling state for seq {seq_id}")
+        if self.fault_hook is not None:
+            logits = self.fault_hook(list(sampler.prompt_ids), logits)
+        s = sampler.sample(logits)
+        sampler.accept(s.token_id)
+        return TokenSample(seq_id, s.token_id, s.logprob, s.top_logprobs)
+
+    def _failure(self, seq_id: int, e: Exception) -> TokenSample:
+        """The error sample that ends seq_id alone; forgets its sampling state."""
+        self.samplers.pop(seq_id, None)
+        message = str(e) or type(e).__name__
+        log.warning("sampling failed", seq_id=seq_id, error=message)
+        return TokenSample(seq_id, -1, error=message)

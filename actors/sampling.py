@@ -44,9 +44,11 @@ class RequestSampler:
     generated token. Neither touches another request's state.
     """
 
-    def __init__(self, params: SamplingParams, prompt_ids: Sequence[int], vocab_size: int) -> None:
+    def __init__(self, params: SamplingParams, prompt_ids: Sequence[int], vocab_size: int, seq_id: int | None = None) -> None:
         params.validate()
         self.params = params
+        self.seq_id = seq_id  # names the sequence in error messages
+        self.prompt_ids = prompt_ids
         self.vocab_size = vocab_size
         # seed None: fresh OS entropy; negative seeds map onto the unsigned range
         self.rng = np.random.default_rng(None if params.seed is None else params.seed % 2**64)
@@ -92,9 +94,9 @@ class RequestSampler:
         else:
             raw_max = logits.max()
         if np.isnan(raw_max) or raw_max == np.inf:
-            raise ValueError("logits contain NaN or +inf")
+            raise ValueError(f"logits of seq {self.seq_id} are not finite (NaN or +inf)")
         if raw_max == -np.inf:
-            raise ValueError("all logits are -inf")
+            raise ValueError(f"logits of seq {self.seq_id} are not finite (all -inf)")
         u = self.rng.random()  # exactly one draw per call
         if token is None and p.temperature == 0.0:
             token = int(np.argmax(z))
