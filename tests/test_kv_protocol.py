@@ -15,7 +15,7 @@ from zinfer.actors.executor import BlockTables
 from zinfer.actors.kv import apply_update
 from zinfer.actors.kv_allocator import KVAllocator
 from zinfer.actors.scheduler_policy import Chunk, SchedulerConfig, SchedulerPolicy, Seq
-from zinfer.messages.engine import KvCommit, KvGrant, KvUpdate, Round, RoundSeq
+from zinfer.messages.engine import KvAllocate, KvCommit, KvGrant, KvUpdate, Round, RoundSeq
 from zinfer.messages.params import SamplingParams
 
 EOS = 0
@@ -170,18 +170,29 @@ def test_refused_head_leaves_later_asks_without_blocks_and_nothing_stalls():
     assert not h.policy.has_work and h.alloc.num_used_blocks == 0
 
 
-def test_refused_running_sequence_leaves_later_running_ones_ungrown():
-    """A running sequence refused mid-update: nothing later in the update gets blocks."""
+def test_update_refuses_every_ask_after_the_first_refusal():
+    """A running sequence refused mid-update: the ask behind it gets nothing either."""
+    alloc = KVAllocator(4, 4)
+    assert alloc.allocate(1, [5] * 12, 12) == 0  # 3 of 4 blocks
+    asks = [KvAllocate(1, [], 20), KvAllocate(2, [1, 2, 3], 3)]  # 2 more blocks for seq 1; seq 2 would fit
+    grants = apply_update(alloc, KvUpdate(allocate=asks))
+    assert [g.ok for g in grants] == [False, False]
+    assert alloc.block_table(2) == [] and alloc.num_free_blocks == 1
+
+
+def test_sequences_longer_than_the_pool_end_at_its_size():
+    """A sequence that would outgrow the whole pool ends with "length" when it fills it;
+    before, it preempted itself and recomputed forever."""
     h = Harness(SchedulerConfig(max_running=4, token_budget=64, max_model_len=64, block_size=4, num_blocks=4))
-    s1 = h.add([1, 2, 3, 4, 5, 6, 7], max_tokens=9)  # 2 blocks, grows to 4
-    s2 = h.add([1, 2, 3], max_tokens=9)  # 1 block, grows to 3
-    for _ in range(200):
+    s1 = h.add([1, 2, 3, 4, 5, 6, 7], max_tokens=50)
+    s2 = h.add([1, 2, 3], max_tokens=50)
+    for _ in range(500):
         if not h.start_round():
             break
         h.check()
         h.finish_round({seq_id: 7 for seq_id in h.wanting_logits()})
     assert h.finished == {s1: "length", s2: "length"}
-    h.check()
+    assert not h.policy.has_work and h.alloc.num_used_blocks == 0
 
 
 def test_commits_and_round_deltas_carry_only_what_changed():
