@@ -83,6 +83,10 @@ class BlockTables:
     def __len__(self) -> int:
         return len(self._tables)
 
+    def seq_ids(self) -> set[int]:
+        """The sequences whose tables are kept."""
+        return set(self._tables)
+
     def update(self, r: Round) -> list[list[int]]:
         """Apply r's deltas; return the full table of each of r.seqs, in order (the kept
         lists themselves: read them only). Raises ValueError when a delta starts past the

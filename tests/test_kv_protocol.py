@@ -148,7 +148,7 @@ class Harness:
             assert s.block_table == self.alloc.block_table(s.seq_id)
             for pos in range(s.num_computed):
                 assert self.memory[s.block_table[pos // bs]][pos % bs] == s.all_ids[pos], f"seq {s.seq_id} KV at {pos}"
-        executor_ids = set(self.tables._tables)
+        executor_ids = self.tables.seq_ids()
         assert executor_ids <= running | set(self.forget), "the executor keeps a dead sequence's table"
 
 
