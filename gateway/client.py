@@ -48,7 +48,7 @@ def wire_frames(codec: Codec, request: ClientRequest) -> list:
     try:
         msgspec.convert(msgspec.to_builtins(request), codec.type)  # the decoder's bounds, with the field's path
         return codec.encode(request)
-    except (msgspec.MsgspecError, OverflowError, TypeError, ValueError, NotImplementedError) as exc:
+    except (msgspec.MsgspecError, OverflowError, RecursionError, TypeError, ValueError, NotImplementedError) as exc:
         raise EngineError(f"invalid request: {exc}") from None
 
 

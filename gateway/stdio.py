@@ -178,6 +178,9 @@ class StdioRelay:
         except msgspec.MsgspecError as exc:
             self._reject(_request_id_of(line), f"line {self.line_no}: {exc}")
             return
+        except RecursionError:  # msgspec recurses per nesting level (skipping a field before "type" too)
+            self._reject(None, f"line {self.line_no}: nested too deeply")
+            return
         if not isinstance(req, Cancel):
             if req.request_id in self.open_ids:
                 self._reject(None, f"line {self.line_no}: request_id {req.request_id!r} is already in use")

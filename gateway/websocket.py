@@ -99,7 +99,13 @@ class ChatSocket:
             nursery.start_soon(self._send_loop, nursery.cancel_scope)
             try:
                 while True:
-                    text = await self.ws.receive_text()
+                    message = await self.ws.receive()  # (receive_text raised KeyError on a binary frame: 1011)
+                    if message["type"] == "websocket.disconnect":
+                        raise WebSocketDisconnect(message.get("code", 1000))
+                    text = message.get("text")
+                    if text is None:
+                        self.send(error(None, "bad_message", "binary frames are not supported: send each message as JSON text"))
+                        continue
                     try:
                         self.handle(nursery, self.parse(text))
                     except BadMessage as exc:
@@ -125,7 +131,10 @@ class ChatSocket:
         try:
             msg = self.decoder.decode(text)
         except msgspec.ValidationError as exc:  # (a DecodeError subclass: test it first)
-            raw = msgspec.json.decode(text)
+            try:
+                raw = msgspec.json.decode(text)  # "[x": the typed decoder stopped at "[", this one reads on
+            except msgspec.DecodeError as bad:  # (RecursionError: run() answers it)
+                raise BadMessage("bad_json", f"not a JSON message: {bad}") from None
             mid = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else None
             kind = raw.get("type") if isinstance(raw, dict) else None
             if kind not in ("generate", "cancel", "ping"):

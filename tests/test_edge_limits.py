@@ -129,11 +129,15 @@ def test_websocket_out_of_range_values_get_one_error_each(server):
         (gen("i" * 300), "i" * 300, "request_id"),
         ('{"type": "generate", "id": "deep", "prompt": "Hi", "params": ' + DEEP + "}", None, "nested too deeply"),
         ('{"type": "generate", "id": "deeper", "prompt": "Hi", "extra": ' + DEEP + "}", None, "nested too deeply"),
+        ("[x", None, "not a JSON message"),  # the typed decoder stops at "[", the untyped one read on and raised
+        ("1x", None, "not a JSON message"),
+        ('{"id": ' + DEEP + ', "type": "cancel"}', None, "nested too deeply"),  # skipping a field before the tag recurses too
+        (gen("binary").encode(), None, "binary frames"),  # receive_text raised KeyError: the socket closed with 1011
     ]
     with connect(server.ws, open_timeout=30) as ws:
         reference = ws_greedy_text(ws, "ref")
         for message, id_, words in bad:
-            ws.send(message)
+            ws.send(message)  # a bytes message goes as a binary frame
             m = recv(ws)
             assert m["type"] == "error" and m["id"] == id_ and words in m["message"], (words, m)
             ws.send(json.dumps({"type": "ping"}))
@@ -160,6 +164,7 @@ def test_stdio_out_of_range_values_get_one_rejection_each(smollm2_path):
         (json.dumps({"type": "generate", "request_id": "n", "prompt": "Hi", "params": {"n": 2**64}}), "n", "params.n"),
         (json.dumps({"type": "detokenize", "request_id": "d", "token_ids": [10**30]}), "d", "token_ids"),
         ('{"type": "generate", "request_id": "deep", "messages": ' + DEEP + "}", "", "messages"),
+        ('{"request_id": ' + DEEP + ', "type": "cancel"}', "", "nested too deeply"),  # skipping a field before the tag recurses
     ]
     try:
         assert z.read()["type"] == "ready"
