@@ -2,10 +2,10 @@
 
 Two measured facts shape this module:
 
-- `tokenizers.Tokenizer.encode` keeps the GIL for its whole run: a thread encoding a
-  1.2M-character text (0.86 s) froze the event loop's thread for 0.83 s, while
-  `encode_batch` releases the GIL (the loop's longest stall: 12 ms). `encode_text`
-  therefore encodes through `encode_batch`, giving the ids `Tokenizer.encode` gives.
+- The `tokenizers` library's plain `encode` keeps the GIL for its whole run (a thread
+  encoding a 1.2M-character text froze the event loop 0.83 s of 0.86 s), while
+  `encode_batch` releases it (the loop's longest stall: 12 ms); `Tokenizer.encode`
+  (models/tokenizer.py) uses the latter, so a worker thread really frees the loop.
 - A prompt's length in characters bounds its length in tokens from below: a token stands
   for at most `longest_piece` characters of the text (the longest piece of the
   vocabulary in bytes; every character is at least one byte), so a text of more than
@@ -82,16 +82,6 @@ def input_size(req: Generate | Tokenize) -> int:
     return len(ids or ())
 
 
-def encode_text(tokenizer: Tokenizer, text: str, add_special: bool) -> list[int]:
-    """`tokenizer.encode(text, add_special)`, releasing the GIL while the library works."""
-    ids = tokenizer._hf.encode_batch([text], add_special_tokens=False)[0].ids
-    if add_special and tokenizer.add_bos:
-        ids.insert(0, tokenizer.bos_id)
-    if add_special and tokenizer.add_eos:
-        ids.append(tokenizer.eos_id)
-    return ids
-
-
 def encode_text_or_chat(prompts: PromptBuilder, limits: PromptLimits, text: str | None, messages: list | None,
                         add_special: bool) -> list[int]:
     """Token ids of text, or of chat messages rendered through the template (may be empty).
@@ -103,7 +93,7 @@ def encode_text_or_chat(prompts: PromptBuilder, limits: PromptLimits, text: str 
     if messages is not None:
         text, add_special = prompts.render(messages), False  # the template writes BOS itself
     limits.check_text(len(text))
-    return encode_text(prompts.tokenizer, text, add_special)
+    return prompts.tokenizer.encode(text, add_special)
 
 
 def encode_prompt(prompts: PromptBuilder, limits: PromptLimits, req: Generate) -> list[int]:

@@ -76,14 +76,18 @@ class Codec(Generic[T]):
 
         `frames[0]` is the body; the rest are array frames (bytes, memoryview,
         zmq.Frame: anything with the buffer protocol), wrapped without copying.
-        Raises msgspec.DecodeError or msgspec.ValidationError on a malformed message.
+        Raises msgspec.DecodeError or msgspec.ValidationError on a malformed message
+        (DecodeError too for one nested too deeply to decode).
         """
         if not frames:
             raise msgspec.ValidationError("empty message: no body frame")
         self._in = frames
         self._used = 0
         try:
-            msg = self._decoder.decode(frames[0])
+            try:
+                msg = self._decoder.decode(frames[0])
+            except RecursionError:  # msgspec recurses even through a field it skips
+                raise msgspec.DecodeError("message nested too deeply") from None
             if self._used != len(frames) - 1:
                 raise msgspec.ValidationError(
                     f"message has {len(frames) - 1} array frames, body references {self._used}"

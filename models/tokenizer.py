@@ -121,8 +121,10 @@ class Tokenizer:
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         """Token ids of `text`; with add_special, BOS (and EOS) as the model asks.
 
-        Special-token texts inside `text` become their ids (llama.cpp parse_special)."""
-        ids = self._hf.encode(text, add_special_tokens=False).ids
+        Special-token texts inside `text` become their ids (llama.cpp parse_special).
+        Goes through `encode_batch`, which releases the GIL while the library works (plain
+        `encode` holds it: a thread encoding 1.2M characters froze the event loop 0.83 s)."""
+        ids = self._hf.encode_batch([text], add_special_tokens=False)[0].ids
         if add_special and self.add_bos:
             ids.insert(0, self.bos_id)
         if add_special and self.add_eos:

@@ -197,3 +197,14 @@ def test_report_codec_speed(codec):
         f"4 MiB array encode {enc_b:.2f} µs, decode {dec_b:.2f} µs"
     )
     assert codec.decode(big_frames).logits.nbytes == 4 << 20
+
+
+def test_deep_nesting_is_a_decode_error_not_a_crash():
+    """A frame nested 100,000 deep (msgspec recurses even through the field it skips while
+    looking for the tag) raises DecodeError, which every actor loop catches."""
+    from zinfer.messages.client import ClientRequest
+
+    deep = b"\x91" * 100_000 + b"\x90"  # [[[...[]...]]]
+    body = b"\x82\xa6prompt" + deep + b"\xa4type\xa8generate"  # {"prompt": deep, "type": "generate"}
+    with pytest.raises(msgspec.DecodeError, match="nested too deeply"):
+        Codec(ClientRequest).decode([body])
