@@ -21,6 +21,7 @@ from zinfer.actors.scheduler import SchedulerActor
 from zinfer.actors.scheduler_policy import SchedulerConfig
 from zinfer.actors.tokenizer import TokenizerActor
 from zinfer.actors.topology import Addresses
+from zinfer.messages.curve import CurveContext, KeyPair, load_public_keys
 from zinfer.models.loader import ModelSource, open_model
 from zinfer.models.pull import DEFAULT_MODEL
 from zinfer.traces.config import TraceConfig
@@ -43,6 +44,8 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     prefix_caching: bool = True
     topology: str = "inproc"  # "inproc": one process; "ipc" / "tcp": an actor per process
     zmq_endpoints: tuple[str, ...] = ()  # public ZeroMQ endpoints of the front door, e.g. tcp://127.0.0.1:5555
+    zmq_curve_secret: str = ""  # a .key_secret file: the public endpoints are CURVE servers under it
+    zmq_curve_clients: str = ""  # a directory of client .key files: the only clients CURVE lets in
     trace: TraceConfig = msgspec.field(default_factory=TraceConfig)  # off unless a trace dir or OTLP endpoint is set
 
     def scheduler_config(self, source: ModelSource) -> SchedulerConfig:
@@ -75,6 +78,18 @@ def make_device(name: str) -> Any:
     raise ValueError(f"unknown device {name!r} (cpu, numpy, cpu-llama, cpu-fast, cuda, cuda:N)")
 
 
+def public_curve_keys(config: EngineConfig) -> KeyPair | None:
+    """The front door's CURVE server key pair, when its public endpoints use CURVE."""
+    return KeyPair.load(config.zmq_curve_secret) if config.zmq_curve_secret else None
+
+
+def engine_context(config: EngineConfig, actor_keys: KeyPair | None = None, actor_endpoints: tuple[str, ...] = ()) -> CurveContext:
+    """The zmq context of this process's actors: ZAP for the front door's CURVE clients
+    and, with actor_keys, CURVE on every actor endpoint (the tcp topology)."""
+    clients = load_public_keys(config.zmq_curve_clients) if config.zmq_curve_clients else None
+    return CurveContext(actor_keys=actor_keys, actor_endpoints=actor_endpoints, clients=clients)
+
+
 def open_process_tracing(config: EngineConfig, source: ModelSource, role: str) -> Tracing | None:
     """This process's Tracing (None when tracing is off); its resource names the model and device."""
     return open_tracing(config.trace, role, {"zinfer.model": source.name, "zinfer.model.file": str(source.path), "zinfer.device": config.device})
@@ -91,7 +106,7 @@ def build_actor(name: str, ctx: zmq.Context, addrs: Addresses, config: EngineCon
     if name == "tokenizer":
         from zinfer.models.prompt import PromptBuilder
 
-        return TokenizerActor(ctx, addrs, PromptBuilder.from_source(source), sched.max_model_len, public=list(config.zmq_endpoints), tracing=tracing)
+        return TokenizerActor(ctx, addrs, PromptBuilder.from_source(source), sched.max_model_len, public=list(config.zmq_endpoints), public_curve=public_curve_keys(config), tracing=tracing)
     if name == "scheduler":
         return SchedulerActor(ctx, addrs, sched, tracing)
     if name == "kv":
@@ -158,7 +173,7 @@ async def open_engine(config: EngineConfig = EngineConfig(), addrs: Addresses | 
     if config.topology != "inproc":
         raise ValueError(f"unknown topology {config.topology!r} (inproc, ipc, tcp)")
     source = await trio.to_thread.run_sync(open_model, config.model)
-    ctx = zmq.Context()
+    ctx = engine_context(config)
     addrs = addrs or Addresses.inproc()
     tracing = open_process_tracing(config, source, "engine")
     try:

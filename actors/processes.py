@@ -6,7 +6,13 @@ tells the tokenizer (ActorFailed), then tears the engine down with EngineFailure
 Children exit on their own when the parent goes away, so no orphan outlives it.
 
 Run one actor by hand (an executor on another host, say):
-    python -m zinfer.actors.processes executor '<EngineConfig JSON>' '<Addresses JSON>'
+    python -m zinfer.actors.processes executor '<EngineConfig JSON>' '<Addresses JSON>' PARENT_PID
+and write the engine's key pair on its stdin as one JSON line (`null` over ipc).
+
+Over tcp every actor socket is authenticated: the parent makes an ephemeral CURVE key
+pair per engine start and hands it to each child on stdin (never in argv, which other
+users can read); every actor endpoint is bound as a CURVE server that lets in only
+that key and connected to as a CURVE client with it (messages/curve.py).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import zmq
 
 from zinfer.actors.topology import Addresses
 from zinfer.messages.channel import Outbox
+from zinfer.messages.curve import CurveContext, KeyPair
 from zinfer.messages.engine import ActorFailed, TokenizerInbox
 
 log = structlog.get_logger("zinfer.processes")
@@ -44,9 +51,16 @@ def child_command(name: str, config, addrs: Addresses) -> list[str]:
     ]
 
 
-async def _start_child(name: str, config, addrs: Addresses) -> trio.Process:
-    """Start one actor process and wait for its "ready" line."""
-    proc = await trio.lowlevel.open_process(child_command(name, config, addrs), stdout=subprocess.PIPE)
+def actor_endpoints(addrs: Addresses) -> tuple[str, ...]:
+    """Every endpoint of the topology: the ones CURVE secures over tcp."""
+    return msgspec.structs.astuple(addrs)
+
+
+async def _start_child(name: str, config, addrs: Addresses, keys: KeyPair | None) -> trio.Process:
+    """Start one actor process, give it the engine's keys on stdin, wait for its "ready" line."""
+    proc = await trio.lowlevel.open_process(child_command(name, config, addrs), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    async with proc.stdin:
+        await proc.stdin.send_all(msgspec.json.encode(keys) + b"\n")
     buf = b""
     with trio.fail_after(300):
         while b"\n" not in buf:
@@ -60,7 +74,7 @@ async def _start_child(name: str, config, addrs: Addresses) -> trio.Process:
 @contextlib.asynccontextmanager
 async def open_process_engine(config, transport: str = "ipc") -> AsyncIterator:
     """Start kv, sampler, executor and scheduler as processes; the tokenizer here."""
-    from zinfer.actors.engine import Engine, build_actor
+    from zinfer.actors.engine import Engine, build_actor, engine_context
     from zinfer.models.loader import open_model
 
     source = await trio.to_thread.run_sync(open_model, config.model)
@@ -69,11 +83,12 @@ async def open_process_engine(config, transport: str = "ipc") -> AsyncIterator:
             addrs = Addresses.tcp("127.0.0.1", _free_port_base(len(Addresses.__struct_fields__)))
         else:
             addrs = Addresses.ipc(tmp)
-        ctx = zmq.Context()
+        keys = KeyPair.generate() if transport == "tcp" else None
+        ctx = engine_context(config, keys, actor_endpoints(addrs))
         procs: dict[str, trio.Process] = {}
         try:
             for name in CHILD_ACTORS:
-                procs[name] = await _start_child(name, config, addrs)
+                procs[name] = await _start_child(name, config, addrs, keys)
             tokenizer = await trio.to_thread.run_sync(build_actor, "tokenizer", ctx, addrs, config, source)
             async with trio.open_nursery() as nursery:
                 await nursery.start(tokenizer.run)
@@ -170,7 +185,8 @@ def child_main(argv: list[str]) -> None:
     configure_logging("warning")
     config = msgspec.json.decode(config_json, type=EngineConfig)
     addrs = msgspec.json.decode(addrs_json, type=Addresses)
-    ctx = zmq.Context()
+    keys = msgspec.json.decode(sys.stdin.buffer.readline(), type=KeyPair | None)
+    ctx = CurveContext(actor_keys=keys, actor_endpoints=actor_endpoints(addrs))
     actor = build_actor(name, ctx, addrs, config, open_model(config.model))
     try:
         trio.run(_serve_child, actor, int(parent))

@@ -51,6 +51,7 @@ from zinfer.messages.client import (
     Usage,
 )
 from zinfer.messages.codec import Codec
+from zinfer.messages.curve import KeyPair, bind_public
 from zinfer.messages.engine import Abort, ActorFailed, Admit, SchedulerInbox, SchedulerStats, SeqOutput, SeqOutputs, SeqRejected, Shutdown, TokenizerInbox
 from zinfer.models.detokenize import IncrementalDetokenizer, StopMatcher
 from zinfer.models.prompt import PromptBuilder
@@ -104,14 +105,14 @@ class TokenizerActor:
     requests: dict[tuple[bytes, str], Request] = field(default_factory=dict)
     by_seq: dict[int, Request] = field(default_factory=dict)
     public: list[str] = field(default_factory=list)  # extra endpoints the front door binds (tcp://...)
+    public_curve: KeyPair | None = None  # CURVE server keys of the public endpoints (None: plain)
     stats: SchedulerStats = field(default_factory=SchedulerStats)
     tracing: Tracing | None = None  # None: tracing off
 
     def __post_init__(self) -> None:
         self.front = AsyncSocket(self.ctx, zmq.ROUTER, bind=self.addrs.frontend)
         self.front.socket.setsockopt(zmq.MAXMSGSIZE, MAX_PUBLIC_MESSAGE)  # bound endpoints keep the options of their bind
-        for endpoint in self.public:
-            self.front.socket.bind(endpoint)
+        bind_public(self.front.socket, self.public, self.public_curve)
         self.inbox: Inbox = Inbox(self.ctx, self.addrs.tokenizer, TokenizerInbox)
         self.to_scheduler: Outbox = Outbox(self.ctx, self.addrs.scheduler, SchedulerInbox)
         self.requests_codec = Codec(ClientRequest)

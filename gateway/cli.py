@@ -89,8 +89,13 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--allowed-origins", default=None, help="browser origins beyond same-origin and loopback that may call the API and /v1/ws, e.g. http://app.example:3000 (* allows every site: unsafe)")
     serve.add_argument("--allowed-hosts", default=None, help="Host header values served beyond localhost, 127.0.0.1 and [::1] (a DNS rebinding guard; on a non-loopback --host it applies only when given)")
     serve.add_argument("--zmq", default=None, help="also serve the ZeroMQ protocol here, e.g. tcp://127.0.0.1:5555")
+    serve.add_argument("--zmq-curve-secret", default=None, help="the --zmq endpoint is a CURVE server with this key pair (a .key_secret file from `zinfer keygen`)")
+    serve.add_argument("--zmq-curve-clients", default=None, help="a directory of client public keys (*.key): the only ZeroMQ clients CURVE lets in")
     serve.add_argument("--trace-dir", default=None, help="trace every round; write a Perfetto trace file here per --trace-window")
     serve.add_argument("--trace-window", type=float, default=60.0, help="seconds of trace per file under --trace-dir")
+
+    p = sub.add_parser("keygen", help="write CURVE key pairs (server, client) for `serve --zmq-curve-*`")
+    p.add_argument("dir", help="created if missing; existing key files are never overwritten")
 
     p = sub.add_parser("trace", help="read trace files")
     trace = p.add_subparsers(dest="trace_command", required=True)
@@ -100,6 +105,29 @@ def parser() -> argparse.ArgumentParser:
 
 
 USER_ERRORS = (ModelError, PullError, UsageError, ValueError, msgspec.ValidationError)
+
+
+def check_zmq_security(args: argparse.Namespace) -> None:
+    """Refuse `serve` flags that would leave the ZeroMQ endpoint open by mistake.
+
+    --api-key guards HTTP only, so with it a --zmq endpoint other hosts can reach must
+    use CURVE. The CURVE flags go together, with --zmq, and their key files must load.
+    """
+    from zinfer.messages.curve import KeyPair, is_loopback, load_public_keys
+
+    secret, clients = args.zmq_curve_secret, args.zmq_curve_clients
+    if (secret or clients) and not args.zmq:
+        raise UsageError("--zmq-curve-secret and --zmq-curve-clients need a --zmq endpoint")
+    if bool(secret) != bool(clients):
+        raise UsageError("--zmq-curve-secret and --zmq-curve-clients go together (a CURVE server without a client list lets every client in)")
+    if secret:
+        KeyPair.load(secret)
+        load_public_keys(clients)
+    elif args.api_key and args.zmq and not is_loopback(args.zmq):
+        raise UsageError(
+            f"--api-key does not protect the ZeroMQ endpoint {args.zmq}, which other hosts can reach: "
+            "add --zmq-curve-secret and --zmq-curve-clients (see `zinfer keygen`) or bind --zmq to 127.0.0.1"
+        )
 
 
 def user_error(exc: BaseException) -> BaseException | None:
@@ -142,6 +170,14 @@ def dispatch(args: argparse.Namespace) -> int:
 
         print(convert_gguf_to_hf(args.gguf, args.out_dir))
         return 0
+    if args.command == "keygen":
+        from zinfer.messages.curve import write_keypairs
+
+        try:
+            print("\n".join(str(p) for p in write_keypairs(args.dir)))
+        except OSError as exc:
+            raise UsageError(f"keygen: {exc}") from None
+        return 0
     if args.command == "trace":
         from zinfer.traces.summarize import summarize_file
 
@@ -164,6 +200,8 @@ def dispatch(args: argparse.Namespace) -> int:
         return bench_main(args, engine_config(args))
     if args.command == "serve":
         from zinfer.gateway.serve import serve
+
+        check_zmq_security(args)
 
         return serve(args)
     if args.command == "stdio":

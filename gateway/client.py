@@ -36,6 +36,7 @@ from zinfer.messages.client import (
     TokenizeResult,
 )
 from zinfer.messages.codec import Codec
+from zinfer.messages.curve import ClientKeys
 from zinfer.messages.params import SamplingParams
 
 
@@ -61,8 +62,12 @@ class AsyncClient:
     open gets a Failed event, so no stream waits forever.
     """
 
-    def __init__(self, ctx: zmq.Context, address: str):
-        self.sock = AsyncSocket(ctx, zmq.DEALER, connect=address)
+    def __init__(self, ctx: zmq.Context, address: str, curve: ClientKeys | None = None):
+        """curve: the keys for an engine whose endpoint is a CURVE server (`ClientKeys.load`)."""
+        self.sock = AsyncSocket(ctx, zmq.DEALER)
+        if curve is not None:
+            curve.apply(self.sock.socket)
+        self.sock.socket.connect(address)
         self.requests_codec = Codec(ClientRequest)
         self.events_codec = Codec(ClientEvent)
         self.out_tx, self.out_rx = trio.open_memory_channel[list](float("inf"))  # encoded requests
@@ -179,18 +184,27 @@ class AsyncClient:
 class Client:
     """A blocking client for plain scripts: plain zmq, one request at a time per call."""
 
-    def __init__(self, address: str, ctx: zmq.Context | None = None, timeout_s: float = 300.0):
+    def __init__(self, address: str, ctx: zmq.Context | None = None, timeout_s: float = 300.0, curve: ClientKeys | None = None):
+        """curve: the keys for an engine whose endpoint is a CURVE server (`ClientKeys.load`).
+        A server that refuses the handshake leaves no connection: a send or a receive then
+        raises EngineError after timeout_s."""
         self.ctx = ctx or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
+        self.sock.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))  # a DEALER with no connection blocks
+        if curve is not None:
+            curve.apply(self.sock)
         self.sock.connect(address)
         self.requests_codec = Codec(ClientRequest)
         self.events_codec = Codec(ClientEvent)
 
     def send(self, request: ClientRequest) -> None:
         """Send one request; EngineError (nothing sent) when the engine could not take it."""
-        self.sock.send_multipart(wire_frames(self.requests_codec, request))
+        try:
+            self.sock.send_multipart(wire_frames(self.requests_codec, request))
+        except zmq.Again:
+            raise EngineError("no connection to the engine within the timeout (is it up, and does it accept this client's CURVE keys?)") from None
 
     def events(self, request_id: str) -> Iterator[ClientEvent]:
         """Events of one request until its terminal (others' events are skipped)."""

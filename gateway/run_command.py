@@ -33,6 +33,8 @@ def engine_config(args: argparse.Namespace, trace: TraceConfig | None = None) ->
         topology=args.topology,
         num_blocks=args.num_blocks,
         zmq_endpoints=(args.zmq,) if getattr(args, "zmq", None) else (),
+        zmq_curve_secret=getattr(args, "zmq_curve_secret", None) or "",
+        zmq_curve_clients=getattr(args, "zmq_curve_clients", None) or "",
         trace=trace or trace_config(args),
     )
 
