@@ -21,8 +21,10 @@ from hypothesis import strategies as st
 HUGE_INTS = [2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**64 + 1, -(2**63) - 1, 10**30, -(10**30), 10**400]
 ODD_FLOATS = [math.nan, math.inf, -math.inf, -0.0, 5e-324, 1e308, -1e308]
 ODD_STRINGS = ["", " ", "\x00", "\u202e", "\ufeff", "🙂" * 40, "<|bos|>", "<|eos|>", "a" * 5000, "hi " * 2000, "é" * 300]
+TOKEN = st.integers(0, 297)  # an id in the tiny model's vocabulary (and in any real one)
+STOP = st.text(min_size=1, max_size=6)  # a well-formed stop string (hostile ones come from `mutated`)
 IDS = ["a", "b", "c"]  # few, so requests of one case collide on ids
-ROLES = ["user", "assistant", "system", "tool", "", "x" * 200]
+ROLES = ["user", "user", "assistant", "system", "tool", "", "x" * 200]
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,11 @@ def to_msgpack(obj: Any) -> bytes:
     return out
 
 
+def weighted(*choices: tuple[int, st.SearchStrategy]) -> st.SearchStrategy:
+    """One of the strategies, drawn with the given integer weights (st.one_of weighs branches alike)."""
+    return st.sampled_from([s for weight, s in choices for _ in range(weight)]).flatmap(lambda s: s)
+
+
 # ---- hostile scalars and values -------------------------------------------------------
 
 
@@ -107,7 +114,7 @@ def hostile(wire: str = "json") -> st.SearchStrategy[Any]:
 def mutated(draw, base: st.SearchStrategy, wire: str = "json"):
     """A draw of `base` with 0-2 values somewhere inside it (top level or nested) made hostile."""
     obj = draw(base)
-    for _ in range(draw(st.integers(0, 2))):
+    for _ in range(draw(st.sampled_from([0, 0, 0, 1, 1, 2]))):  # half the draws stay well-formed
         obj = _replace_one(draw, obj, wire)
     return obj
 
@@ -133,8 +140,9 @@ def _hostile_for(draw, value: Any, wire: str) -> Any:
 
 def _replace_one(draw, obj: Any, wire: str) -> Any:
     """obj with one value, at a path drawn by walking into dicts and lists, replaced by a hostile one."""
-    if isinstance(obj, dict) and obj:
-        key = draw(st.sampled_from(sorted(obj, key=repr)))
+    keys = sorted((k for k in obj if k != "type"), key=repr) if isinstance(obj, dict) else []  # unknown types: drawn as such
+    if keys:
+        key = draw(st.sampled_from(keys))
         return {**obj, key: _replace_one(draw, obj[key], wire) if draw(st.booleans()) else _hostile_for(draw, obj[key], wire)}
     if isinstance(obj, list) and obj:
         i = draw(st.integers(0, len(obj) - 1))
@@ -148,7 +156,7 @@ def unknown_fields(wire: str = "json") -> st.SearchStrategy[dict]:
 
 def _with_extra(base: st.SearchStrategy[dict], wire: str = "json") -> st.SearchStrategy[dict]:
     """base, sometimes with unknown fields added, then mutated."""
-    return mutated(st.builds(lambda b, extra: {**extra, **b}, base, st.one_of(st.just({}), st.just({}), unknown_fields(wire))), wire)
+    return mutated(st.builds(lambda b, extra: {**extra, **b}, base, weighted((4, st.just({})), (1, unknown_fields(wire)))), wire)
 
 
 # ---- the OpenAI HTTP bodies -----------------------------------------------------------
@@ -163,7 +171,7 @@ def chat_messages(wire: str = "json") -> st.SearchStrategy:
 
 def _openai_sampling(wire: str = "json") -> dict[str, st.SearchStrategy]:
     """Optional fields both OpenAI endpoints take, well-formed."""
-    token = st.integers(0, 320)
+    token = TOKEN
     return {
         "model": st.sampled_from(["x", ""]),
         "stream": st.booleans(),
@@ -171,11 +179,11 @@ def _openai_sampling(wire: str = "json") -> dict[str, st.SearchStrategy]:
         "n": st.integers(1, 3),
         "temperature": st.floats(0, 2),
         "top_p": st.floats(0.01, 1),
-        "stop": st.one_of(strings(wire), st.lists(strings(wire), max_size=3)),
+        "stop": st.one_of(STOP, st.lists(STOP, max_size=3)),
         "seed": st.integers(0, 2**32),
         "presence_penalty": st.floats(-2, 2),
         "frequency_penalty": st.floats(-2, 2),
-        "logit_bias": st.dictionaries(st.one_of(token.map(str), ints(wire).map(str), strings(wire)), st.floats(-100, 100), max_size=3),
+        "logit_bias": st.dictionaries(token.map(str), st.floats(-100, 100), max_size=3),
         "top_k": st.integers(-1, 50),
         "min_p": st.floats(0, 1),
         "repetition_penalty": st.floats(0.5, 2),
@@ -190,7 +198,7 @@ def chat_body() -> st.SearchStrategy[dict]:
 
 
 def completion_body() -> st.SearchStrategy[dict]:
-    prompt = st.one_of(strings(), st.lists(ints(), max_size=5), st.lists(strings(), min_size=1, max_size=2), st.lists(st.lists(st.integers(0, 320), max_size=3), max_size=2))
+    prompt = st.one_of(strings(), st.lists(ints(), max_size=5), st.lists(strings(), min_size=1, max_size=2), st.lists(st.lists(TOKEN, max_size=3), max_size=2))
     optional = {**_openai_sampling(), "logprobs": st.integers(0, 5), "echo": st.booleans()}
     return _with_extra(st.fixed_dictionaries({"prompt": prompt, "max_tokens": st.integers(1, 4)}, optional=optional))
 
@@ -200,7 +208,7 @@ def tokenize_body() -> st.SearchStrategy[dict]:
 
 
 def detokenize_body() -> st.SearchStrategy[dict]:
-    return _with_extra(st.fixed_dictionaries({"tokens": st.lists(st.integers(0, 320), max_size=6)}))
+    return _with_extra(st.fixed_dictionaries({"tokens": st.lists(TOKEN, max_size=6)}))
 
 
 GARBAGE_TEXT = [b"", b"{", b"[", b"null", b"1", b'"x"', b"{}", b"[]", b'{"a":', b"\xff\xfe", b"\x00" * 10, b"NaN", b'{"messages": NaN}']
@@ -214,7 +222,7 @@ def garbage_bytes() -> st.SearchStrategy[bytes]:
 def http_body(route: str) -> st.SearchStrategy[bytes]:
     """A request body for a POST route: a hostile-valued JSON object, or garbage bytes."""
     body = {"/v1/chat/completions": chat_body, "/v1/completions": completion_body, "/tokenize": tokenize_body, "/detokenize": detokenize_body}[route]()
-    return st.one_of(body.map(to_json), body.map(to_json), body.map(to_json), garbage_bytes())
+    return weighted((3, body.map(to_json)), (1, garbage_bytes()))
 
 
 # ---- the engine's client protocol (ZeroMQ maps, stdio lines) --------------------------
@@ -222,7 +230,7 @@ def http_body(route: str) -> st.SearchStrategy[bytes]:
 
 def sampling_params(wire: str) -> st.SearchStrategy:
     """The `params` map of messages/params.py: every field optional, well-formed."""
-    token = st.integers(0, 320)
+    token = TOKEN
     optional = {
         "temperature": st.floats(0, 2),
         "top_k": st.integers(0, 50),
@@ -231,9 +239,9 @@ def sampling_params(wire: str) -> st.SearchStrategy:
         "repetition_penalty": st.floats(0.5, 2),
         "presence_penalty": st.floats(-2, 2),
         "frequency_penalty": st.floats(-2, 2),
-        "logit_bias": st.dictionaries(st.one_of(token, token, ints(wire), floats(), strings(wire), st.booleans()), st.floats(-100, 100), max_size=3),
+        "logit_bias": st.dictionaries(token, st.floats(-100, 100), max_size=3),
         "seed": st.integers(0, 2**32),
-        "stop": st.lists(strings(wire), max_size=3),
+        "stop": st.lists(STOP, max_size=3),
         "stop_token_ids": st.lists(token, max_size=3),
         "ignore_eos": st.booleans(),
         "logprobs": st.integers(0, 5),
@@ -249,7 +257,7 @@ def request_id(wire: str) -> st.SearchStrategy:
 def engine_request(wire: str) -> st.SearchStrategy[dict]:
     """One client request map: generate, cancel, tokenize, detokenize, stats or an unknown type."""
     rid = request_id(wire)
-    prompt_keys = {"prompt": strings(wire), "messages": chat_messages(wire), "prompt_ids": st.lists(st.integers(0, 320), max_size=5)}
+    prompt_keys = {"prompt": strings(wire), "messages": chat_messages(wire), "prompt_ids": st.lists(TOKEN, min_size=1, max_size=5)}
     prompts = st.one_of(*[st.fixed_dictionaries({k: v}) for k, v in prompt_keys.items()], st.fixed_dictionaries({}, optional=prompt_keys))
     generate = st.builds(
         lambda p, rest: {**rest, **p},
@@ -260,17 +268,18 @@ def engine_request(wire: str) -> st.SearchStrategy[dict]:
         ),
     )
     cancel = st.fixed_dictionaries({"type": st.just("cancel"), "request_id": rid})
-    tokenize = st.fixed_dictionaries({"type": st.just("tokenize"), "request_id": rid}, optional={"text": strings(wire), "messages": chat_messages(wire), "add_special": st.booleans()})
-    detokenize = st.fixed_dictionaries({"type": st.just("detokenize"), "request_id": rid, "token_ids": st.lists(st.integers(0, 320), max_size=5)})
+    text = st.one_of(st.fixed_dictionaries({"text": strings(wire)}), st.fixed_dictionaries({"messages": chat_messages(wire)}), st.fixed_dictionaries({}, optional={"text": strings(wire), "messages": chat_messages(wire)}))
+    tokenize = st.builds(lambda t, rest: {**rest, **t}, text, st.fixed_dictionaries({"type": st.just("tokenize"), "request_id": rid}, optional={"add_special": st.booleans()}))
+    detokenize = st.fixed_dictionaries({"type": st.just("detokenize"), "request_id": rid, "token_ids": st.lists(TOKEN, max_size=5)})
     stats = st.fixed_dictionaries({"type": st.just("stats"), "request_id": rid})
     other = st.fixed_dictionaries({"type": st.sampled_from(["explode", "Generate", ""]), "request_id": rid})
-    kinds = st.one_of(generate, generate, generate, cancel, tokenize, detokenize, stats, other)
+    kinds = weighted((4, generate), (1, cancel), (1, tokenize), (1, detokenize), (1, stats), (1, other))
     return _with_extra(kinds, wire)
 
 
 def engine_requests(wire: str) -> st.SearchStrategy[list]:
     """One fuzz case: a burst of 1-5 requests (dicts) or garbage frames (bytes), ids colliding."""
-    one = st.one_of(engine_request(wire), engine_request(wire), engine_request(wire), garbage_bytes())
+    one = weighted((4, engine_request(wire)), (1, garbage_bytes()))
     return st.lists(one, min_size=1, max_size=5)
 
 
@@ -294,7 +303,8 @@ def ws_message() -> st.SearchStrategy:
     ping = st.just({"type": "ping"})
     other = st.fixed_dictionaries({"type": hostile()}, optional={"id": wid})
     garbage = garbage_bytes().map(lambda b: b.decode("utf-8", "replace"))
-    return st.one_of(_with_extra(st.one_of(generate, generate, generate, cancel, ping, other)), garbage)
+    message = _with_extra(weighted((4, generate), (1, cancel), (1, ping), (1, other)))
+    return weighted((4, message), (1, garbage))
 
 
 def ws_messages() -> st.SearchStrategy[list]:

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import msgspec
 import zmq
+from hypothesis import event as note_event
 from websockets.sync.client import connect
 
 from zinfer.gateway.websocket import WsCancel, WsPing, WsRequest
@@ -58,6 +59,8 @@ class Ledger:
             assert key in self.sent, f"an event for an id never sent: {event}\ncase: {self.case!r}"
             assert self.seen[key] < self.sent[key], f"an event after the id's last terminal: {event}\ncase: {self.case!r}"
         self.seen[key] += terminal
+        if terminal:
+            note_event(f"terminal: {event.get('type')} {event.get('code', '')}".rstrip())  # --hypothesis-show-statistics
         assert self.total <= self.expected, f"more terminal events than requests ({self.total} > {self.expected}); last {event}\ncase: {self.case!r}"
 
     @property
@@ -138,6 +141,7 @@ def http_case(sut: ServerUnderTest, method: str, route: str, body: bytes = b"") 
         raise AssertionError(f"no answer within {sut.timeout} s\ncase: {case!r}") from None
     except httpx.TransportError as exc:
         raise AssertionError(f"the connection failed: {exc!r}\ncase: {case!r}") from None
+    note_event(f"HTTP {r.status_code}")
     assert r.status_code < 500, f"HTTP {r.status_code}: {r.text[:500]}\ncase: {case!r}"
     if r.status_code != 200 or "completions" not in route:
         return

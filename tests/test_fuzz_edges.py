@@ -48,7 +48,7 @@ def zmq_ctx():
     ctx.destroy(linger=0)
 
 
-@settings(max_examples=160, **FUZZ)
+@settings(max_examples=400, **FUZZ)
 @given(request=st.sampled_from(POST_ROUTES).flatmap(lambda route: st.tuples(st.just(route), fs.http_body(route))))
 @example(request=("/v1/completions", fs.to_json({"prompt": fs.Deep(100_000, "dict"), "max_tokens": 3})))  # found: 500
 @example(request=("/v1/chat/completions", fs.to_json({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "seed": 10**30})))
@@ -59,7 +59,7 @@ def test_http_routes_never_5xx(sut, request):
     sut.check_healthy((route, body[:2000]))
 
 
-@settings(max_examples=30, **FUZZ)
+@settings(max_examples=60, **FUZZ)
 @given(path=st.one_of(st.sampled_from(["/v1/models", "/health", "/metrics", "/", "/v1/ws"]), st.text(max_size=30).map(lambda t: "/v1/models/" + quote(t))), method=st.sampled_from(["GET", "POST", "PUT", "DELETE"]), body=fs.garbage_bytes())
 def test_other_routes_and_methods_never_5xx(sut, path, method, body):
     sut.ensure_alive()
@@ -67,7 +67,7 @@ def test_other_routes_and_methods_never_5xx(sut, path, method, body):
     sut.check_healthy((method, path, body))
 
 
-@settings(max_examples=30, **FUZZ)
+@settings(max_examples=60, **FUZZ)
 @given(raw=st.one_of(st.binary(min_size=1, max_size=200), st.sampled_from([b"GET / HTTP/1.1\r\n\r\n", b"POST /v1/completions HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n{", b"\r\n" * 100])))
 def test_raw_bytes_on_the_http_port(sut, raw):
     server = sut.ensure_alive()
@@ -85,7 +85,7 @@ def test_raw_bytes_on_the_http_port(sut, raw):
     sut.check_healthy(raw)
 
 
-@settings(max_examples=60, **FUZZ)
+@settings(max_examples=150, **FUZZ)
 @given(messages=fs.ws_messages())
 @example(messages=["0\x00"])  # found: a typed-decode error, then a raw decode that raises on the trailing byte
 @example(messages=[{"type": fs.Deep(1000), "id": "a", "prompt": "x"}])
@@ -94,7 +94,7 @@ def test_websocket_one_terminal_per_generate(sut, messages):
     sut.check_healthy(messages)
 
 
-@settings(max_examples=20, **FUZZ)
+@settings(max_examples=40, **FUZZ)
 @given(messages=st.lists(st.one_of(st.binary(max_size=64), st.just(b'{"type": "ping"}')), min_size=1, max_size=4))
 @example(messages=[b'{"type": "ping"}'])
 def test_websocket_binary_frames(sut, messages):
@@ -102,7 +102,7 @@ def test_websocket_binary_frames(sut, messages):
     sut.check_healthy(messages)
 
 
-@settings(max_examples=80, **FUZZ)
+@settings(max_examples=200, **FUZZ)
 @given(case=fs.engine_requests("msgpack"), multipart=st.lists(st.lists(st.binary(max_size=16), min_size=2, max_size=3), max_size=1))
 @example(case=[{"extra": 1, "request_id": fs.Deep(100_000), "type": "cancel"}], multipart=[])  # found: killed the engine
 @example(case=[{"type": fs.Deep(1000), "request_id": "a", "params": {"max_tokens": 1}, "prompt": ""}], multipart=[])
@@ -119,7 +119,7 @@ def stdio(tiny_model):
     z.close()
 
 
-@settings(max_examples=60, **FUZZ)
+@settings(max_examples=150, **FUZZ)
 @given(case=fs.engine_requests("json"))
 @example(case=[{"type": fs.Deep(1000), "request_id": "a", "params": {"max_tokens": 1}, "prompt": ""}])  # found: killed stdio
 def test_stdio_one_terminal_per_line(stdio, case):
