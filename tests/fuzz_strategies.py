@@ -23,7 +23,9 @@ ODD_FLOATS = [math.nan, math.inf, -math.inf, -0.0, 5e-324, 1e308, -1e308]
 ODD_STRINGS = ["", " ", "\x00", "\u202e", "\ufeff", "🙂" * 40, "<|bos|>", "<|eos|>", "a" * 5000, "hi " * 2000, "é" * 300]
 TOKEN = st.integers(0, 297)  # an id in the tiny model's vocabulary (and in any real one)
 STOP = st.text(min_size=1, max_size=6)  # a well-formed stop string (hostile ones come from `mutated`)
-IDS = ["a", "b", "c"]  # few, so requests of one case collide on ids
+IDS = ["a", "b", "c"]
+# 1-4 tokens mostly; sometimes a long run (with ignore_eos drawn too) that a cancel or a leaving client can catch mid-stream
+MAX_TOKENS = st.sampled_from([1, 2, 3, 4, 1, 2, 3, 4, 200])  # few, so requests of one case collide on ids
 ROLES = ["user", "user", "assistant", "system", "tool", "", "x" * 200]
 
 
@@ -193,14 +195,14 @@ def _openai_sampling(wire: str = "json") -> dict[str, st.SearchStrategy]:
 
 def chat_body() -> st.SearchStrategy[dict]:
     optional = {**_openai_sampling(), "logprobs": st.booleans(), "top_logprobs": st.integers(0, 5), "max_completion_tokens": st.integers(1, 4)}
-    base = st.fixed_dictionaries({"messages": chat_messages(), "max_tokens": st.integers(1, 4)}, optional=optional)
+    base = st.fixed_dictionaries({"messages": chat_messages(), "max_tokens": MAX_TOKENS}, optional=optional)
     return _with_extra(base)
 
 
 def completion_body() -> st.SearchStrategy[dict]:
     prompt = st.one_of(strings(), st.lists(ints(), max_size=5), st.lists(strings(), min_size=1, max_size=2), st.lists(st.lists(TOKEN, max_size=3), max_size=2))
     optional = {**_openai_sampling(), "logprobs": st.integers(0, 5), "echo": st.booleans()}
-    return _with_extra(st.fixed_dictionaries({"prompt": prompt, "max_tokens": st.integers(1, 4)}, optional=optional))
+    return _with_extra(st.fixed_dictionaries({"prompt": prompt, "max_tokens": MAX_TOKENS}, optional=optional))
 
 
 def tokenize_body() -> st.SearchStrategy[dict]:
@@ -247,7 +249,7 @@ def sampling_params(wire: str) -> st.SearchStrategy:
         "logprobs": st.integers(0, 5),
         "n": st.integers(1, 3),
     }
-    return st.fixed_dictionaries({"max_tokens": st.integers(1, 4)}, optional=optional)
+    return st.fixed_dictionaries({"max_tokens": MAX_TOKENS}, optional=optional)
 
 
 def request_id(wire: str) -> st.SearchStrategy:

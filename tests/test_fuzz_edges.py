@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 import fuzz_strategies as fs
-from fuzz_surfaces import ServerUnderTest, StdioUnderTest, http_case, stdio_case, ws_case, zmq_case
+from fuzz_stdio import StdioUnderTest, stdio_case
+from fuzz_surfaces import ServerUnderTest, http_case, http_leave_case, ws_case, ws_leave_case, zmq_case, zmq_leave_case
 from zinfer.models.tiny import write_tiny_gguf
 
 FUZZ = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate, Phase.shrink])
@@ -57,6 +58,24 @@ def test_http_routes_never_5xx(sut, request):
     sut.ensure_alive()
     sut.run_case(http_case, sut, "POST", route, body, case=(route, body[:2000]))
     sut.check_healthy((route, body[:2000]))
+
+
+@settings(max_examples=40, **FUZZ)
+@given(route=st.sampled_from(POST_ROUTES[:2]), body=st.fixed_dictionaries({"prompt": st.sampled_from(["the cat", "a" * 300])}, optional={"max_tokens": st.sampled_from([1, 200]), "ignore_eos": st.booleans(), "n": st.integers(1, 3)}))
+def test_http_client_leaving_a_stream_holds_nothing(sut, route, body):
+    body = {**body, "stream": True}
+    if route == "/v1/chat/completions":
+        body["messages"] = [{"role": "user", "content": body.pop("prompt")}]
+    sut.ensure_alive()
+    sut.run_case(http_leave_case, sut, route, fs.to_json(body), case=(route, body))
+    sut.check_healthy((route, body))
+
+
+@settings(max_examples=40, **FUZZ)
+@given(messages=fs.ws_messages())
+def test_websocket_closed_mid_generation_holds_nothing(sut, messages):
+    sut.run_case(ws_leave_case, sut.ensure_alive(), messages, case=messages)
+    sut.check_healthy(messages)
 
 
 @settings(max_examples=60, **FUZZ)
@@ -110,6 +129,14 @@ def test_zmq_one_terminal_per_request(sut, zmq_ctx, case, multipart):
     frames = [r if isinstance(r, bytes) else fs.to_msgpack(r) for r in case] + multipart
     sut.run_case(zmq_case, zmq_ctx, sut.ensure_alive(), frames, case + multipart, case=case + multipart)
     sut.check_healthy(case + multipart)
+
+
+@settings(max_examples=40, **FUZZ)
+@given(case=fs.engine_requests("msgpack"))
+def test_zmq_client_leaving_mid_generation_holds_nothing(sut, zmq_ctx, case):
+    frames = [r if isinstance(r, bytes) else fs.to_msgpack(r) for r in case]
+    sut.run_case(zmq_leave_case, zmq_ctx, sut.ensure_alive(), frames, case=case)
+    sut.check_healthy(case)
 
 
 @pytest.fixture(scope="module")
