@@ -149,6 +149,7 @@ def stdio(tiny_model):
 @settings(max_examples=150, **FUZZ)
 @given(case=fs.engine_requests("json"))
 @example(case=[{"type": fs.Deep(1000), "request_id": "a", "params": {"max_tokens": 1}, "prompt": ""}])  # found: killed stdio
+@example(case=[b"a" * (16 * 2**20 + 1), {"type": "stats", "request_id": "a"}])  # over stdio's 16 MiB line limit
 def test_stdio_one_terminal_per_line(stdio, case):
     lines = [r.replace(b"\n", b" ") if isinstance(r, bytes) else fs.to_json(r) for r in case]
     lines = [line if line.strip() else b"{}" for line in lines]  # a blank line is skipped, not a request
