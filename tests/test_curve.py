@@ -123,13 +123,20 @@ def push_shutdown(ctx: zmq.Context, address: str, curve: ClientKeys | None) -> z
         sock.close()
 
 
+def plain_client_generates(address: str) -> bool:
+    with Client(address, ctx=zmq.Context(), timeout_s=120) as c:
+        return isinstance(generate_text(c)[-1], Finished)
+
+
 async def test_tcp_topology_lets_no_foreign_socket_reach_an_actor(tiny_model):
     async def generate(client: AsyncClient) -> object:
         async for ev in client.generate("hello there", params=GREEDY):
             pass
         return ev
 
-    async with open_engine(EngineConfig(model=str(tiny_model), topology="tcp")) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
+    public = f"tcp://127.0.0.1:{free_port()}"  # no CURVE asked for: stays plain next to the CURVE actor endpoints
+    config = EngineConfig(model=str(tiny_model), topology="tcp", zmq_endpoints=(public,))
+    async with open_engine(config) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
         assert engine.addrs.scheduler.startswith("tcp://127.0.0.1:")
         assert isinstance(await generate(client), Finished)
         engine_public = engine.ctx.actor_keys.public
@@ -146,3 +153,4 @@ async def test_tcp_topology_lets_no_foreign_socket_reach_an_actor(tiny_model):
         with trio.fail_after(120):  # the Shutdown never arrived: the scheduler still serves
             assert isinstance(await generate(client), Finished)
         assert all(p.returncode is None for p in engine.actors["processes"].values())
+        assert await trio.to_thread.run_sync(plain_client_generates, public)
