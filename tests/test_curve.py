@@ -154,3 +154,22 @@ async def test_tcp_topology_lets_no_foreign_socket_reach_an_actor(tiny_model):
             assert isinstance(await generate(client), Finished)
         assert all(p.returncode is None for p in engine.actors["processes"].values())
         assert await trio.to_thread.run_sync(plain_client_generates, public)
+
+
+async def test_async_client_with_listed_keys_gets_in_and_without_gets_nothing(tiny_model, keys):
+    kdir, allowed = keys
+    public = f"tcp://127.0.0.1:{free_port()}"
+    config = EngineConfig(model=str(tiny_model), zmq_endpoints=(public,), zmq_curve_secret=str(kdir / "server.key_secret"), zmq_curve_clients=str(allowed))
+    outside = zmq.Context()  # a separate client context, as another program would have
+    try:
+        async with open_engine(config):
+            async with AsyncClient(outside, public, curve=ClientKeys.load(kdir / "client.key_secret", kdir / "server.key")) as client:
+                with trio.fail_after(120):
+                    events = [ev async for ev in client.generate("hello there", params=GREEDY)]
+                assert isinstance(events[-1], Finished)
+            async with AsyncClient(outside, public) as client:
+                with trio.move_on_after(3) as waited:
+                    events = [ev async for ev in client.generate("hello there", params=GREEDY)]
+                assert waited.cancelled_caught
+    finally:
+        outside.destroy(linger=0)
