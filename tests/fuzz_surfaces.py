@@ -169,6 +169,7 @@ _WS = msgspec.json.Decoder(WsRequest)
 
 def ws_expects(message: object) -> tuple[object, bool, int]:
     """(the id it names, whether it must get a done/cancelled/error, pongs it gets)."""
+    message = _ws_frame(message) if isinstance(message, str) else message
     if isinstance(message, bytes):
         return None, True, 0
     text = message if isinstance(message, str) else None
@@ -186,6 +187,18 @@ def _json_text(obj: object) -> str:
     return to_json(obj).decode()
 
 
+def _ws_frame(message: object) -> str | bytes:
+    """What to send for one drawn message: text as is (lone surrogates, which no text frame
+    carries, as a binary frame of their bytes), bytes as a binary frame, anything else as JSON."""
+    if isinstance(message, str):
+        try:
+            message.encode()
+        except UnicodeEncodeError:
+            return message.encode("utf-8", "surrogatepass")
+        return message
+    return message if isinstance(message, bytes) else _json_text(message)
+
+
 def ws_case(server: Server, messages: list, timeout: float = REPLY_TIMEOUT) -> None:
     """Send a burst of websocket messages; each generate (and each bad message) gets exactly one terminal."""
     ledger = Ledger(messages)
@@ -195,7 +208,7 @@ def ws_case(server: Server, messages: list, timeout: float = REPLY_TIMEOUT) -> N
             rid, terminal, pongs = ws_expects(m)
             ledger.request(rid, terminal)
             pongs_expected += pongs
-            ws.send(m if isinstance(m, (str, bytes)) else _json_text(m))
+            ws.send(_ws_frame(m))
         deadline = time.monotonic() + timeout
         pongs, barrier = 0, False
         while True:
@@ -218,7 +231,7 @@ def ws_leave_case(server: Server, messages: list) -> None:
     """Send a burst and close the socket after the first reply: its generations must be cancelled."""
     with connect(server.ws, max_size=None, open_timeout=30) as ws:
         for m in messages:
-            ws.send(m if isinstance(m, (str, bytes)) else _json_text(m))
+            ws.send(_ws_frame(m))
         ws.send('{"type": "ping"}')  # so some reply comes even to a burst of cancels
         ws.recv(timeout=REPLY_TIMEOUT)
 

@@ -108,6 +108,7 @@ def test_raw_bytes_on_the_http_port(sut, raw):
 @given(messages=fs.ws_messages())
 @example(messages=["0\x00"])  # found: a typed-decode error, then a raw decode that raises on the trailing byte
 @example(messages=[{"type": fs.Deep(1000), "id": "a", "prompt": "x"}])
+@example(messages=[{"type": "cancel", "id": "a"}, "\ud800"])  # text no text frame can carry: sent as binary
 def test_websocket_one_terminal_per_generate(sut, messages):
     sut.run_case(ws_case, sut.ensure_alive(), messages, case=messages)
     sut.check_healthy(messages)
