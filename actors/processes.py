@@ -136,7 +136,7 @@ def _free_port_base(n: int) -> int:
     import socket
 
     for _ in range(50):
-        base = random.randint(20000, 60000)
+        base = random.randint(20000, 32000)  # below Linux's ephemeral range (32768-60999): no outgoing connection takes one
         try:
             socks = []
             for i in range(n):
