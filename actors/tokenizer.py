@@ -157,7 +157,7 @@ class TokenizerActor:
             try:
                 req = self.requests_codec.decode(frames)
             except msgspec.MsgspecError as exc:
-                self._emit(peer, Rejected("", "bad_request", f"malformed request: {exc}"))
+                self._emit(peer, Rejected(request_id_of(frames), "bad_request", f"malformed request: {exc}"))
                 continue
             self.handle_request(peer, req)
 
@@ -368,6 +368,23 @@ class TokenizerActor:
 
     def _emit(self, peer: bytes, event: ClientEvent) -> None:
         self.client_tx.send_nowait((peer, event))
+
+
+class _RequestIdOnly(msgspec.Struct):
+    request_id: str = ""
+
+
+_REQUEST_ID = msgspec.msgpack.Decoder(_RequestIdOnly)
+
+
+def request_id_of(frames: list) -> str:
+    """The string request_id of a malformed request that is a map holding one (capped
+    at 256 characters like a valid one), so the client can match its rejection; else ""."""
+    try:
+        rid = _REQUEST_ID.decode(frames[0]).request_id if frames else ""
+    except (msgspec.MsgspecError, RecursionError):
+        return ""
+    return rid if len(rid) <= 256 else ""
 
 
 def request_fields(r: Request, outcome: str, reasons: list[str], now: float) -> dict:
