@@ -5,27 +5,33 @@ A generation's status is decided by its first event from the engine: a rejection
 (too long: 400, queue full: 429, ...) is answered as an OpenAI error even when the
 client asked to stream; otherwise a stream's 200 and headers go out with the first
 token. A client that leaves, before or during the stream, cancels its engine request.
+A list of prompts to /v1/completions runs as one engine request per prompt, answered
+as one response (see engine_events).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
+from typing import Any, AsyncIterator, Callable
 
 import msgspec
+import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
-from zinfer.gateway.client import EngineError
+from zinfer.gateway.client import AsyncClient, EngineError
 from zinfer.gateway.metrics import RequestRecord
 from zinfer.gateway.openai_schema import (
     ApiError,
     ChatRequest,
     CompletionRequest,
     chat_messages,
-    completion_prompt,
+    completion_prompts,
     include_usage,
     parse,
     sampling_params,
@@ -33,6 +39,7 @@ from zinfer.gateway.openai_schema import (
 from zinfer.gateway.sse import DONE, SSEResponse, frame, until_disconnect
 from zinfer.gateway.state import GatewayState
 from zinfer.messages.client import Cancelled, ClientEvent, Delta, Failed, Finished, Rejected, Started, Text, TokenIds, Usage
+from zinfer.messages.params import SamplingParams
 
 ENGINE_PARAMS = {"logit_bias": "logit_bias", "stop_token_ids": "stop_token_ids", "prompt_ids": "prompt"}  # first word of an engine message -> param
 REJECTION_STATUS = {"too_long": 400, "bad_request": 400, "cannot_fit": 400, "queue_full": 429}
@@ -77,12 +84,13 @@ def unknown_model(name: str) -> ApiError:
     return ApiError(404, f"the model {name!r} does not exist; this server serves its own model only", param="model", code="model_not_found")
 
 
-def engine_error(event: Rejected | Failed | Cancelled) -> ApiError:
-    """The HTTP error for a request the engine did not finish."""
+def engine_error(event: Rejected | Failed | Cancelled, chat: bool) -> ApiError:
+    """The HTTP error for a request the engine did not finish (a too-long prompt names
+    `messages` for chat, `prompt` for completions)."""
     if isinstance(event, Rejected):
         status = REJECTION_STATUS.get(event.code, 400)
         if event.code == "too_long":
-            return ApiError(status, event.message, param="messages", code="context_length_exceeded", n_prompt_tokens=event.n_prompt_tokens, n_ctx=event.n_ctx)
+            return ApiError(status, event.message, param="messages" if chat else "prompt", code="context_length_exceeded", n_prompt_tokens=event.n_prompt_tokens, n_ctx=event.n_ctx)
         if event.code == "queue_full":
             return ApiError(status, event.message, type="rate_limit_error", code="queue_full")
         first = event.message.split(" ", 1)[0]
@@ -111,7 +119,7 @@ async def generate(state: GatewayState, request: Request, kind: type[ChatRequest
     """Serve one chat or text completion request.
 
     Its metrics record ends on every way out: here (an unexpected exception counts as
-    failed), or in the SSE response's on_close once a stream is handed to Starlette.
+    failed), or when a LiveStream handed to Starlette has been sent.
     """
     record = state.metrics.open()
     response: Response | None = None
@@ -122,12 +130,12 @@ async def generate(state: GatewayState, request: Request, kind: type[ChatRequest
         record.finish("failed")
         raise
     finally:
-        if not isinstance(response, SSEResponse):
+        if not isinstance(response, LiveStream):
             record.close()
 
 
 async def respond(state: GatewayState, request: Request, kind: type[ChatRequest] | type[CompletionRequest], record: RequestRecord) -> Response:
-    """generate()'s work: validate, send to the engine, answer whole or as a stream."""
+    """generate()'s work: validate, then answer whole, or hand back a LiveStream to send."""
     try:
         if not state.ready:
             raise ApiError(503, "the model is loading", type="unavailable_error", code="loading")
@@ -135,36 +143,113 @@ async def respond(state: GatewayState, request: Request, kind: type[ChatRequest]
         if not state.serves(req.model):
             raise unknown_model(req.model)
         params = sampling_params(req, state.max_model_len)
-        form = {"messages": chat_messages(req)} if isinstance(req, ChatRequest) else completion_prompt(req)
+        forms = [{"messages": chat_messages(req)}] if isinstance(req, ChatRequest) else completion_prompts(req)
     except ApiError as exc:
         record.finish("rejected")
         return exc.response()
     rid = uuid.uuid4().hex
-    shaper = Shaper(state, isinstance(req, ChatRequest), rid, req.model or state.model_name)
-    events = record.observe(state.client.generate(**form, params=params, request_id=rid))
-    if not req.stream:
+    shaper = Shaper(state, isinstance(req, ChatRequest), rid)
+    open_events = partial(engine_events, state.client, forms, params, rid, record)
+    if req.stream:
+        return LiveStream(request, open_events, shaper, include_usage(req), record)
+    async with open_events() as events:
+        done, result = await until_disconnect(request, shaper.collect, events)
+    if isinstance(result, ApiError):
+        return result.response()
+    return JSONResponse(result) if done else Response(status_code=499)
+
+
+@asynccontextmanager
+async def engine_events(client: AsyncClient, forms: list[dict], params: SamplingParams, rid: str, record: RequestRecord) -> AsyncIterator[AsyncIterator[ClientEvent]]:
+    """One HTTP request's events from one engine request per prompt (`forms`), run in a
+    nursery of the caller's: Started per prompt, Deltas with choice j of prompt p at index
+    p * n + j, then one Finished with every prompt's finish reasons and their usage summed.
+
+    Nothing but Started comes out until every prompt has given its first token or been
+    refused, so a refusal of any prompt is the request's first output: it ends the events,
+    and leaving the block cancels the other prompts. The channel from the per-prompt tasks
+    is unbounded, as the engine client's per-request channels are.
+    """
+    tx, rx = trio.open_memory_channel[tuple[int, ClientEvent]](float("inf"))
+
+    async def pump(p: int, form: dict, tx: trio.MemorySendChannel) -> None:
+        async with tx:
+            request_id = rid if len(forms) == 1 else f"{rid}-{p}"
+            async for event in client.generate(**form, params=params, request_id=request_id):
+                tx.send_nowait((p, event))
+
+    async def merged() -> AsyncIterator[ClientEvent]:
+        waiting, held, finished = set(range(len(forms))), [], {}
+        async for p, event in rx:
+            if isinstance(event, (Rejected, Failed, Cancelled)):
+                yield event
+                return
+            if isinstance(event, Delta):
+                held.append(msgspec.structs.replace(event, index=p * params.n + event.index))
+            elif isinstance(event, Finished):
+                finished[p] = event
+            else:
+                held.append(event)
+            if not isinstance(event, Started):
+                waiting.discard(p)
+            if not waiting:
+                for e in held:
+                    yield e
+                held.clear()
+            if len(finished) == len(forms):
+                yield total(rid, [finished[i] for i in range(len(forms))])
+                return
+        yield Failed(rid, "the engine stream ended early")
+
+    async with trio.open_nursery() as nursery:
+        async with tx:
+            for p, form in enumerate(forms):
+                nursery.start_soon(pump, p, form, tx.clone())
+        events = record.observe(merged())
         try:
-            done, result = await until_disconnect(request, shaper.collect, events)
+            yield events
         finally:
             await events.aclose()
-        if isinstance(result, ApiError):
-            return result.response()
-        return JSONResponse(result) if done else Response(status_code=499)
-    streaming = False
-    try:
-        done, first = await until_disconnect(request, first_output, events)
-        if not done or isinstance(first, (Rejected, Failed, Cancelled)):
-            return engine_error(first).response() if done else Response(status_code=499)
-        streaming = True
-    finally:
-        if not streaming:
-            await events.aclose()
+            nursery.cancel_scope.cancel()
 
-    async def on_close() -> None:
-        await events.aclose()
-        record.close()
 
-    return SSEResponse(shaper.stream(first, events, include_usage(req)), on_close)
+def total(rid: str, parts: list[Finished]) -> Finished:
+    """One Finished for the prompts of one request, in prompt order, usage summed."""
+    usage = Usage(
+        prompt_tokens=sum(f.usage.prompt_tokens for f in parts),
+        completion_tokens=sum(f.usage.completion_tokens for f in parts),
+        cached_tokens=sum(f.usage.cached_tokens for f in parts),
+    )
+    return Finished(rid, [r for f in parts for r in f.finish_reasons], usage)
+
+
+class LiveStream(Response):
+    """A streamed generation, run when Starlette sends this response, so the engine
+    requests live in a nursery of that call. Its status is decided by the first output:
+    a refusal is answered as an OpenAI error; otherwise an SSE stream's 200 and headers
+    go out with the first token. The metrics record ends when it has been sent.
+    """
+
+    def __init__(self, request: Request, open_events: Callable[[], AbstractAsyncContextManager], shaper: "Shaper", usage: bool, record: RequestRecord):
+        super().__init__()
+        self.request, self.open_events, self.shaper, self.usage, self.record = request, open_events, shaper, usage, record
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with self.open_events() as events:
+                done, first = await until_disconnect(self.request, first_output, events)
+                if not done:
+                    response: Response = Response(status_code=499)
+                elif isinstance(first, (Rejected, Failed, Cancelled)):
+                    response = engine_error(first, self.shaper.chat).response()
+                else:
+                    response = SSEResponse(self.shaper.stream(first, events, self.usage), events.aclose)
+                await response(scope, receive, send)
+        except Exception:
+            self.record.finish("failed")
+            raise
+        finally:
+            self.record.close()
 
 
 async def first_output(events: AsyncIterator[ClientEvent]) -> ClientEvent:
@@ -178,33 +263,56 @@ async def first_output(events: AsyncIterator[ClientEvent]) -> ClientEvent:
 class Shaper:
     """Turns one request's engine events into OpenAI chunks or a whole response."""
 
-    def __init__(self, state: GatewayState, chat: bool, rid: str, model: str):
-        self.state, self.chat, self.model = state, chat, model
+    def __init__(self, state: GatewayState, chat: bool, rid: str):
+        self.state, self.chat = state, chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + rid
         self.object = "chat.completion" if chat else "text_completion"
         self.created = int(time.time())
 
     def envelope(self, choices: list[dict], chunk: bool, **extra: Any) -> dict:
         obj = self.object + ".chunk" if chunk and self.chat else self.object
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices, **extra}
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.state.model_name, "system_fingerprint": self.state.system_fingerprint, "choices": choices, **extra}
 
     async def stream(self, first: ClientEvent, events: AsyncIterator[ClientEvent], usage: bool) -> AsyncIterator[bytes]:
-        """SSE frames: role chunks (chat), a chunk per delta, the usage chunk if asked, [DONE]."""
+        """SSE frames: per choice a role chunk (chat), its text chunks (finish_reason null),
+        then one chunk with an empty delta carrying its finish_reason; the usage chunk if
+        asked; [DONE]."""
         extra = {"usage": None} if usage else {}
-        event, started = first, set()
+        event, started, ended = first, set(), set()
+
+        def chunk(index: int, body: dict, logprobs: dict | None = None, finish_reason: str | None = None) -> bytes:
+            return frame(self.envelope([{"index": index, **body, "logprobs": logprobs, "finish_reason": finish_reason}], True, **extra))
+
+        def begin(index: int) -> list[bytes]:
+            if not self.chat or index in started:
+                return []
+            started.add(index)
+            return [chunk(index, {"delta": {"role": "assistant", "content": ""}})]
+
+        def end(index: int, reason: str) -> list[bytes]:
+            ended.add(index)
+            return [*begin(index), chunk(index, {"delta": {}} if self.chat else {"text": ""}, finish_reason=reason)]
+
         while True:
-            if isinstance(event, Delta) and (event.text or event.finish_reason or event.logprobs):
-                if self.chat and event.index not in started:
-                    started.add(event.index)
-                    yield frame(self.envelope([{"index": event.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}], True, **extra))
-                yield frame(self.envelope([await self.choice(event, chunk=True)], True, **extra))
+            if isinstance(event, Delta):
+                if event.text or event.logprobs:
+                    for f in begin(event.index):
+                        yield f
+                    lp = await self.logprobs(event) if event.logprobs is not None else None
+                    yield chunk(event.index, {"delta": {"content": event.text}} if self.chat else {"text": event.text}, lp)
+                if event.finish_reason and event.index not in ended:
+                    for f in end(event.index, event.finish_reason):
+                        yield f
             elif isinstance(event, Finished):
+                for i, reason in enumerate(event.finish_reasons):
+                    for f in end(i, reason) if i not in ended else []:
+                        yield f
                 if usage:
                     yield frame(self.envelope([], True, usage=usage_body(event.usage)))
                 yield DONE
                 return
             elif isinstance(event, (Rejected, Failed, Cancelled)):
-                yield frame(engine_error(event).body())
+                yield frame(engine_error(event, self.chat).body())
                 yield DONE
                 return
             event = await events.__anext__()
@@ -214,7 +322,7 @@ class Shaper:
         choices: dict[int, dict] = {}
         async for event in events:
             if isinstance(event, Delta):
-                part = await self.choice(event, chunk=False)
+                part = await self.choice(event)
                 c = choices.setdefault(event.index, part)
                 if c is not part:
                     merge(c, part, self.chat)
@@ -224,21 +332,20 @@ class Shaper:
                     c["finish_reason"] = reason
                 return self.envelope(ordered, False, usage=usage_body(event.usage))
             elif isinstance(event, (Rejected, Failed, Cancelled)):
-                return engine_error(event)
-        return engine_error(Failed("", "the engine stream ended early"))
+                return engine_error(event, self.chat)
+        return engine_error(Failed("", "the engine stream ended early"), self.chat)
 
     def empty(self, index: int) -> dict:
         if self.chat:
             return {"index": index, "message": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
         return {"index": index, "text": "", "logprobs": None, "finish_reason": None}
 
-    async def choice(self, d: Delta, chunk: bool) -> dict:
-        """One choice object for a delta: a chunk's delta or a response's message."""
+    async def choice(self, d: Delta) -> dict:
+        """One choice object of a whole response for a delta."""
         lp = await self.logprobs(d) if d.logprobs is not None else None
         if not self.chat:
             return {"index": d.index, "text": d.text, "logprobs": lp, "finish_reason": d.finish_reason}
-        body = {"content": d.text} if chunk else {"role": "assistant", "content": d.text}
-        return {"index": d.index, "delta" if chunk else "message": body, "logprobs": lp, "finish_reason": d.finish_reason}
+        return {"index": d.index, "message": {"role": "assistant", "content": d.text}, "logprobs": lp, "finish_reason": d.finish_reason}
 
     async def logprobs(self, d: Delta) -> dict:
         """Chat: {"content": [{token, logprob, bytes, top_logprobs}]}; completions: the legacy lists."""

@@ -93,6 +93,7 @@ class CompletionRequest(_Sampling, kw_only=True):
     echo: bool = False
 
 
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
 
 
@@ -115,10 +116,20 @@ def parse(body: bytes, kind: type[ChatRequest] | type[CompletionRequest]) -> Cha
         raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
 
 
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}  # OpenAI's role -> the template's
+MAX_PROMPTS = 64  # prompts in one /v1/completions request
+
+
 def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
-    """Messages as the chat template takes them: role and text content (text parts joined)."""
+    """Messages as the chat template takes them: role and text content (text parts joined).
+
+    "developer" is OpenAI's newer name for "system" and is passed on as that.
+    """
     out = []
     for i, m in enumerate(req.messages):
+        role = ROLES.get(m.role)
+        if role is None:
+            raise ApiError(400, f"unknown role {m.role!r}; a message's role is one of {', '.join(ROLES)}", param=f"messages[{i}].role", code="invalid_value")
         if isinstance(m.content, list):
             bad = [p.type for p in m.content if p.type != "text" or p.text is None]
             if bad:
@@ -126,26 +137,34 @@ def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
             content = "".join(p.text for p in m.content)
         else:
             content = m.content or ""
-        out.append({"role": m.role, "content": content})
+        out.append({"role": role, "content": content})
     return out
 
 
-def completion_prompt(req: CompletionRequest) -> dict[str, Any]:
-    """The prompt as a generate() keyword: text or token ids (one prompt per request)."""
+def completion_prompts(req: CompletionRequest) -> list[dict[str, Any]]:
+    """Each prompt as generate() keywords (text or token ids): the prompt is a string, a
+    list of token ids, or a list of up to MAX_PROMPTS of those."""
     p = req.prompt
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
-        p = p[0]
+    many = isinstance(p, list) and bool(p) and all(isinstance(x, (str, list)) for x in p)
+    prompts = p if many else [p]
+    if len(prompts) > MAX_PROMPTS:
+        raise ApiError(400, f"at most {MAX_PROMPTS} prompts in one request, got {len(prompts)}", param="prompt", code="invalid_value")
+    return [_one_prompt(x) for x in prompts]
+
+
+def _one_prompt(p: Any) -> dict[str, Any]:
     if isinstance(p, str):
         return {"prompt": p}
     if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
         if len(p) > MAX_PROMPT_IDS or not all(0 <= t < TOKEN_ID_LIMIT for t in p):
             raise ApiError(400, f"prompt token ids must be 0 to 2**31-1, at most {MAX_PROMPT_IDS} of them", param="prompt", code="invalid_value")
         return {"prompt_ids": p}
-    raise ApiError(400, "prompt must be a string, a list of token ids, or a list holding one of those", param="prompt")
+    raise ApiError(400, "prompt must be a string, a list of token ids, or a list of those", param="prompt")
 
 
 def sampling_params(req: ChatRequest | CompletionRequest, max_model_len: int) -> SamplingParams:
-    """SamplingParams with OpenAI's defaults (temperature 1, top_p 1, max_tokens up to the context)."""
+    """SamplingParams with OpenAI's defaults: temperature 1, top_p 1, max_tokens 16 for
+    completions and up to the context for chat."""
     if isinstance(req, CompletionRequest) and req.echo:
         raise ApiError(400, "echo is not supported", param="echo")
     bias = {}
@@ -160,7 +179,7 @@ def sampling_params(req: ChatRequest | CompletionRequest, max_model_len: int) ->
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
     else:
-        max_tokens, logprobs = req.max_tokens, req.logprobs
+        max_tokens, logprobs = req.max_tokens or COMPLETION_MAX_TOKENS, req.logprobs
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if any(not s for s in stop):
         raise ApiError(400, "stop sequences must not be empty", param="stop")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from typing import Any
 
 from zinfer.gateway.client import AsyncClient
@@ -17,7 +19,8 @@ class GatewayState:
     origins: OriginPolicy = field(default_factory=OriginPolicy)  # Host, Origin and CORS rules
     client: AsyncClient | None = None  # set once the engine is ready
     max_model_len: int = 0
-    model_aliases: set[str] = field(default_factory=set)  # other names a request may use: the model's path
+    model_aliases: set[str] = field(default_factory=set)  # other names a request may use: the model's path, or --served-model-name's aliases
+    system_fingerprint: str = ""  # in every completion response and chunk: see fingerprint()
     max_body_bytes: int = 4 << 20  # larger request bodies get 413
     metrics: Metrics = field(default_factory=Metrics)
     token_text: dict[int, str] = field(default_factory=dict)  # token id -> its text, for logprobs
@@ -30,3 +33,10 @@ class GatewayState:
     def serves(self, model: str | None) -> bool:
         """Whether a request naming this model is for us (no model: yes)."""
         return model is None or model == self.model_name or model in self.model_aliases
+
+
+def fingerprint(model_path: str, device: str) -> str:
+    """OpenAI's system_fingerprint for one server: zinfer's version and a hash of the model
+    file and device, e.g. "zinfer-0.1.0-3f2a9c1e"; the same for every response it sends."""
+    digest = hashlib.sha256(f"{model_path}\n{device}".encode()).hexdigest()[:8]
+    return f"zinfer-{version('zinfer')}-{digest}"
