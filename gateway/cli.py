@@ -85,6 +85,7 @@ def parser() -> argparse.ArgumentParser:
     serve = sub.choices["serve"]
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME", help="the model's name in the API (/v1/models, responses); requests may use it or any alias after it (default: --model)")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all but /health; the chat page takes /?api_key=KEY)")
     serve.add_argument("--allowed-origins", default=None, help="browser origins beyond same-origin and loopback that may call the API and /v1/ws, e.g. http://app.example:3000 (* allows every site: unsafe)")
     serve.add_argument("--allowed-hosts", default=None, help="Host header values served beyond localhost, 127.0.0.1 and [::1] (a DNS rebinding guard; on a non-loopback --host it applies only when given)")

@@ -15,7 +15,7 @@ from zinfer.gateway.app import build_app
 from zinfer.gateway.client import AsyncClient
 from zinfer.gateway.origins import OriginPolicy
 from zinfer.gateway.run_command import engine_config, trace_config
-from zinfer.gateway.state import GatewayState
+from zinfer.gateway.state import GatewayState, fingerprint
 from zinfer.traces.windows import merge_windows, parts_dir
 
 log = structlog.get_logger("zinfer.serve")
@@ -34,7 +34,8 @@ def serve(args: argparse.Namespace) -> int:
 async def run_server(args: argparse.Namespace, config: EngineConfig) -> None:
     """Serve HTTP at args.host:args.port from an engine started with config, until cancelled."""
     origins = OriginPolicy.from_args(args.host, args.allowed_origins, args.allowed_hosts)
-    state = GatewayState(model_name=args.model, api_key=args.api_key, origins=origins)
+    served = getattr(args, "served_model_name", None)  # names the API uses instead of --model
+    state = GatewayState(model_name=served[0] if served else args.model, api_key=args.api_key, origins=origins)
     hc = hypercorn.config.Config()
     hc.bind = [f"{args.host}:{args.port}"]
     hc.accesslog = None
@@ -45,7 +46,8 @@ async def run_server(args: argparse.Namespace, config: EngineConfig) -> None:
         await nursery.start(partial(hypercorn.trio.serve, build_app(state), hc))
         async with open_engine(config) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
             state.max_model_len = engine.max_model_len
-            state.model_aliases = {str(engine.source.path), engine.source.path.name}
+            state.model_aliases = set(served[1:]) if served else {str(engine.source.path), engine.source.path.name}
+            state.system_fingerprint = fingerprint(str(engine.source.path), config.device)
             state.client = client
             log.warning("serving", url=f"http://{args.host}:{args.port}", zmq=list(config.zmq_endpoints))
             await trio.sleep_forever()
