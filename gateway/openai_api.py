@@ -11,11 +11,10 @@ as one response (see engine_events).
 
 from __future__ import annotations
 
-import time
 import uuid
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
-from typing import Any, AsyncIterator, Callable
+from typing import AsyncIterator, Callable
 
 import msgspec
 import trio
@@ -36,13 +35,11 @@ from zinfer.gateway.openai_schema import (
     parse,
     sampling_params,
 )
-from zinfer.gateway.sse import DONE, SSEResponse, frame, until_disconnect
+from zinfer.gateway.openai_shaper import Shaper, engine_error
+from zinfer.gateway.sse import SSEResponse, until_disconnect
 from zinfer.gateway.state import GatewayState
 from zinfer.messages.client import Cancelled, ClientEvent, Delta, Failed, Finished, Rejected, Started, Text, TokenIds, Usage
 from zinfer.messages.params import SamplingParams
-
-ENGINE_PARAMS = {"logit_bias": "logit_bias", "stop_token_ids": "stop_token_ids", "prompt_ids": "prompt"}  # first word of an engine message -> param
-REJECTION_STATUS = {"too_long": 400, "bad_request": 400, "cannot_fit": 400, "queue_full": 429}
 
 
 def routes(state: GatewayState) -> list[Route]:
@@ -82,22 +79,6 @@ def model_card(state: GatewayState) -> dict:
 
 def unknown_model(name: str) -> ApiError:
     return ApiError(404, f"the model {name!r} does not exist; this server serves its own model only", param="model", code="model_not_found")
-
-
-def engine_error(event: Rejected | Failed | Cancelled, chat: bool) -> ApiError:
-    """The HTTP error for a request the engine did not finish (a too-long prompt names
-    `messages` for chat, `prompt` for completions)."""
-    if isinstance(event, Rejected):
-        status = REJECTION_STATUS.get(event.code, 400)
-        if event.code == "too_long":
-            return ApiError(status, event.message, param="messages" if chat else "prompt", code="context_length_exceeded", n_prompt_tokens=event.n_prompt_tokens, n_ctx=event.n_ctx)
-        if event.code == "queue_full":
-            return ApiError(status, event.message, type="rate_limit_error", code="queue_full")
-        first = event.message.split(" ", 1)[0]
-        return ApiError(status, event.message, param=ENGINE_PARAMS.get(first), code=event.code)
-    if isinstance(event, Cancelled):
-        return ApiError(500, "the request was cancelled", type="server_error", code="cancelled")
-    return ApiError(500, event.message, type="server_error", code="engine_failed")
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -258,139 +239,6 @@ async def first_output(events: AsyncIterator[ClientEvent]) -> ClientEvent:
         event = await events.__anext__()
         if not isinstance(event, Started):
             return event
-
-
-class Shaper:
-    """Turns one request's engine events into OpenAI chunks or a whole response."""
-
-    def __init__(self, state: GatewayState, chat: bool, rid: str):
-        self.state, self.chat = state, chat
-        self.id = ("chatcmpl-" if chat else "cmpl-") + rid
-        self.object = "chat.completion" if chat else "text_completion"
-        self.created = int(time.time())
-
-    def envelope(self, choices: list[dict], chunk: bool, **extra: Any) -> dict:
-        obj = self.object + ".chunk" if chunk and self.chat else self.object
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.state.model_name, "system_fingerprint": self.state.system_fingerprint, "choices": choices, **extra}
-
-    async def stream(self, first: ClientEvent, events: AsyncIterator[ClientEvent], usage: bool) -> AsyncIterator[bytes]:
-        """SSE frames: per choice a role chunk (chat), its text chunks (finish_reason null),
-        then one chunk with an empty delta carrying its finish_reason; the usage chunk if
-        asked; [DONE]."""
-        extra = {"usage": None} if usage else {}
-        event, started, ended = first, set(), set()
-
-        def chunk(index: int, body: dict, logprobs: dict | None = None, finish_reason: str | None = None) -> bytes:
-            return frame(self.envelope([{"index": index, **body, "logprobs": logprobs, "finish_reason": finish_reason}], True, **extra))
-
-        def begin(index: int) -> list[bytes]:
-            if not self.chat or index in started:
-                return []
-            started.add(index)
-            return [chunk(index, {"delta": {"role": "assistant", "content": ""}})]
-
-        def end(index: int, reason: str) -> list[bytes]:
-            ended.add(index)
-            return [*begin(index), chunk(index, {"delta": {}} if self.chat else {"text": ""}, finish_reason=reason)]
-
-        while True:
-            if isinstance(event, Delta):
-                if event.text or event.logprobs:
-                    for f in begin(event.index):
-                        yield f
-                    lp = await self.logprobs(event) if event.logprobs is not None else None
-                    yield chunk(event.index, {"delta": {"content": event.text}} if self.chat else {"text": event.text}, lp)
-                if event.finish_reason and event.index not in ended:
-                    for f in end(event.index, event.finish_reason):
-                        yield f
-            elif isinstance(event, Finished):
-                for i, reason in enumerate(event.finish_reasons):
-                    for f in end(i, reason) if i not in ended else []:
-                        yield f
-                if usage:
-                    yield frame(self.envelope([], True, usage=usage_body(event.usage)))
-                yield DONE
-                return
-            elif isinstance(event, (Rejected, Failed, Cancelled)):
-                yield frame(engine_error(event, self.chat).body())
-                yield DONE
-                return
-            event = await events.__anext__()
-
-    async def collect(self, events: AsyncIterator[ClientEvent]) -> dict | ApiError:
-        """The whole response of a non-streamed request, or the error it ended with."""
-        choices: dict[int, dict] = {}
-        async for event in events:
-            if isinstance(event, Delta):
-                part = await self.choice(event)
-                c = choices.setdefault(event.index, part)
-                if c is not part:
-                    merge(c, part, self.chat)
-            elif isinstance(event, Finished):
-                ordered = [choices.get(i) or self.empty(i) for i in range(len(event.finish_reasons))]
-                for c, reason in zip(ordered, event.finish_reasons):
-                    c["finish_reason"] = reason
-                return self.envelope(ordered, False, usage=usage_body(event.usage))
-            elif isinstance(event, (Rejected, Failed, Cancelled)):
-                return engine_error(event, self.chat)
-        return engine_error(Failed("", "the engine stream ended early"), self.chat)
-
-    def empty(self, index: int) -> dict:
-        if self.chat:
-            return {"index": index, "message": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-        return {"index": index, "text": "", "logprobs": None, "finish_reason": None}
-
-    async def choice(self, d: Delta) -> dict:
-        """One choice object of a whole response for a delta."""
-        lp = await self.logprobs(d) if d.logprobs is not None else None
-        if not self.chat:
-            return {"index": d.index, "text": d.text, "logprobs": lp, "finish_reason": d.finish_reason}
-        return {"index": d.index, "message": {"role": "assistant", "content": d.text}, "logprobs": lp, "finish_reason": d.finish_reason}
-
-    async def logprobs(self, d: Delta) -> dict:
-        """Chat: {"content": [{token, logprob, bytes, top_logprobs}]}; completions: the legacy lists."""
-        tops = d.top_logprobs or [[] for _ in d.token_ids]
-        await self.load_texts([*d.token_ids, *(t.token_id for top in tops for t in top)])
-        text = self.state.token_text
-        if self.chat:
-            entry = lambda tid, lp: {"token": text[tid], "logprob": lp, "bytes": list(text[tid].encode())}  # noqa: E731
-            return {"content": [{**entry(t, lp), "top_logprobs": [entry(x.token_id, x.logprob) for x in top]} for t, lp, top in zip(d.token_ids, d.logprobs, tops)]}
-        return {
-            "tokens": [text[t] for t in d.token_ids],
-            "token_logprobs": list(d.logprobs),
-            "top_logprobs": [{text[x.token_id]: x.logprob for x in top} for top in tops] if d.top_logprobs else None,
-        }
-
-    async def load_texts(self, ids: list[int]) -> None:
-        """Make sure state.token_text knows each id (asked of the engine once per id)."""
-        for tid in ids:
-            if tid not in self.state.token_text:
-                self.state.token_text[tid] = await self.state.client.detokenize([tid])
-
-
-def merge(into: dict, part: dict, chat: bool) -> None:
-    """Append a later delta's text and logprobs to a collected choice."""
-    if chat:
-        into["message"]["content"] += part["message"]["content"]
-        if part["logprobs"]:
-            into["logprobs"]["content"] += part["logprobs"]["content"]
-    else:
-        into["text"] += part["text"]
-        if part["logprobs"]:
-            for key in ("tokens", "token_logprobs"):
-                into["logprobs"][key] += part["logprobs"][key]
-            if part["logprobs"]["top_logprobs"]:
-                into["logprobs"]["top_logprobs"] += part["logprobs"]["top_logprobs"]
-    into["finish_reason"] = part["finish_reason"] or into["finish_reason"]
-
-
-def usage_body(u: Usage) -> dict:
-    return {
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-    }
 
 
 class TokenizeBody(msgspec.Struct):

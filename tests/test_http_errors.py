@@ -75,7 +75,7 @@ BAD = [
     ("prompt object", "/v1/completions", {"prompt": {"text": "Hi"}}, 400, "prompt", "prompt must be"),
     ("prompt ids outside vocab", "/v1/completions", {"prompt": [1, 99999999]}, 400, "prompt", "outside the vocabulary"),
     ("unknown model", "/v1/chat/completions", chat(model="gpt-4"), 404, "model", "'gpt-4' does not exist"),
-    ("too long", "/v1/completions", {"prompt": "word " * 300, "max_tokens": 1}, 400, "messages", "context"),
+    ("too long", "/v1/completions", {"prompt": "word " * 300, "max_tokens": 1}, 400, "prompt", "context"),
     # integers outside 64 bits once crashed the msgpack encoder and with it the whole server
     ("seed over 64 bits", "/v1/chat/completions", chat(seed=10**30), 400, "seed", "2**64-1"),
     ("seed under -2**63", "/v1/chat/completions", chat(seed=-(2**63) - 1), 400, "seed", "-2**63"),
