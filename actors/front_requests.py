@@ -1,0 +1,81 @@
+"""What the front door (actors/tokenizer.py) keeps per open request, and the line it logs
+when one ends; and how it names a client's malformed request in its rejection."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from zinfer.messages.client import Usage
+from zinfer.models.detokenize import IncrementalDetokenizer, StopMatcher
+
+
+@dataclass
+class Choice:
+    seq_id: int
+    detok: IncrementalDetokenizer
+    stops: StopMatcher
+    tokens: int = 0
+    finish_reason: str | None = None
+
+
+@dataclass
+class Request:
+    request_id: str
+    peer: bytes
+    prompt_ids: list[int]
+    choices: list[Choice]
+    cached_tokens: int = 0
+    logprobs: bool = False
+    top_n: int = 0
+    params: object = None  # SamplingParams, for the request's log line
+    started: float = 0.0  # perf_counter at arrival
+    first_token: float = 0.0  # perf_counter at the first delta
+    span: object = None  # its "request" span while tracing
+
+    def usage(self) -> Usage:
+        return Usage(len(self.prompt_ids), sum(c.tokens for c in self.choices), self.cached_tokens)
+
+
+
+class _RequestIdOnly(msgspec.Struct):
+    request_id: str = ""
+
+
+_REQUEST_ID = msgspec.msgpack.Decoder(_RequestIdOnly)
+
+
+def request_id_of(frames: list) -> str:
+    """The string request_id of a malformed request that is a map holding one (capped
+    at 256 characters like a valid one), so the client can match its rejection; else ""."""
+    try:
+        rid = _REQUEST_ID.decode(frames[0]).request_id if frames else ""
+    except (msgspec.MsgspecError, RecursionError):
+        return ""
+    return rid if len(rid) <= 256 else ""
+
+
+def request_fields(r: Request, outcome: str, reasons: list[str], now: float) -> dict:
+    """The request's log line (and its span's attributes): tokens, timing, sampling."""
+    completion = sum(c.tokens for c in r.choices)
+    decode_s = now - r.first_token if r.first_token else 0.0
+    p = r.params
+    return {
+        "request_id": r.request_id,
+        "outcome": outcome,
+        "finish_reason": ",".join(reasons) or None,
+        "prompt_tokens": len(r.prompt_ids),
+        "completion_tokens": completion,
+        "cached_tokens": r.cached_tokens,
+        "ttft_ms": round((r.first_token - r.started) * 1000, 2) if r.first_token else None,
+        "tokens_per_s": round((completion - len(r.choices)) / decode_s, 1) if decode_s > 0 and completion > len(r.choices) else None,
+        "seconds": round(now - r.started, 3),
+        "n": p.n,
+        "temperature": p.temperature,
+        "top_k": p.top_k,
+        "top_p": p.top_p,
+        "min_p": p.min_p,
+        "seed": p.seed,
+        "max_tokens": p.max_tokens,
+    }
