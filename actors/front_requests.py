@@ -1,11 +1,9 @@
 """What the front door (actors/tokenizer.py) keeps per open request, and the line it logs
-when one ends; and how it names a client's malformed request in its rejection."""
+when one ends."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import msgspec
 
 from zinfer.messages.client import Usage
 from zinfer.models.detokenize import IncrementalDetokenizer, StopMatcher
@@ -37,23 +35,6 @@ class Request:
     def usage(self) -> Usage:
         return Usage(len(self.prompt_ids), sum(c.tokens for c in self.choices), self.cached_tokens)
 
-
-
-class _RequestIdOnly(msgspec.Struct):
-    request_id: str = ""
-
-
-_REQUEST_ID = msgspec.msgpack.Decoder(_RequestIdOnly)
-
-
-def request_id_of(frames: list) -> str:
-    """The string request_id of a malformed request that is a map holding one (capped
-    at 256 characters like a valid one), so the client can match its rejection; else ""."""
-    try:
-        rid = _REQUEST_ID.decode(frames[0]).request_id if frames else ""
-    except (msgspec.MsgspecError, RecursionError):
-        return ""
-    return rid if len(rid) <= 256 else ""
 
 
 def request_fields(r: Request, outcome: str, reasons: list[str], now: float) -> dict:

@@ -27,7 +27,7 @@ import structlog
 import trio
 import zmq
 
-from zinfer.actors.front_requests import Choice, Request, request_fields, request_id_of
+from zinfer.actors.front_requests import Choice, Request, request_fields
 from zinfer.actors.prompt_encoding import PromptLimits, PromptTooLong, Worker, encode_prompt, encode_text_or_chat, input_size
 from zinfer.actors.topology import Addresses
 from zinfer.messages.bus import AsyncSocket, PeerGone
@@ -49,6 +49,7 @@ from zinfer.messages.client import (
     Tokenize,
     TokenizeResult,
     TopLogprob,
+    request_id_of,
 )
 from zinfer.messages.codec import Codec
 from zinfer.messages.curve import KeyPair, bind_public
@@ -130,7 +131,7 @@ class TokenizerActor:
             try:
                 req = self.requests_codec.decode(frames)
             except msgspec.MsgspecError as exc:
-                self._emit(peer, Rejected(request_id_of(frames), "bad_request", f"malformed request: {exc}"))
+                self._emit(peer, Rejected(request_id_of(frames[0], "msgpack") if frames else "", "bad_request", f"malformed request: {exc}"))
                 continue
             self.handle_request(peer, req)
 

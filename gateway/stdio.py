@@ -30,7 +30,7 @@ import zmq
 from zinfer.actors.engine import open_engine
 from zinfer.gateway.run_command import engine_config
 from zinfer.messages.bus import AsyncSocket
-from zinfer.messages.client import TERMINAL_EVENTS, Cancel, ClientEvent, ClientRequest, Rejected
+from zinfer.messages.client import TERMINAL_EVENTS, Cancel, ClientEvent, ClientRequest, Rejected, request_id_of
 from zinfer.messages.codec import Codec
 
 log = structlog.get_logger("zinfer.stdio")
@@ -176,7 +176,7 @@ class StdioRelay:
         try:
             req = self.json_requests.decode(line)
         except msgspec.MsgspecError as exc:
-            self._reject(_request_id_of(line), f"line {self.line_no}: {exc}")
+            self._reject(request_id_of(line, "json"), f"line {self.line_no}: {exc}")
             return
         except RecursionError:  # msgspec recurses per nesting level (skipping a field before "type" too)
             self._reject(None, f"line {self.line_no}: nested too deeply")
@@ -225,16 +225,6 @@ class StdioRelay:
         with trio.move_on_after(2.0):
             await self.sender_done.wait()
         self.nursery.cancel_scope.cancel()
-
-
-def _request_id_of(line: bytes) -> str | None:
-    """The string request_id of a line that is a JSON object, if it has one."""
-    try:
-        obj = msgspec.json.decode(line)
-    except (msgspec.MsgspecError, RecursionError):  # RecursionError: nested too deeply
-        return None
-    rid = obj.get("request_id") if isinstance(obj, dict) else None
-    return rid if isinstance(rid, str) else None
 
 
 def stdio_main(args: argparse.Namespace) -> int:

@@ -154,3 +154,20 @@ class EngineStats(msgspec.Struct, tag="stats", **_MAP):
 
 ClientEvent = Union[Started, Delta, Finished, Cancelled, Rejected, Failed, TokenizeResult, EngineStats]
 TERMINAL_EVENTS = (Finished, Cancelled, Rejected, Failed, TokenizeResult, EngineStats)
+
+
+class _RequestIdOnly(msgspec.Struct):
+    request_id: str = ""
+
+
+REQUEST_ID_DECODERS = {"msgpack": msgspec.msgpack.Decoder(_RequestIdOnly), "json": msgspec.json.Decoder(_RequestIdOnly)}
+
+
+def request_id_of(data: bytes, encoding: str) -> str:
+    """The string request_id of a malformed request (msgpack or JSON) that is a map holding
+    one of at most MAX_REQUEST_ID characters, so its rejection can name it; else ""."""
+    try:
+        rid = REQUEST_ID_DECODERS[encoding].decode(data).request_id
+    except (msgspec.MsgspecError, RecursionError):
+        return ""
+    return rid if len(rid) <= MAX_REQUEST_ID else ""
