@@ -18,7 +18,7 @@ from zinfer.models.forward import forward
 from zinfer.models.gguf_vocab import specials_from_gguf
 from zinfer.models.loader import open_model
 from zinfer.models.spec import ModelError, spec_from_gguf
-from zinfer.models.tiny import ARCHS, tiny_tokenizer_json, write_tiny_gguf
+from tiny import ARCHS, tiny_tokenizer_json, write_tiny_gguf
 from zinfer.models.tokenizer import Tokenizer
 from zinfer.models.weights import build_weights
 

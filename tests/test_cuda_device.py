@@ -168,7 +168,7 @@ def test_tiny_model_greedy_tokens_equal_cpu(tmp_path, arch, qtype, graphs):
 
     from zinfer.models.forward import forward
     from zinfer.models.loader import open_model
-    from zinfer.models.tiny import write_tiny_gguf
+    from tiny import write_tiny_gguf
     from zinfer.models.weights import build_weights
 
     src = open_model(write_tiny_gguf(tmp_path / "m.gguf", arch, seed=3, qtype=QT[qtype]))

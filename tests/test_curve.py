@@ -21,7 +21,7 @@ from zinfer.messages.codec import Codec
 from zinfer.messages.curve import ClientKeys, KeyPair, load_public_keys
 from zinfer.messages.engine import SchedulerInbox, Shutdown
 from zinfer.messages.params import SamplingParams
-from zinfer.models.tiny import write_tiny_gguf
+from tiny import write_tiny_gguf
 from http_server import free_port, running_server
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4)

@@ -16,7 +16,7 @@ from zinfer.devices.cpu import CpuDevice
 from zinfer.models.batch import ForwardBatch
 from zinfer.models.forward import forward
 from zinfer.models.loader import open_model
-from zinfer.models.tiny import write_tiny_gguf, write_tiny_hf
+from tiny import write_tiny_gguf, write_tiny_hf
 from zinfer.models.weights import build_weights
 
 BLOCK = 16

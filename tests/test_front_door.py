@@ -22,7 +22,7 @@ from zinfer.messages.client import TERMINAL_EVENTS, Cancel, Cancelled, ClientEve
 from zinfer.messages.codec import Codec
 from zinfer.messages.engine import ActorFailed, SchedulerStats, SeqOutput, SeqOutputs, TokenizerInbox
 from zinfer.messages.params import SamplingParams
-from zinfer.models.tiny import write_tiny_gguf
+from tiny import write_tiny_gguf
 
 BIG_CONTEXT = 32768
 LONGEST_PIECE = len("<|bos|>")  # the tiny vocabulary's longest piece: a special token's text

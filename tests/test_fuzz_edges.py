@@ -1,7 +1,7 @@
 """Fuzzing every way in: hostile values and garbage never make a 5xx, kill the process, lose a
 request or leave the engine holding anything.
 
-One tiny random-weight llama (models/tiny.py) serves the module, fast enough for a few
+One tiny random-weight llama (tests/tiny.py) serves the module, fast enough for a few
 hundred cases: the properties are the engine's, not the model's. After every case the
 server must be alive, idle (no running sequence, no KV block in use, no open request)
 and answer a greedy request with the same text as before the first case. One slow test
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import fuzz_strategies as fs
 from fuzz_stdio import StdioUnderTest, stdio_case
 from fuzz_surfaces import ServerUnderTest, http_case, http_leave_case, ws_case, ws_leave_case, zmq_case, zmq_leave_case
-from zinfer.models.tiny import write_tiny_gguf
+from tiny import write_tiny_gguf
 
 FUZZ = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate, Phase.shrink])
 POST_ROUTES = ["/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"]

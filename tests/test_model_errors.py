@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as QT
 from zinfer.devices.cpu import CpuDevice
 from zinfer.models.loader import open_model
 from zinfer.models.spec import ModelError
-from zinfer.models.tiny import write_tiny_gguf, write_tiny_hf
+from tiny import write_tiny_gguf, write_tiny_hf
 from zinfer.models.weights import build_weights
 
 

@@ -16,7 +16,7 @@ from zinfer.gateway.client import AsyncClient
 from zinfer.messages.client import TERMINAL_EVENTS, Delta, Failed, Finished
 from zinfer.messages.engine import RoundLogits, SamplerAdd
 from zinfer.messages.params import SamplingParams
-from zinfer.models.tiny import write_tiny_gguf
+from tiny import write_tiny_gguf
 
 VOCAB = 16
 

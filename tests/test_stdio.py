@@ -95,7 +95,7 @@ def test_bad_lines_get_rejected_and_eof_lets_open_requests_finish(smollm2_path):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from zinfer.models.tiny import write_tiny_gguf
+    from tiny import write_tiny_gguf
 
     return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf", "llama", max_position_embeddings=32768)
 

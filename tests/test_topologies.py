@@ -90,7 +90,7 @@ async def test_killing_the_executor_fails_open_requests_fast(smollm2_path):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from zinfer.models.tiny import write_tiny_gguf
+    from tiny import write_tiny_gguf
 
     return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf", "llama")
 
