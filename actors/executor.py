@@ -17,7 +17,7 @@ from zinfer.actors.topology import Addresses
 from zinfer.devices.base import Device
 from zinfer.messages.channel import Inbox, Outbox
 from zinfer.messages.engine import ExecutorInbox, Round, RoundLogits, SamplerInbox, Shutdown
-from zinfer.models.batch import ForwardBatch
+from zinfer.devices.batch import ForwardBatch
 from zinfer.models.forward import forward
 from zinfer.models.loader import ModelSource
 from zinfer.models.weights import build_weights

@@ -10,8 +10,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from zinfer.models.batch import ForwardBatch
-from zinfer.models.gguf_file import TensorData
+from zinfer.devices.batch import ForwardBatch
+from zinfer.devices.tensor import TensorData
 
 
 class KVStore(Protocol):

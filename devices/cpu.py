@@ -15,8 +15,8 @@ from zinfer.kernels import llama_numerics as ln
 from zinfer.kernels import llama_ops as lo
 from zinfer.kernels import reference as ref
 from zinfer.kernels.quants import dequantize
-from zinfer.models.batch import ForwardBatch
-from zinfer.models.gguf_file import TensorData
+from zinfer.devices.batch import ForwardBatch
+from zinfer.devices.tensor import TensorData
 
 
 @dataclass

@@ -38,8 +38,8 @@ from zinfer.kernels import cpu_prefill_attention as prefill
 from zinfer.kernels import cpu_quant as cq
 from zinfer.kernels import gemm_ir, int8_ir
 from zinfer.kernels.quants import dequantize
-from zinfer.models.batch import ForwardBatch
-from zinfer.models.gguf_file import TensorData
+from zinfer.devices.batch import ForwardBatch
+from zinfer.devices.tensor import TensorData
 
 SMALL_BATCH = 4  # rows up to which the float quantized kernel beats BLAS on an f32 copy
 SMALL_BATCH_NO_COPY = 12  # the same crossover when BLAS must dequantize tiles first

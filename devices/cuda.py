@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from zinfer.kernels import cuda_modules as km
-from zinfer.models.batch import ForwardBatch
+from zinfer.devices.batch import ForwardBatch
 
 F32, F16, BF16 = 0, 1, 30
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from zinfer.models.batch import ForwardBatch, SeqChunk
+from zinfer.devices.batch import ForwardBatch, SeqChunk
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from zinfer.devices.base import Device, KVStore
-from zinfer.models.batch import ForwardBatch
+from zinfer.devices.batch import ForwardBatch
 from zinfer.models.spec import ModelSpec
 from zinfer.models.weights import LayerWeights, ModelWeights
 

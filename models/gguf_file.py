@@ -4,24 +4,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import gguf
 import numpy as np
 
+from zinfer.devices.tensor import TensorData
 from zinfer.models.spec import ModelError
-
-
-class TensorData(NamedTuple):
-    """One tensor as stored: its type, numpy-order shape ([out, in] for matrices) and raw data.
-
-    For quantized types `data` is uint8 [rows, row_bytes]; for float types it is the typed
-    array. Both are views of the memory map: nothing is read until used.
-    """
-
-    qtype: gguf.GGMLQuantizationType
-    shape: tuple[int, ...]
-    data: np.ndarray
 
 
 class GGUFFile:

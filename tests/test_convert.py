@@ -12,7 +12,7 @@ import tokenizers
 from gguf import GGMLQuantizationType as QT
 
 from zinfer.devices.cpu import CpuDevice
-from zinfer.models.batch import ForwardBatch
+from zinfer.devices.batch import ForwardBatch
 from zinfer.models.convert import convert_gguf_to_hf
 from zinfer.models.forward import forward
 from zinfer.models.gguf_vocab import specials_from_gguf

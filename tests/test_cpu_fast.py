@@ -22,9 +22,10 @@ from zinfer.kernels import cpu_quant as cq
 from zinfer.kernels import int8_ir
 from zinfer.kernels import reference as ref
 from zinfer.kernels.quants import BLOCK_SHAPES, dequantize
-from zinfer.models.batch import ForwardBatch
+from zinfer.devices.batch import ForwardBatch
 from zinfer.models.forward import forward
-from zinfer.models.gguf_file import GGUFFile, TensorData
+from zinfer.devices.tensor import TensorData
+from zinfer.models.gguf_file import GGUFFile
 from zinfer.models.loader import open_model
 from zinfer.models.weights import build_weights
 

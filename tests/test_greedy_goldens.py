@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from zinfer.actors.engine import make_device
-from zinfer.models.batch import ForwardBatch
+from zinfer.devices.batch import ForwardBatch
 from zinfer.models.forward import forward
 from zinfer.models.loader import open_model
 from zinfer.models.tokenizer import Tokenizer

@@ -13,7 +13,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from zinfer.devices.cpu import CpuDevice
-from zinfer.models.batch import ForwardBatch
+from zinfer.devices.batch import ForwardBatch
 from zinfer.models.forward import forward
 from zinfer.models.loader import open_model
 from tiny import ARCHS, write_tiny_gguf, write_tiny_hf

@@ -21,7 +21,7 @@ from zinfer.devices.cpu_fast import FastCpuDevice
 from zinfer.gateway.bench_llama import LlamaCpp
 from zinfer.kernels import cpu_int8 as ci
 from zinfer.kernels import cpu_quant as cq
-from zinfer.models.batch import ForwardBatch
+from zinfer.devices.batch import ForwardBatch
 from zinfer.models.forward import forward
 from zinfer.models.loader import open_model
 from zinfer.models.weights import build_weights

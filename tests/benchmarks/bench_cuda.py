@@ -56,7 +56,7 @@ _import_setup()
 import cupy as cp  # noqa: E402
 
 from zinfer.devices.cuda import CudaConfig, CudaDevice, GpuMatrix  # noqa: E402
-from zinfer.models.batch import ForwardBatch  # noqa: E402
+from zinfer.devices.batch import ForwardBatch  # noqa: E402
 from zinfer.models.forward import forward  # noqa: E402
 from zinfer.models.spec import ModelSpec  # noqa: E402
 from zinfer.models.weights import LayerWeights, ModelWeights  # noqa: E402

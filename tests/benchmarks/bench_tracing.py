@@ -66,7 +66,7 @@ async def bench(model: str, runs: int, tokens: int) -> None:
 def bench_forward(model: str, reps: int) -> None:
     """Median time of one batch-8 decode round, plain vs traced."""
     from zinfer.actors.engine import make_device
-    from zinfer.models.batch import ForwardBatch
+    from zinfer.devices.batch import ForwardBatch
     from zinfer.models.forward import forward
     from zinfer.models.loader import open_model
     from zinfer.models.weights import build_weights

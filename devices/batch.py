@@ -1,4 +1,4 @@
-"""ForwardBatch: one round's work, flattened the way vLLM V1 lays it out.
+"""ForwardBatch: one round's work on the host, flattened the way vLLM V1 lays it out.
 
 A round computes some tokens for each of several sequences: a whole prompt (prefill),
 the next chunk of one (append prefill) or one token (decode). All three are the same
