@@ -14,7 +14,7 @@ from __future__ import annotations
 import uuid
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 import msgspec
 import trio
@@ -35,7 +35,7 @@ from zinfer.gateway.openai_schema import (
     parse,
     sampling_params,
 )
-from zinfer.gateway.openai_shaper import Shaper, engine_error
+from zinfer.gateway.openai_shaper import Shaper
 from zinfer.gateway.sse import SSEResponse, until_disconnect
 from zinfer.gateway.state import GatewayState
 from zinfer.messages.client import Cancelled, ClientEvent, Delta, Failed, Finished, Rejected, Started, Text, TokenIds, Usage
@@ -96,8 +96,9 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def generate(state: GatewayState, request: Request, kind: type[ChatRequest] | type[CompletionRequest]) -> Response:
-    """Serve one chat or text completion request.
+async def generate(state: GatewayState, request: Request, kind: type, answer: Callable[..., Awaitable[Response]] | None = None) -> Response:
+    """Serve one generation request: `answer(state, request, kind, record)` (by default
+    respond, for chat and text completions; /v1/responses brings its own) does the work.
 
     Its metrics record ends on every way out: here (an unexpected exception counts as
     failed), or when a LiveStream handed to Starlette has been sent.
@@ -105,7 +106,7 @@ async def generate(state: GatewayState, request: Request, kind: type[ChatRequest
     record = state.metrics.open()
     response: Response | None = None
     try:
-        response = await respond(state, request, kind, record)
+        response = await (answer or respond)(state, request, kind, record)
         return response
     except Exception:
         record.finish("failed")
@@ -222,7 +223,7 @@ class LiveStream(Response):
                 if not done:
                     response: Response = Response(status_code=499)
                 elif isinstance(first, (Rejected, Failed, Cancelled)):
-                    response = engine_error(first, self.shaper.chat).response()
+                    response = self.shaper.error(first).response()
                 else:
                     response = SSEResponse(self.shaper.stream(first, events, self.usage), events.aclose)
                 await response(scope, receive, send)

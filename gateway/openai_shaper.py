@@ -42,6 +42,10 @@ class Shaper:
         self.object = "chat.completion" if chat else "text_completion"
         self.created = int(time.time())
 
+    def error(self, event: Rejected | Failed | Cancelled) -> ApiError:
+        """The HTTP error for a request the engine refused or did not finish."""
+        return engine_error(event, self.chat)
+
     def envelope(self, choices: list[dict], chunk: bool, **extra: Any) -> dict:
         obj = self.object + ".chunk" if chunk and self.chat else self.object
         return {"id": self.id, "object": obj, "created": self.created, "model": self.state.model_name, "system_fingerprint": self.state.system_fingerprint, "choices": choices, **extra}
