@@ -28,8 +28,9 @@ log = structlog.get_logger("zinfer.sampler")
 
 class SamplerActor:
     # Test-only fault injection: when set, called per row with that sequence's prompt ids
-    # and its logits row [vocab]; the row it returns is sampled instead (a soak test
-    # poisons the rows of marked prompts). Never set in production.
+    # and its logits row [vocab] (or its candidate values [K] when the device reduced the
+    # row); the row it returns is sampled instead (a soak test poisons the rows of marked
+    # prompts). Never set in production.
     fault_hook: Callable[[list[int], np.ndarray], np.ndarray] | None = None
 
     def __init__(self, ctx: zmq.Context, addrs: Addresses, vocab_size: int, tracing=None):
@@ -57,7 +58,8 @@ class SamplerActor:
             self.to_scheduler.close()
 
     def sample_round(self, msg: RoundLogits) -> Sampled:
-        """Apply the round's sampler updates, then sample one token per logits row.
+        """Apply the round's sampler updates, then sample one token per logits row and per
+        candidates row.
 
         A sequence whose set-up or sampling raises gets TokenSample(seq_id, -1,
         error=...) instead of a token; its state is dropped. Mutates self.samplers.
@@ -79,7 +81,27 @@ class SamplerActor:
                 tokens.append(self._sample_row(seq_id, msg.logits[row]))  # [vocab]
             except Exception as e:  # non-finite logits, a broken row: this request only
                 tokens.append(self._failure(seq_id, e))
+        c = msg.candidates
+        for row, seq_id in enumerate(c.seq_ids if c is not None else ()):
+            if seq_id in failed:
+                continue
+            try:
+                tokens.append(self._sample_candidates(seq_id, c.ids[row], c.values[row], float(c.row_max[row])))  # [K] each
+            except Exception as e:
+                tokens.append(self._failure(seq_id, e))
         return Sampled(msg.round_id, tokens)
+
+    def _sample_candidates(self, seq_id: int, ids: np.ndarray, values: np.ndarray, row_max: float) -> TokenSample:
+        """Sample and record one token of seq_id from its row's candidates ids, values [K]."""
+        sampler = self.samplers.get(seq_id)
+        if sampler is None:
+            raise ValueError(f"no sampling state for seq {seq_id}")
+        if self.fault_hook is not None:
+            values = self.fault_hook(list(sampler.prompt_ids), values)
+            row_max = float(np.max(np.append(values, row_max)))  # a NaN the hook put in shows as in a full row
+        s = sampler.sample_candidates(ids, values, row_max)
+        sampler.accept(s.token_id)
+        return TokenSample(seq_id, s.token_id)
 
     def _sample_row(self, seq_id: int, logits: np.ndarray) -> TokenSample:
         """Sample and record one token of seq_id from its logits row [vocab]."""

@@ -10,6 +10,10 @@ Reproducibility: each request owns a np.random.Generator seeded by params.seed a
 sample() call consumes exactly one uniform from it, so a seeded request gets the same
 tokens whatever else shares its batch, and in whatever order.
 
+top_k candidates are taken in one canonical order, value descending with ties to the lower
+id, so sampling from the candidates the device kept (sample_candidates) walks the same cdf
+as sampling from the full row.
+
 Reported logprobs are OpenAI-style: log-softmax of the raw logits, before any of the
 processing above. They are computed only for requests that ask for them
 (params.logprobs set): the log-sum-exp over the vocabulary costs more than a greedy pick.
@@ -22,6 +26,8 @@ from typing import Sequence
 import msgspec
 import numpy as np
 
+from zinfer.actors.logits_need import logits_needed
+from zinfer.devices.reductions import numpy_topk
 from zinfer.messages.params import SamplingParams
 
 # top_p first looks for the nucleus among this many most likely tokens (then 8x more at a
@@ -93,10 +99,7 @@ class RequestSampler:
             raw_max = logits[token]
         else:
             raw_max = logits.max()
-        if np.isnan(raw_max) or raw_max == np.inf:
-            raise ValueError(f"logits of seq {self.seq_id} are not finite (NaN or +inf)")
-        if raw_max == -np.inf:
-            raise ValueError(f"logits of seq {self.seq_id} are not finite (all -inf)")
+        self._check_finite(raw_max)
         u = self.rng.random()  # exactly one draw per call
         if token is None and p.temperature == 0.0:
             token = int(np.argmax(z))
@@ -105,6 +108,29 @@ class RequestSampler:
         elif token is None:
             token = _draw(z, p.temperature, p.top_k, p.top_p, p.min_p, u)
         return self._report(logits, raw_max, token)
+
+    def sample_candidates(self, ids: np.ndarray, values: np.ndarray, row_max: float) -> SampledToken:
+        """Choose the next token from the best candidates of its raw logits row: ids [K] and
+        values [K] in (-value, id) order (devices/reductions.py), row_max the row's max over
+        the whole vocabulary. Gives the token sample() gives on the full row, with the same
+        checks and the one draw, for params whose logits_needed(params) is k with 1 <= k <= K
+        (actors/logits_need.py says why that is exact). Does not record it (see accept)."""
+        k = logits_needed(self.params)
+        if not 1 <= k <= ids.shape[0]:
+            raise ValueError(f"seq {self.seq_id} needs {k or 'all'} logits, the round carried {ids.shape[0]} candidates")
+        self._check_finite(row_max)
+        u = self.rng.random()  # exactly one draw per call
+        p = self.params
+        if p.temperature == 0.0:
+            return SampledToken(token_id=int(ids[0]))
+        return SampledToken(token_id=_walk(*candidate_distribution(ids[:k], values[:k], p.temperature, p.top_p, p.min_p), u))
+
+    def _check_finite(self, raw_max: float) -> None:
+        """Raise ValueError when a row's max over the vocabulary is NaN, +inf or -inf."""
+        if np.isnan(raw_max) or raw_max == np.inf:
+            raise ValueError(f"logits of seq {self.seq_id} are not finite (NaN or +inf)")
+        if raw_max == -np.inf:
+            raise ValueError(f"logits of seq {self.seq_id} are not finite (all -inf)")
 
     def _processed(self, logits: np.ndarray) -> np.ndarray:
         """Logits after bias and penalties: a copy when any applies, else the input itself."""
@@ -150,13 +176,20 @@ def filtered_distribution(
     their renormalised probabilities, all > 0 and summing to 1, in an order that is the
     same for equal inputs. Raises ValueError if every token is banned (-inf).
     """
-    vocab = z.shape[0]
-    if 0 < top_k < vocab:
-        ids = np.argpartition(z, vocab - top_k)[vocab - top_k :]  # [k] candidate ids
-        cand = z[ids].astype(np.float64)  # [k]
-    else:
-        ids = None  # every id is a candidate
-        cand = z.astype(np.float64)  # [vocab]
+    if 0 < top_k < z.shape[0]:
+        ids, values = numpy_topk(z, top_k)  # [1, k] each, in the canonical (-value, id) order
+        return candidate_distribution(ids[0], values[0], temperature, top_p, min_p)
+    return candidate_distribution(None, z, temperature, top_p, min_p)
+
+
+def candidate_distribution(
+    ids: np.ndarray | None, values: np.ndarray, temperature: float, top_p: float, min_p: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """filtered_distribution's top_p, min_p and temperature over candidates: ids [n] with
+    values [n] (processed logits, in (-value, id) order), or ids None for the whole row
+    values [vocab]. The same (ids, probs) whether the candidates came from the full row or
+    from the device (devices/reductions.py): the arithmetic and its order are the same."""
+    cand = values.astype(np.float64)  # [n_cand]
     m = cand.max()
     if m == -np.inf:
         raise ValueError("every token is banned (all processed logits are -inf)")
@@ -177,7 +210,11 @@ def filtered_distribution(
 
 def _draw(z: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float, u: float) -> int:
     """The token of filtered_distribution(z, ...) that the uniform u in [0, 1) picks."""
-    ids, probs = filtered_distribution(z, temperature, top_k, top_p, min_p)
+    return _walk(*filtered_distribution(z, temperature, top_k, top_p, min_p), u)
+
+
+def _walk(ids: np.ndarray, probs: np.ndarray, u: float) -> int:
+    """The id of ids [n] whose cdf step over probs [n] holds the uniform u in [0, 1)."""
     cdf = np.cumsum(probs)  # [n]
     i = min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), cdf.size - 1)
     return int(ids[i])
@@ -199,7 +236,7 @@ def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
             head = cand
             break
         size *= 8
-    order = head[np.argsort(-probs[head])]  # [len(head)] likeliest first
+    order = head[np.argsort(-probs[head], kind="stable")]  # [len(head)] likeliest first, ties in candidate order
     cum = np.cumsum(probs[order])
     count = int(np.searchsorted(cum, top_p, side="left")) + 1  # first prefix with mass >= top_p
     return order[:count]

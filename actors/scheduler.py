@@ -17,6 +17,7 @@ import trio
 import zmq
 
 from zinfer.actors.kv import KvClient
+from zinfer.actors.logits_need import logits_needed
 from zinfer.actors.scheduler_policy import Chunk, SchedulerConfig, SchedulerPolicy, Seq
 from zinfer.actors.topology import Addresses
 from zinfer.messages.channel import Inbox, Outbox
@@ -49,8 +50,13 @@ log = structlog.get_logger("zinfer.scheduler")
 
 
 class SchedulerActor:
-    def __init__(self, ctx: zmq.Context, addrs: Addresses, config: SchedulerConfig, tracing: Tracing | None = None):
+    """device_reductions: each round tells the executor what the sampler needs of each
+    logits row (actors/logits_need.py), so greedy and top-k rows leave the device as a few
+    candidates; False ships every row whole (the same tokens, more bytes)."""
+
+    def __init__(self, ctx: zmq.Context, addrs: Addresses, config: SchedulerConfig, tracing: Tracing | None = None, device_reductions: bool = True):
         config.validate()
+        self.device_reductions = device_reductions
         self.policy = SchedulerPolicy(config)
         self.inbox: Inbox = Inbox(ctx, addrs.scheduler, SchedulerInbox)
         self.to_tokenizer: Outbox = Outbox(ctx, addrs.tokenizer, TokenizerInbox)
@@ -135,6 +141,9 @@ class SchedulerActor:
             return
         self.round_id += 1
         seqs = self.policy.round_seqs(accepted)
+        if self.device_reductions:
+            for s, c in zip(seqs, accepted):
+                s.logits_need = logits_needed(c.seq.params) if s.wants_logits else 0
         parents = [c.seq.traceparent for c in accepted if c.seq.traceparent]
         await self.to_executor.send(Round(self.round_id, seqs, self.sampler_updates, parents, self.forget))
         self.sampler_updates, self.forget = [], []

@@ -111,6 +111,7 @@ class RoundSeq(msgspec.Struct, array_like=True, gc=False):
     table_start: int  # entries of the executor's table that stay
     new_blocks: list[int]  # block ids appended after them
     wants_logits: bool
+    logits_need: int = 0  # of a row it wants: 0 the full row, 1 the argmax, k the top-k (actors/logits_need.py)
 
 
 class SamplerAdd(msgspec.Struct, tag="sampler_add", **_BUS):
@@ -142,12 +143,25 @@ ExecutorInbox = Union[Round, Shutdown]
 
 # ---- to the sampler ---------------------------------------------------------------
 
+class Candidates(msgspec.Struct, array_like=True, gc=False):
+    """The top-K candidates of the rows whose sequences need no more (devices/reductions.py);
+    a row that asked for k < K reads its first k."""
+
+    seq_ids: list[int]  # one per row
+    ids: np.ndarray  # [S_k, K] int64, value descending, ties to the lower id; -1 pads past a row's non-NaN entries
+    values: np.ndarray  # [S_k, K] float32 (-inf where ids is -1)
+    row_max: np.ndarray  # [S_k] float32: each row's max over the whole vocabulary (NaN when it holds one)
+
+
 class RoundLogits(msgspec.Struct, tag="logits", **_BUS):
+    """A round's logits: the full rows of sequences that need them, candidates for the rest."""
+
     round_id: int
-    seq_ids: list[int]  # one per logits row
-    logits: np.ndarray  # [S, vocab] float32
+    seq_ids: list[int]  # one per full logits row
+    logits: np.ndarray  # [S_full, vocab] float32
     sampler_updates: list[SamplerUpdate] = []
     traceparents: list[str] = []
+    candidates: Candidates | None = None  # None: every row of the round is full
 
 
 SamplerInbox = Union[RoundLogits, Shutdown]

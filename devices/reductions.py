@@ -1,0 +1,83 @@
+"""A round's logits cut down, on the device, to what the sampler needs of each row.
+
+Each row asks for one of (actors/logits_need.py): 0 the full row, 1 the argmax, k the
+top-k candidates. Only full rows leave the device whole; the others leave as K ids and
+values (K the largest k asked) plus the row's max, so a greedy round of 64 sequences
+ships 64 x 16 bytes instead of 64 full rows.
+
+`numpy_topk` is the reference order every device's `topk` follows (CudaDevice's kernel
+in kernels/cuda/sampling.cu too): value descending, ties to the lower id, NaN never
+chosen (a row with fewer than k other entries pads with id -1, value -inf).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from zinfer.messages.engine import Candidates, RoundSeq
+
+
+def reduce_logits(device: Any, logits: Any, seqs: Sequence[RoundSeq]) -> tuple[list[int], np.ndarray, Candidates | None]:
+    """Split logits [S, vocab] (the device's array, one row per seq of seqs) by each seq's
+    logits_need: (seq ids of the full rows, those rows [S_full, vocab] float32 numpy,
+    the candidates of the rest or None). A k that reaches the vocabulary ships the full
+    row. Reads logits only."""
+    vocab = logits.shape[1]
+    needs = [s.logits_need if s.logits_need < vocab else 0 for s in seqs]
+    full = [i for i, n in enumerate(needs) if n == 0]
+    reduced = [i for i, n in enumerate(needs) if n > 0]
+    if not reduced:
+        return [s.seq_id for s in seqs], device.to_numpy(logits), None
+    rows = logits if not full else logits[device.from_numpy(np.asarray(reduced, np.int64))]  # [S_k, vocab]
+    k = max(needs[i] for i in reduced)
+    topk = getattr(device, "topk", None) or (lambda x, k: numpy_topk(device.to_numpy(x), k))
+    ids, values = topk(rows, k)  # [S_k, K] each
+    row_max = device.to_numpy(rows.max(axis=1)).astype(np.float32)  # [S_k]; NaN propagates
+    candidates = Candidates([seqs[i].seq_id for i in reduced], ids, values, row_max)
+    if full:
+        full_rows = device.to_numpy(logits[device.from_numpy(np.asarray(full, np.int64))])  # [S_full, vocab]
+    else:
+        full_rows = np.zeros((0, vocab), np.float32)
+    return [seqs[i].seq_id for i in full], full_rows, candidates
+
+
+def numpy_topk(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k best (id, value) of each row of logits [R, V] (or one row [V]): ids int64
+    [R, k], values float32 [R, k], best first, ties to the lower id, NaN never chosen."""
+    x = np.asarray(logits, dtype=np.float32)
+    if x.ndim == 1:
+        x = x[None]
+    R, V = x.shape
+    if not 1 <= k <= V:
+        raise ValueError(f"k must be in 1..{V}, got {k}")
+    ids = np.full((R, k), -1, np.int64)
+    values = np.full((R, k), -np.inf, np.float32)
+    for r in range(R):
+        row_ids = _row_topk(x[r], k)  # [<= k]
+        ids[r, : row_ids.size] = row_ids
+        values[r, : row_ids.size] = x[r, row_ids]
+    return ids, values
+
+
+def _row_topk(row: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the k best of row [V] in (-value, id) order; fewer when NaN leaves fewer."""
+    cols = None
+    if np.isnan(row).any():
+        cols = np.flatnonzero(~np.isnan(row))  # [V'] the entries that may be chosen
+        row = row[cols]
+    n = row.size
+    m = min(k, n)
+    if m == 1:
+        ids = np.array([np.argmax(row)], np.int64)  # the first max: the lowest id
+    elif m == n:
+        ids = np.arange(n)
+    elif m == 0:
+        ids = np.empty(0, np.int64)
+    else:
+        t = row[np.argpartition(row, n - m)[n - m :]].min()  # the m-th largest value
+        above = np.flatnonzero(row > t)  # fewer than m
+        ids = np.concatenate([above, np.flatnonzero(row == t)[: m - above.size]])  # ties at t: lower ids
+    ids = ids[np.lexsort((ids, -row[ids]))]
+    return ids if cols is None else cols[ids]
