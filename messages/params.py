@@ -27,8 +27,26 @@ MAX_IDS = 1024
 MAX_STOPS, MAX_STOP_CHARS = 16, 512
 """At most 16 stop strings of 1 to 512 characters each."""
 MAX_LOGPROBS, MAX_N = 20, 16
+MAX_CONSTRAINT_BYTES = 256 << 10
+"""A constraint's spec (schema, regex, grammar or choice list) is at most 256 KiB of UTF-8."""
+CONSTRAINT_KINDS = ("json_schema", "regex", "lark", "choice")
 
 Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+
+
+class Constraint(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A grammar the generated text must match (constrained decoding, by llguidance in the sampler).
+
+    kind "json_schema": spec is a JSON schema as JSON text (`{"type": "object"}`: any JSON
+    object); "regex": a regular expression the whole output matches; "lark": a grammar in
+    llguidance's Lark dialect (which may embed JSON schemas with `%json {...}`); "choice":
+    a JSON array of strings, the output is exactly one of them. validate() checks the kind
+    and the size; whether the spec compiles is checked where it is compiled
+    (actors/constraints.py: the gateways before queueing, the sampler again).
+    """
+
+    kind: str
+    spec: str
 
 
 class SamplingParams(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
@@ -56,6 +74,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=T
     ignore_eos: bool = False
     logprobs: Int64 | None = None
     n: Int64 = 1
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         """Refuse a seed no 64-bit integer holds: it could not be encoded. Runs on decode too,
@@ -81,6 +100,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=T
             ("ignore_eos", type(self.ignore_eos) is bool, "true or false"),
             ("logprobs", self.logprobs is None or _int(self.logprobs, 0, MAX_LOGPROBS), f"an integer from 0 to {MAX_LOGPROBS}"),
             ("n", _int(self.n, 1, MAX_N), f"an integer from 1 to {MAX_N}"),
+            ("constraint", self.constraint is None or _constraint(self.constraint), f"kind one of {', '.join(CONSTRAINT_KINDS)} and a spec of at most {MAX_CONSTRAINT_BYTES >> 10} KiB"),
         ]
         for name, ok, rule in checks:
             if not ok:
@@ -110,6 +130,10 @@ def _bias(bias: Any) -> bool:
 
 def _strings(stop: Any) -> bool:
     return type(stop) is list and len(stop) <= MAX_STOPS and all(type(s) is str and 0 < len(s) <= MAX_STOP_CHARS for s in stop)
+
+
+def _constraint(c: Any) -> bool:
+    return type(c) is Constraint and c.kind in CONSTRAINT_KINDS and type(c.spec) is str and len(c.spec) <= MAX_CONSTRAINT_BYTES and len(c.spec.encode("utf-8", "surrogatepass")) <= MAX_CONSTRAINT_BYTES
 
 
 def _short(value: Any) -> str:
