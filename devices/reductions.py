@@ -63,21 +63,16 @@ def numpy_topk(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _row_topk(row: np.ndarray, k: int) -> np.ndarray:
     """Ids of the k best of row [V] in (-value, id) order; fewer when NaN leaves fewer."""
-    cols = None
-    if np.isnan(row).any():
-        cols = np.flatnonzero(~np.isnan(row))  # [V'] the entries that may be chosen
-        row = row[cols]
     n = row.size
-    m = min(k, n)
-    if m == 1:
-        ids = np.array([np.argmax(row)], np.int64)  # the first max: the lowest id
-    elif m == n:
-        ids = np.arange(n)
-    elif m == 0:
-        ids = np.empty(0, np.int64)
+    if k == 1:
+        ids = np.array([np.argmax(row)], np.int64)  # the first max: the lowest id (NaN wins argmax)
     else:
-        t = row[np.argpartition(row, n - m)[n - m :]].min()  # the m-th largest value
-        above = np.flatnonzero(row > t)  # fewer than m
-        ids = np.concatenate([above, np.flatnonzero(row == t)[: m - above.size]])  # ties at t: lower ids
-    ids = ids[np.lexsort((ids, -row[ids]))]
-    return ids if cols is None else cols[ids]
+        ids = np.argpartition(row, n - k)[n - k :] if k < n else np.arange(n)  # NaN ranks last: in here
+        t = row[ids].min()
+        if not np.isnan(t) and np.count_nonzero(row == t) > np.count_nonzero(row[ids] == t):
+            above = np.flatnonzero(row > t)  # fewer than k: the rest are ties at t, lower ids first
+            ids = np.concatenate([above, np.flatnonzero(row == t)[: k - above.size]])
+    if np.isnan(row[ids]).any():  # NaN is never chosen: rank among the other entries
+        cols = np.flatnonzero(~np.isnan(row))  # [V'] the entries that may be chosen
+        return cols[_row_topk(row[cols], k)] if cols.size > k else cols[np.lexsort((cols, -row[cols]))]
+    return ids[np.lexsort((ids, -row[ids]))]
