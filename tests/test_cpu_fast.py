@@ -99,6 +99,7 @@ def test_int8_linear_is_the_product_of_rounded_activations(qt, T):
     close(out, x @ wf.T, 2e-2)  # what int8 activations cost
 
 
+@pytest.mark.slow
 def test_linear_on_real_tensors(smollm2_path, gemma3_path):
     dev = FastCpuDevice()
     seen = set()
@@ -245,7 +246,7 @@ class Pair:
         return [forward(self.spec, w, d, kv, b) for d, w, kv in zip(self.devs, self.ws, kvs)]
 
 
-@pytest.fixture(scope="module", params=["smollm2", "gemma3", "smollm2-int8", "gemma3-int8"])
+@pytest.fixture(scope="module", params=[pytest.param(p, marks=pytest.mark.slow) for p in ("smollm2", "gemma3", "smollm2-int8", "gemma3-int8")])
 def pair(request):
     model, _, int8 = request.param.partition("-")
     if int8 and not int8_ir.available():

@@ -62,18 +62,21 @@ def gemma3_tricky(gemma3):
     return _tricky_ids(gemma3)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_smollm2_stream_equals_decode(smollm2, smollm2_tricky, data):
     _check_stream_equals_decode(smollm2, data, smollm2_tricky)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_gemma3_stream_equals_decode(gemma3, gemma3_tricky, data):
     _check_stream_equals_decode(gemma3, data, gemma3_tricky)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.text(max_size=60))
 def test_streaming_encoded_text_never_shows_broken_characters(smollm2, gemma3, text):
@@ -89,12 +92,14 @@ def test_streaming_encoded_text_never_shows_broken_characters(smollm2, gemma3, t
     assert gemma3.decode(gemma3.encode(text, add_special=False), skip_special=False) == text
 
 
+@pytest.mark.slow
 def test_emoji_held_back_until_complete(gemma3):
     ids = [gemma3.token_to_id(f"<0x{b:02X}>") for b in "😀".encode()]
     chunks = _stream(gemma3, ids, skip_special=True)
     assert chunks == ["", "", "", "😀", ""]
 
 
+@pytest.mark.slow
 def test_cut_character_flushes_as_replacement(gemma3):
     ids = [gemma3.token_to_id("<0xF0>"), gemma3.token_to_id("<0x9F>")]
     assert _stream(gemma3, ids, skip_special=True) == ["", "", FFFD]

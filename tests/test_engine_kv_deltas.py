@@ -11,6 +11,8 @@ from zinfer.gateway.client import AsyncClient
 from zinfer.messages.client import Delta, Finished
 from zinfer.messages.params import SamplingParams
 
+pytestmark = pytest.mark.slow  # every test here loads a real model
+
 BLOCKS = 24  # of 16 tokens: 384 token slots for 6 sequences that grow to ~100 tokens each
 PREFIX = "You are a patient teacher. Count slowly, one number per line, and never skip a number. "
 PARAMS = SamplingParams(temperature=0, max_tokens=72, ignore_eos=True)

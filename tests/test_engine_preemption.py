@@ -10,6 +10,8 @@ from zinfer.gateway.client import AsyncClient
 from zinfer.messages.client import Delta, Finished, Rejected
 from zinfer.messages.params import SamplingParams
 
+pytestmark = pytest.mark.slow  # every test here loads a real model
+
 BLOCKS = 24  # of 16 tokens: 384 token slots for 6 sequences that grow to ~100 tokens each
 
 

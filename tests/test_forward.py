@@ -52,7 +52,10 @@ class Model:
         return self.round(self.kv(), [(ids, 0, table, True)])[0]
 
 
-@pytest.fixture(scope="module", params=["tiny-llama", "tiny-gemma3", "tiny-qwen2", "smollm2", "gemma3"])
+REAL = pytest.mark.slow  # the cached real models
+
+
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-gemma3", "tiny-qwen2", pytest.param("smollm2", marks=REAL), pytest.param("gemma3", marks=REAL)])
 def model(request, tmp_path_factory):
     name = request.param
     if name == "tiny-llama":

@@ -29,6 +29,8 @@ from zinfer.models.loader import open_model
 from zinfer.models.tokenizer import Tokenizer
 from zinfer.models.weights import build_weights
 
+pytestmark = pytest.mark.slow  # every test here loads a real model
+
 GOLDENS = Path(__file__).parent / "goldens"
 
 

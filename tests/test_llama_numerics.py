@@ -33,6 +33,7 @@ def _tensors(path):
     return open_model(path).tensors
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixture,name,qtype", TENSORS)
 @pytest.mark.parametrize("rows", [1, 9])  # K-quants switch kernels from 8 rows
 def test_quantized_products_stay_within_int8_rounding_of_the_oracle(fixture, name, qtype, rows, request):

@@ -18,6 +18,7 @@ from http_server import running_server
 NODE_DIR = Path(__file__).parent / "node"
 NODE = shutil.which("node")
 pytestmark = [
+    pytest.mark.slow,  # a real model behind the Node.js clients
     pytest.mark.skipif(NODE is None, reason="node is not installed"),
     pytest.mark.skipif(not (NODE_DIR / "node_modules" / "zeromq").exists(), reason="run `npm ci` in tests/node first"),
 ]

@@ -88,6 +88,7 @@ REAL = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, qtype", REAL, ids=[f"{m[:-5]}-{q.name}" for m, q in REAL])
 def test_real_tensors_match_gguf(readers, model, qtype):
     """Whole tensors (up to 4 of each type; embeddings as big row slices) match exactly."""
@@ -103,6 +104,7 @@ def test_real_tensors_match_gguf(readers, model, qtype):
         assert_same_bits(dequantize(data, qtype, shape), reference(data, qtype).reshape(shape))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["smollm2_path", "gemma3_path"])
 def test_whole_token_embedding_matches_gguf_across_chunks(readers, model):
     """The full Q8_0 embedding, dequantized at once, matches at start, middle and end."""
@@ -116,6 +118,7 @@ def test_whole_token_embedding_matches_gguf_across_chunks(readers, model):
         assert_same_bits(ours[rows], reference(t.data[rows], t.tensor_type))
 
 
+@pytest.mark.slow
 def test_real_embedding_rows_equal_rows_of_full_tensor(readers):
     t = next(t for t in readers("smollm2_path").tensors if t.name == "token_embd.weight")
     shape = numpy_shape(t)
@@ -126,6 +129,7 @@ def test_real_embedding_rows_equal_rows_of_full_tensor(readers):
     assert_same_bits(got, full[ids])
 
 
+@pytest.mark.slow
 def test_reader_typed_f32_accepted(readers):
     t = tensors_of_type(readers("gemma3_path"), QT.F32, limit=1)[0]
     assert t.data.dtype == np.float32

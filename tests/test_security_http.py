@@ -66,12 +66,14 @@ def ping(url: str, **kw) -> dict:
 # ---- Origin on the websocket ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_websocket_from_another_site_is_refused_before_accept(server):
     assert refused_status(server.ws, origin="http://evil.example") == 403
     assert refused_status(server.ws, origin="null") == 403  # sandboxed frames, file:// pages
     assert refused_status(server.ws, origin=f"http://127.0.0.1.evil.example:{port(server)}") == 403
 
 
+@pytest.mark.slow
 def test_websocket_from_the_page_loopback_and_allowed_origins_is_served(server):
     for origin in (f"http://127.0.0.1:{port(server)}", f"http://localhost:{port(server)}", "http://localhost:3000", APP):
         assert ping(server.ws, origin=origin) == {"type": "pong"}, origin
@@ -81,6 +83,7 @@ def test_websocket_from_the_page_loopback_and_allowed_origins_is_served(server):
 # ---- Host (DNS rebinding) ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_foreign_host_header_is_refused_and_runs_nothing(server):
     before = generations(server)
     r = httpx.get(server.url + "/v1/models", headers={"Host": "evil.example"})
@@ -103,6 +106,7 @@ def test_allowed_hosts_flag_and_non_loopback_bind():
     assert OriginPolicy.from_args("127.0.0.1", None, "box.lan").host_allowed("BOX.lan")
 
 
+@pytest.mark.slow
 def test_a_bad_allowed_origin_is_one_line_error(smollm2_path):
     r = subprocess.run([sys.executable, "-m", "zinfer.gateway.cli", "serve", "--model", str(smollm2_path), "--port", "1", "--allowed-origins", "app.example"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and r.stderr.strip().startswith("zinfer: error: --allowed-origins: 'app.example'"), r.stderr
@@ -112,6 +116,7 @@ def test_a_bad_allowed_origin_is_one_line_error(smollm2_path):
 # ---- simple cross-origin POSTs and CORS -------------------------------------------------
 
 
+@pytest.mark.slow
 def test_text_plain_post_gets_415_and_runs_nothing(server):
     before = generations(server)
     body = json.dumps(CHAT).encode()
@@ -128,6 +133,7 @@ def test_text_plain_post_gets_415_and_runs_nothing(server):
         assert client.chat.completions.create(model=server.model, messages=HI, max_tokens=1).usage.completion_tokens == 1
 
 
+@pytest.mark.slow
 def test_post_from_another_site_is_refused_and_runs_nothing(server):
     before = generations(server)
     r = httpx.post(server.url + "/v1/chat/completions", headers={"Origin": "http://evil.example"}, json=CHAT)
@@ -136,6 +142,7 @@ def test_post_from_another_site_is_refused_and_runs_nothing(server):
     assert generations(server) == before
 
 
+@pytest.mark.slow
 def test_allowed_origin_gets_cors_headers(server):
     r = httpx.post(server.url + "/v1/chat/completions", headers={"Origin": APP}, json=CHAT, timeout=120)
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == APP and "Origin" in r.headers["vary"]
@@ -143,6 +150,7 @@ def test_allowed_origin_gets_cors_headers(server):
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://localhost:5173"
 
 
+@pytest.mark.slow
 def test_preflight_is_answered_for_allowed_origins_only(server):
     asks = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization, content-type, x-stainless-lang"}
     r = httpx.options(server.url + "/v1/chat/completions", headers={"Origin": APP, **asks})
@@ -158,6 +166,7 @@ def test_preflight_is_answered_for_allowed_origins_only(server):
 # ---- the API key's browser path ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_page_takes_the_key_in_its_query(keyed):
     r = httpx.get(keyed.url + f"/?api_key={KEY}")
     assert r.status_code == 200 and "<title>zinfer chat</title>" in r.text
@@ -171,6 +180,7 @@ def test_page_takes_the_key_in_its_query(keyed):
     assert httpx.get(keyed.url + "/v1/models", headers=keyed.headers).status_code == 200
 
 
+@pytest.mark.slow
 def test_websocket_takes_the_key_in_its_query_end_to_end(keyed):
     origin = f"http://127.0.0.1:{port(keyed)}"  # as the page opened from this server sends it
     with connect(keyed.ws + f"?api_key={KEY}", origin=origin) as ws:
@@ -185,6 +195,7 @@ def test_websocket_takes_the_key_in_its_query_end_to_end(keyed):
     assert ping(keyed.ws, additional_headers=keyed.headers) == {"type": "pong"}  # non-browser clients: the header
 
 
+@pytest.mark.slow
 def test_preflight_needs_no_key_and_the_header_still_works(keyed):
     asks = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}
     assert httpx.options(keyed.url + "/v1/chat/completions", headers=asks).status_code == 204  # browsers send no key here

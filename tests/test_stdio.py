@@ -18,6 +18,7 @@ def zinfer_stdio(model) -> list[str]:
     return [sys.executable, "-m", "zinfer.gateway.cli", "stdio", "--model", str(model), "--max-running", "8"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(NODE is None, reason="node is not installed")
 def test_node_host_streams_and_cancels(smollm2_path):
     r = subprocess.run([NODE, str(STDIO_CLIENT), "What is the capital of France?", *zinfer_stdio(smollm2_path)], capture_output=True, text=True, timeout=240)
@@ -48,6 +49,7 @@ class Stdio:
         return json.loads(line)
 
 
+@pytest.mark.slow
 def test_bad_lines_get_rejected_and_eof_lets_open_requests_finish(smollm2_path):
     z = Stdio(smollm2_path)
     try:

@@ -10,6 +10,8 @@ import pytest
 from zinfer.models.gguf_vocab import read_tokenizer_metadata, tokenizer_json_from_gguf
 from zinfer.models.tokenizer import Tokenizer
 
+pytestmark = pytest.mark.slow  # every test here loads a real model
+
 GOLDENS = Path(__file__).parent / "goldens"
 
 

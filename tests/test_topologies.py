@@ -31,6 +31,7 @@ async def run_one(client: AsyncClient, prompt: str) -> tuple[list[int], object]:
     return ids, ev
 
 
+@pytest.mark.slow
 async def test_process_topology_matches_in_process(smollm2_path):
     async with open_engine(EngineConfig(model=str(smollm2_path))) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
         single = {p: (await run_one(client, p))[0] for p in PROMPTS}
@@ -50,6 +51,7 @@ async def test_process_topology_matches_in_process(smollm2_path):
     assert same >= 30, f"{same}/32 equal the in-process single-request output"
 
 
+@pytest.mark.slow
 async def test_tcp_topology_generates(smollm2_path):
     async with open_engine(EngineConfig(model=str(smollm2_path), topology="tcp")) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
         assert engine.addrs.executor.startswith("tcp://127.0.0.1:")
@@ -57,6 +59,7 @@ async def test_tcp_topology_generates(smollm2_path):
         assert isinstance(last, Finished) and len(ids) == 8
 
 
+@pytest.mark.slow
 async def test_killing_the_executor_fails_open_requests_fast(smollm2_path):
     failed_after: list[float] = []
     late: list = []

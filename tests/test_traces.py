@@ -24,6 +24,8 @@ from zinfer.traces.merge import merge_parts
 from zinfer.traces.parts import part_files
 from zinfer.traces.summarize import rounds_of
 
+pytestmark = pytest.mark.slow  # every test here loads a real model
+
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Roses are red,"]
 GREEDY = SamplingParams(temperature=0, max_tokens=6)
 

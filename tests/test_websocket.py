@@ -13,6 +13,8 @@ from zinfer.messages.client import Delta, EngineStats, Finished, GetStats
 from zinfer.messages.params import SamplingParams
 from http_server import running_server
 
+pytestmark = pytest.mark.slow  # every test here loads a real model
+
 TERMINAL = ("done", "cancelled", "error")
 HI = [{"role": "user", "content": "What is the capital of France?"}]
 
