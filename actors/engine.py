@@ -112,7 +112,7 @@ def build_actor(name: str, ctx: zmq.Context, addrs: Addresses, config: EngineCon
     if name == "kv":
         return KvActor(ctx, addrs.kv, sched.num_blocks, sched.block_size, config.prefix_caching, tracing)
     if name == "sampler":
-        return SamplerActor(ctx, addrs, source.spec.vocab_size, tracing)
+        return SamplerActor(ctx, addrs, source.spec.vocab_size, tracing, source=source)
     if name == "executor":
         from zinfer.actors.executor import ExecutorActor
 

@@ -6,6 +6,12 @@ ride along with the round, so it is always in place before the logits that need 
 One request's failure is its own: an exception while setting up or sampling one
 sequence (bad parameters, logits that are not finite) becomes an error sample for that
 sequence, which the scheduler ends; the other rows of the round are sampled as usual.
+
+Constrained requests (params.constraint) get a GrammarMask (actors/constraints.py) built
+on the model's vocabulary as llguidance reads it, made once per actor from `source` on the
+first constrained request. Their next masks are computed in a worker thread right after a
+round is sampled, while the executors run the next forward, and awaited only when that
+round's logits arrive.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import structlog
 import trio
 import zmq
 
+from zinfer.actors.constraints import GrammarMask, MaskPrefetch, grammar_tokenizer
 from zinfer.actors.sampling import RequestSampler
 from zinfer.actors.topology import Addresses
 from zinfer.messages.channel import Inbox, Outbox
@@ -33,9 +40,12 @@ class SamplerActor:
     # prompts). Never set in production.
     fault_hook: Callable[[list[int], np.ndarray], np.ndarray] | None = None
 
-    def __init__(self, ctx: zmq.Context, addrs: Addresses, vocab_size: int, tracing=None):
+    def __init__(self, ctx: zmq.Context, addrs: Addresses, vocab_size: int, tracing=None, source=None):
         self.vocab_size = vocab_size
         self.tracing = tracing  # None: tracing off
+        self.source = source  # the ModelSource whose vocabulary constraints are compiled for; None: constraints fail
+        self.grammar_tokenizer = None  # llguidance's LLTokenizer (or the exception building it raised), once needed
+        self.prefetch = MaskPrefetch()
         self.samplers: dict[int, RequestSampler] = {}
         self.inbox: Inbox = Inbox(ctx, addrs.sampler, SamplerInbox)
         self.to_scheduler: Outbox = Outbox(ctx, addrs.scheduler, SchedulerInbox)
@@ -43,16 +53,20 @@ class SamplerActor:
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         try:
-            while True:
-                msg = await self.inbox.recv()
-                if isinstance(msg, Shutdown):
-                    return
-                t0 = time.time_ns()
-                sampled = self.sample_round(msg)
-                if self.tracing is not None and msg.traceparents:
-                    attrs = {"sampled_round": msg.round_id, "rows": len(msg.seq_ids), "seq_ids": msg.seq_ids}
-                    self.tracing.record("sample", msg.traceparents[0], attrs, msg.traceparents[1:], t0)
-                await self.to_scheduler.send(sampled)
+            async with trio.open_nursery() as nursery:  # holds the mask prefetch's worker
+                while True:
+                    msg = await self.inbox.recv()
+                    if isinstance(msg, Shutdown):
+                        return
+                    await self.prefetch.wait()
+                    await self._load_grammar_tokenizer(msg)
+                    t0 = time.time_ns()
+                    sampled = self.sample_round(msg)
+                    if self.tracing is not None and msg.traceparents:
+                        attrs = {"sampled_round": msg.round_id, "rows": len(msg.seq_ids), "seq_ids": msg.seq_ids}
+                        self.tracing.record("sample", msg.traceparents[0], attrs, msg.traceparents[1:], t0)
+                    await self.to_scheduler.send(sampled)
+                    self.prefetch.start(nursery, [s.grammar for s in self.samplers.values() if s.grammar is not None])
         finally:
             self.inbox.close()
             self.to_scheduler.close()
@@ -68,8 +82,11 @@ class SamplerActor:
         for u in msg.sampler_updates:
             if isinstance(u, SamplerAdd):
                 try:
-                    self.samplers[u.seq_id] = RequestSampler(u.params, u.prompt_ids, self.vocab_size, u.seq_id)
-                except Exception as e:  # bad parameters fail this request only
+                    sampler = RequestSampler(u.params, u.prompt_ids, self.vocab_size, u.seq_id)
+                    if u.params.constraint is not None:
+                        sampler.grammar = GrammarMask(self._grammar_tokenizer(), u.params.constraint, self.vocab_size)
+                    self.samplers[u.seq_id] = sampler
+                except Exception as e:  # bad parameters, a bad constraint: this request only
                     tokens.append(self._failure(u.seq_id, e))
                     failed.add(u.seq_id)
             else:
@@ -90,6 +107,30 @@ class SamplerActor:
             except Exception as e:
                 tokens.append(self._failure(seq_id, e))
         return Sampled(msg.round_id, tokens)
+
+    async def _load_grammar_tokenizer(self, msg: RoundLogits) -> None:
+        """Build llguidance's view of the vocabulary in a worker thread (seconds: the event
+        loop keeps serving the other actors) if this round brings the first constrained request."""
+        wanted = any(isinstance(u, SamplerAdd) and u.params.constraint is not None for u in msg.sampler_updates)
+        if not wanted or self.grammar_tokenizer is not None or self.source is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            self.grammar_tokenizer = await trio.to_thread.run_sync(grammar_tokenizer, self.source)
+        except Exception as e:  # the constrained requests fail with it; free ones carry on
+            self.grammar_tokenizer = e
+            log.warning("grammar tokenizer failed", error=str(e))
+            return
+        log.info("grammar tokenizer built", vocab=self.grammar_tokenizer.vocab_size, eos_ids=self.grammar_tokenizer.eos_tokens, ms=round((time.perf_counter() - t0) * 1e3))
+
+    def _grammar_tokenizer(self):
+        """The LLTokenizer constraints compile against; raises why there is none."""
+        tok = self.grammar_tokenizer
+        if tok is None:
+            raise ValueError("constraints need the model's vocabulary, which this sampler was not given")
+        if isinstance(tok, Exception):
+            raise ValueError(f"constraints are unavailable: the model's vocabulary did not load into llguidance: {tok}")
+        return tok
 
     def _sample_candidates(self, seq_id: int, ids: np.ndarray, values: np.ndarray, row_max: float) -> TokenSample:
         """Sample and record one token of seq_id from its row's candidates ids, values [K]."""

@@ -4,7 +4,9 @@ Processing order, as in vLLM and llama.cpp:
   logit_bias -> repetition penalty (prompt + generated: positive logits divided, negative
   multiplied) -> presence / frequency penalties (generated only) -> greedy argmax if
   temperature == 0 (ties to the lowest id) -> else temperature -> top_k -> top_p -> min_p
-  -> one draw from the request's own generator.
+  -> one draw from the request's own generator. A request with a constraint has the
+  tokens its grammar bans set to -inf after the penalties (`grammar`, a GrammarMask of
+  actors/constraints.py that the sampler actor attaches).
 
 Reproducibility: each request owns a np.random.Generator seeded by params.seed and every
 sample() call consumes exactly one uniform from it, so a seeded request gets the same
@@ -67,6 +69,7 @@ class RequestSampler:
         self._bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))  # [n_bias]
         self._bias_vals = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))  # [n_bias]
         self._check_ids(self._bias_ids, "logit_bias token id")
+        self.grammar = None  # a GrammarMask (actors/constraints.py) for params.constraint: masked(z), accept(token)
 
     def _check_ids(self, ids: np.ndarray, what: str) -> None:
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
@@ -77,6 +80,8 @@ class RequestSampler:
         """Record token_id as generated: it now counts for all three penalties."""
         if not 0 <= token_id < self.vocab_size:
             raise ValueError(f"token id {token_id} outside vocabulary of {self.vocab_size}")
+        if self.grammar is not None:
+            self.grammar.accept(token_id)  # raises, recording nothing, if the grammar bans it
         self.generated.append(token_id)
         self._counts[token_id] = self._counts.get(token_id, 0) + 1
         if self._counts[token_id] == 1:
@@ -133,7 +138,7 @@ class RequestSampler:
             raise ValueError(f"logits of seq {self.seq_id} are not finite (all -inf)")
 
     def _processed(self, logits: np.ndarray) -> np.ndarray:
-        """Logits after bias and penalties: a copy when any applies, else the input itself."""
+        """Logits after bias, penalties and the grammar mask: a copy when any applies, else the input itself."""
         p = self.params
         z = logits
         if self._bias_ids.size:
@@ -148,6 +153,8 @@ class RequestSampler:
             ids = np.fromiter(self._counts.keys(), dtype=np.int64, count=len(self._counts))
             counts = np.fromiter(self._counts.values(), dtype=np.float32, count=len(self._counts))
             z[ids] -= p.frequency_penalty * counts + p.presence_penalty
+        if self.grammar is not None:
+            z = self.grammar.masked(z)  # a copy, banned tokens at -inf
         return z
 
     def _report(self, logits: np.ndarray, raw_max: float, token: int) -> SampledToken:

@@ -35,6 +35,7 @@ from zinfer.gateway.openai_schema import (
     parse,
     sampling_params,
 )
+from zinfer.gateway.openai_constraints import constraint_from_request
 from zinfer.gateway.openai_shaper import Shaper
 from zinfer.gateway.sse import SSEResponse, until_disconnect
 from zinfer.gateway.state import GatewayState
@@ -125,6 +126,9 @@ async def respond(state: GatewayState, request: Request, kind: type[ChatRequest]
         if not state.serves(req.model):
             raise unknown_model(req.model)
         params = sampling_params(req, state.max_model_len)
+        constraint = constraint_from_request(req)  # response_format, guided_*, ...: one checked Constraint or None
+        if constraint is not None:
+            params = msgspec.structs.replace(params, constraint=constraint)
         forms = [{"messages": chat_messages(req)}] if isinstance(req, ChatRequest) else completion_prompts(req)
     except ApiError as exc:
         record.finish("rejected")

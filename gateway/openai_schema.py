@@ -6,7 +6,9 @@ becomes param "temperature"). Every number, string and list is bounded here or i
 SamplingParams.validate(), so nothing a client sends can fail to encode on the way to
 the engine. Unknown fields are ignored, as OpenAI-compatible servers do. Extensions
 taken the way vLLM and llama-server take them, as extra body fields: top_k (-1 or 0:
-off), min_p, repetition_penalty, ignore_eos.
+off), min_p, repetition_penalty, ignore_eos. The structured-output fields (response_format,
+guided_*, structured_outputs, json_schema, grammar) are decoded as given and checked in
+gateway/openai_constraints.py.
 """
 
 from __future__ import annotations
@@ -78,6 +80,15 @@ class _Sampling(msgspec.Struct, kw_only=True):
     min_p: Unit | None = None
     repetition_penalty: Annotated[float, Meta(gt=0.0)] | None = None
     ignore_eos: bool = False
+    # Structured output, checked and turned into one Constraint by gateway/openai_constraints.py:
+    response_format: Any = None  # OpenAI
+    guided_json: Any = None  # vLLM's guided_* and structured_outputs
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    json_schema: Any = None  # llama-server's json_schema and grammar (GBNF)
+    grammar: Any = None
 
 
 class ChatRequest(_Sampling, kw_only=True):

@@ -29,6 +29,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from zinfer.actors.constraints import compile_grammar
 from zinfer.gateway.auth import authorized
 from zinfer.gateway.state import GatewayState
 from zinfer.messages.client import Cancelled, Delta, Failed, Finished, Rejected, Started
@@ -147,6 +148,8 @@ class ChatSocket:
                 raise BadMessage("bad_message", "give exactly one of prompt and messages", msg.id)
             try:
                 msg.params.validate()
+                if msg.params.constraint is not None:  # compiles, or is refused before it is queued
+                    compile_grammar(msg.params.constraint)
             except ValueError as exc:
                 raise BadMessage("bad_request", str(exc), msg.id)
         return msg
