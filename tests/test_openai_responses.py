@@ -1,0 +1,197 @@
+"""OpenAI's Responses API (`POST /v1/responses`) of a real `zinfer serve`, as the official
+`openai` package sees it: the Response object and its typed stream events validate
+against the package's own types, the text equals what /v1/chat/completions gives for the
+same greedy request, and what zinfer does not do (store, previous_response_id, images)
+is refused naming the field. Fast tier on a tiny random model; one slow test on SmolLM2."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pydantic
+import pytest
+from http_server import running_server
+from openai.types.responses import Response, ResponseStreamEvent
+from tiny import write_tiny_gguf
+
+KEY = "sk-responses"
+HI = [{"role": "user", "content": "Hi"}]
+STREAM_ORDER = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+]
+EVENTS = pydantic.TypeAdapter(ResponseStreamEvent)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    model = write_tiny_gguf(tmp_path_factory.mktemp("model") / "tiny.gguf", "llama")
+    with running_server(model, api_key=KEY) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    with openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120) as client:
+        yield client
+
+
+def post(server, body: dict) -> httpx.Response:
+    return httpx.post(server.url + "/v1/responses", json=body, headers=server.headers, timeout=120)
+
+
+def refusal(oai, **kw) -> openai.APIStatusError:
+    with pytest.raises(openai.APIStatusError) as info:
+        oai.responses.create(**kw)
+    return info.value
+
+
+def test_create_gives_a_typed_response_with_chats_text(oai, server):
+    chat = oai.chat.completions.create(model=server.model, messages=HI, temperature=0, max_tokens=8)
+    r = oai.responses.create(model=server.model, input="Hi", temperature=0, max_output_tokens=8)
+    assert r.output_text == chat.choices[0].message.content and r.output_text
+    assert r.id.startswith("resp_") and r.object == "response" and r.model == server.model
+    [item] = r.output
+    assert (item.type, item.role, [c.type for c in item.content]) == ("message", "assistant", ["output_text"])
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+    assert r.usage.output_tokens == chat.usage.completion_tokens == 8
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.error is None and r.temperature == 0 and r.max_output_tokens == 8
+
+
+def test_the_raw_response_validates_against_the_packages_types(server):
+    body = post(server, {"input": "Hi", "temperature": 0, "max_output_tokens": 4}).json()
+    r = Response.model_validate(body)  # every field the type requires is there, typed right
+    assert r.output_text and r.store is False and r.usage.input_tokens_details.cached_tokens >= 0
+
+
+def test_max_output_tokens_ends_incomplete_with_the_reason(oai):
+    r = oai.responses.create(input="Hi", temperature=0, max_output_tokens=3)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.output_tokens == 3 and r.output[0].status == "incomplete"
+
+
+def test_stream_gives_the_typed_events_in_order_and_the_same_text(oai):
+    whole = oai.responses.create(input="Hi", temperature=0, max_output_tokens=8)
+    events = list(oai.responses.create(input="Hi", temperature=0, max_output_tokens=8, stream=True))
+    types = [e.type for e in events]
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert [t for i, t in enumerate(types[:-1]) if t != "response.output_text.delta" or types[i - 1] != t] == STREAM_ORDER
+    assert types[-1] == "response.incomplete" and len(deltas) >= 1
+    assert "".join(deltas) == whole.output_text
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert len({e.response.id for e in events if hasattr(e, "response")}) == 1
+    final = events[-1].response
+    assert final.output_text == whole.output_text and final.usage.output_tokens == 8
+
+
+def test_stream_helper_accumulates_the_deltas(oai, server):
+    whole = oai.responses.create(input="Hello there", temperature=0, max_output_tokens=6)
+    with oai.responses.stream(model=server.model, input="Hello there", temperature=0, max_output_tokens=6) as stream:
+        text = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+    assert text == whole.output_text
+
+
+def test_raw_stream_names_each_event_and_each_validates(server):
+    body = {"input": "Hi", "temperature": 0, "max_output_tokens": 3, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/responses", json=body, headers=server.headers, timeout=120) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert len(lines) % 2 == 0 and "[DONE]" not in "".join(lines)
+    for name, data in zip(lines[::2], lines[1::2]):
+        event = json.loads(data.removeprefix("data: "))
+        assert name == f"event: {event['type']}"
+        EVENTS.validate_python(event)
+
+
+def test_instructions_are_a_system_message_before_the_input(oai, server):
+    plain = oai.responses.create(input="Hi", temperature=0, max_output_tokens=1)
+    told = oai.responses.create(input="Hi", instructions="Answer in French.", temperature=0, max_output_tokens=1)
+    system = [{"role": "system", "content": "Answer in French."}, *HI]
+    chat = oai.chat.completions.create(model=server.model, messages=system, temperature=0, max_tokens=1)
+    assert told.usage.input_tokens == chat.usage.prompt_tokens > plain.usage.input_tokens
+    assert told.instructions == "Answer in French."
+
+
+def test_input_items_with_roles_and_text_parts_equal_the_chat_messages(oai, server):
+    items = [
+        {"role": "developer", "content": "Be brief."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}, {"type": "input_text", "text": " there"}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Hello."}]},
+        {"role": "user", "content": "Again"},
+    ]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Again"}]
+    r = oai.responses.create(input=items, temperature=0, max_output_tokens=4)
+    chat = oai.chat.completions.create(model=server.model, messages=messages, temperature=0, max_tokens=4)
+    assert (r.output_text, r.usage.input_tokens) == (chat.choices[0].message.content, chat.usage.prompt_tokens)
+
+
+def test_function_call_and_its_output_reach_the_prompt(oai):
+    def call_and_result(output: str) -> list[dict]:
+        return [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+            {"type": "function_call_output", "call_id": "call_1", "output": output},
+        ]
+
+    asked = oai.responses.create(input=call_and_result("")[:1], temperature=0, max_output_tokens=1)
+    short = oai.responses.create(input=call_and_result("22"), temperature=0, max_output_tokens=1)
+    long = oai.responses.create(input=call_and_result("22 degrees, sunny, light wind from the west"), temperature=0, max_output_tokens=1)
+    assert asked.usage.input_tokens < short.usage.input_tokens < long.usage.input_tokens
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        ({"store": True}, "store", "stateless"),
+        ({"previous_response_id": "resp_1"}, "previous_response_id", "stateless"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}, "input[0].content[0]", "input_image"),
+        ({"input": [{"role": "robot", "content": "Hi"}]}, "input[0].role", "robot"),
+        ({"input": [{"type": "function_call_output", "call_id": "call_9", "output": "1"}]}, "input[0].call_id", "call_9"),
+        ({"input": [{"type": "web_search_call"}]}, "input[0].type", "web_search_call"),
+        ({"max_output_tokens": 0}, "max_output_tokens", ">= 1"),
+        ({"temperature": 3}, "temperature", "<= 2.0"),
+        ({"text": {"format": {"type": "sound"}}}, "text.format.type", "sound"),
+        ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema", "schema"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type", "web_search"),
+        ({"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": "g"}}, "tool_choice", "'g'"),
+    ],
+)
+def test_what_zinfer_does_not_do_is_refused_naming_the_field(oai, fields, param, words):
+    e = refusal(oai, **{"input": "Hi", **fields})
+    assert (e.status_code, e.body["param"]) == (400, param) and words in e.body["message"]
+
+
+def test_unknown_model_missing_key_and_unknown_fields(oai, server):
+    assert refusal(oai, model="gpt-5", input="Hi").status_code == 404
+    assert httpx.post(server.url + "/v1/responses", json={"input": "Hi"}).status_code == 401
+    r = post(server, {"input": "Hi", "max_output_tokens": 1, "metadata": {"k": "v"}, "reasoning": {"effort": "low"}})
+    assert r.status_code == 200 and r.json()["status"] == "incomplete"  # unknown fields are ignored, as on chat
+
+
+def test_a_client_leaving_mid_stream_cancels_its_request(server):
+    before = server.wait_idle()['zinfer_requests_total{outcome="cancelled"}']
+    body = {"input": "Hi", "max_output_tokens": 200, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/responses", json=body, headers=server.headers, timeout=120) as r:
+        assert any("response.output_text.delta" in line for line in r.iter_lines())
+    m = server.wait_idle()
+    assert m['zinfer_requests_total{outcome="cancelled"}'] == before + 1 and m["zinfer_kv_used_blocks"] == 0
+
+
+@pytest.mark.slow
+def test_smollm2_answers_the_capital_of_france(smollm2_path):
+    with running_server(smollm2_path) as s, openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120) as oai:
+        question = "What is the capital of France? Answer in one sentence."
+        r = oai.responses.create(input=question, instructions="You are a helpful assistant.", temperature=0, max_output_tokens=64)
+        assert r.status == "completed" and "Paris" in r.output_text
+        with oai.responses.stream(model=s.model, input=question, instructions="You are a helpful assistant.", temperature=0, max_output_tokens=64) as stream:
+            final = stream.get_final_response()
+        assert final.status == "completed" and final.output_text == r.output_text
