@@ -1,23 +1,27 @@
 """The executor actor: owns one device's weights and KV storage and runs rounds.
 
-The forward runs in a worker thread (numpy and cupy release the GIL), so the other
-actors of an in-process topology keep streaming while it computes. Only numpy logits
+Each round runs in a worker thread (numpy and cupy release the GIL), so the other
+actors of an in-process topology keep streaming while it computes: the device's
+run_round over the forward (devices/round.py tells the whole round), traced or not, so
+CUDA graphs and device-time kernel spans are on the normal path. Only numpy logits
 leave the device.
 """
 
 from __future__ import annotations
 
 import time
+from functools import partial
 
+import numpy as np
 import structlog
 import trio
 import zmq
 
 from zinfer.actors.topology import Addresses
 from zinfer.devices.base import Device
+from zinfer.devices.batch import ForwardBatch
 from zinfer.messages.channel import Inbox, Outbox
 from zinfer.messages.engine import ExecutorInbox, Round, RoundLogits, SamplerInbox, Shutdown
-from zinfer.devices.batch import ForwardBatch
 from zinfer.models.forward import forward
 from zinfer.models.loader import ModelSource
 from zinfer.models.weights import build_weights
@@ -37,8 +41,8 @@ class ExecutorActor:
         log.info("executor ready", device=device.name, seconds=round(time.perf_counter() - started, 2))
         self.inbox: Inbox = Inbox(ctx, addrs.executor, ExecutorInbox)
         self.to_sampler: Outbox = Outbox(ctx, addrs.sampler, SamplerInbox)
-        self.busy_seconds = 0.0  # time inside forward, for the bus-overhead figure
-        self.round_tracer = RoundTracer(tracing, device) if tracing is not None else None  # None: tracing off
+        self.busy_seconds = 0.0  # time inside rounds, for the bus-overhead figure
+        self.round_tracer = RoundTracer(tracing, device, device.kernel_clock()) if tracing is not None else None  # None: tracing off
         self.tables = BlockTables()
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -59,14 +63,21 @@ class ExecutorActor:
         batch = ForwardBatch.build([(s.token_ids, s.start_pos, t, s.wants_logits) for s, t in zip(r.seqs, tables)], self.block_size)
         t0 = time.perf_counter()
         if self.round_tracer is None:
-            logits = await trio.to_thread.run_sync(forward, self.spec, self.weights, self.device, self.kv, batch)
+            logits = await trio.to_thread.run_sync(self.compute, batch)
         else:
             rt = self.round_tracer
-            logits = await trio.to_thread.run_sync(rt.run, forward, self.spec, self.weights, rt.device, self.kv, batch)
+            logits = await trio.to_thread.run_sync(rt.run, self.compute, batch)
             rt.finish(round_name(r), round_attributes(r, batch), r.traceparents)
         self.busy_seconds += time.perf_counter() - t0
         seq_ids = [s.seq_id for s in r.seqs if s.wants_logits]
         return RoundLogits(r.round_id, seq_ids, logits, r.sampler_updates, r.traceparents)
+
+    def compute(self, batch: ForwardBatch, marks=None) -> np.ndarray:
+        """One round on the device (worker thread): logits [S, vocab] on the host. With
+        tracing, the forward runs on the kernel-timing wrapper and marks its layers."""
+        dev = self.device if self.round_tracer is None else self.round_tracer.device
+        logits = dev.run_round(partial(forward, self.spec, self.weights, dev, self.kv, marks=marks), batch)
+        return self.device.to_numpy(logits)
 
 
 class BlockTables:

@@ -1,17 +1,22 @@
-"""The capability protocol every device implements; the forward pass calls only these.
+"""The capability protocol every device implements, and DeviceBase, its common defaults.
 
-Arrays are the device's own (numpy on cpu, cupy on cuda); only `to_numpy` leaves it.
+The forward pass (models/forward.py) calls only these ops; the round they run in is
+described in devices/round.py. Arrays are the device's own (numpy on cpu, cupy on
+cuda); only `to_numpy` leaves it.
 Shapes: T tokens in the round, d model width, H heads, Hkv KV heads, hd head dim.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
 from zinfer.devices.batch import ForwardBatch
+from zinfer.devices.round import RoundCtx
 from zinfer.devices.tensor import TensorData
+
+Layers = Callable[[RoundCtx], Any]  # the forward bound to spec, weights, device and KV: ctx -> logits [S, vocab]
 
 
 class KVStore(Protocol):
@@ -29,8 +34,19 @@ class Device(Protocol):
 
     def alloc_kv(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int) -> KVStore: ...
 
-    def embed(self, table: Any, token_ids: np.ndarray) -> Any:
-        """Rows of the embedding table: [T] -> [T, d] float32."""
+    def begin_round(self, batch: ForwardBatch) -> RoundCtx:
+        """The round's context: batch's arrays on the device and the kernels' metadata, built once."""
+
+    def run_round(self, layers: Layers, batch: ForwardBatch) -> Any:
+        """Run one round: layers(ctx) on the ctx of batch, or what the device substitutes for
+        it (a replayed CUDA graph). Returns the device logits [S, vocab]."""
+
+    def kernel_clock(self) -> Any:
+        """The clock kernel spans read (traces/kernels.py): None for host time (ops that
+        finish before they return), else an object with now() and resolve(events)."""
+
+    def embed(self, table: Any, token_ids: Any) -> Any:
+        """Rows of the embedding table: token ids [T] (host or device) -> [T, d] float32."""
 
     def rms_norm(self, x: Any, w: Any, eps: float) -> Any:
         """RMSNorm over the last axis of x [..., n] with weight w [n]."""
@@ -42,13 +58,13 @@ class Device(Protocol):
         """[linear(x, w, b) for w, b in zip(ws, bs)]: one input through several matrices
         (q/k/v, gate/up), which a device may compute in one launch."""
 
-    def rope(self, x: Any, positions: Any, base: float, rope_dim: int, interleaved: bool) -> Any:
-        """Rotary embedding on x [T, heads, hd] at positions [T]."""
+    def rope(self, x: Any, ctx: RoundCtx, base: float, rope_dim: int, interleaved: bool) -> Any:
+        """Rotary embedding on x [T, heads, hd] at the round's positions."""
 
-    def write_kv(self, kv: KVStore, layer: int, k: Any, v: Any, slots: Any) -> None:
-        """Store k, v [T, Hkv, hd] into the layer's slots [T]. Mutates kv."""
+    def write_kv(self, kv: KVStore, layer: int, k: Any, v: Any, ctx: RoundCtx) -> None:
+        """Store k, v [T, Hkv, hd] into the layer's pool at the round's slots. Mutates kv."""
 
-    def attention(self, q: Any, kv: KVStore, layer: int, batch: ForwardBatch, scale: float, window: int) -> Any:
+    def attention(self, q: Any, kv: KVStore, layer: int, ctx: RoundCtx, scale: float, window: int) -> Any:
         """Paged causal attention of q [T, H, hd] over each sequence's cache -> [T, H, hd]."""
 
     def glu(self, gate: Any, up: Any, act: str) -> Any:
@@ -57,3 +73,28 @@ class Device(Protocol):
     def to_numpy(self, x: Any) -> np.ndarray: ...
 
     def from_numpy(self, x: np.ndarray) -> Any: ...
+
+
+class DeviceBase:
+    """Defaults for a device whose arrays are numpy and whose ops are synchronous:
+    rounds run eagerly over a plain RoundCtx, host clock for kernel spans."""
+
+    name = "device"
+
+    def begin_round(self, batch: ForwardBatch) -> RoundCtx:
+        return RoundCtx(batch, *(self.from_numpy(a) for a in (batch.token_ids, batch.positions, batch.slots, batch.logits_rows)))
+
+    def run_round(self, layers: Layers, batch: ForwardBatch) -> Any:
+        return layers(self.begin_round(batch))
+
+    def kernel_clock(self) -> Any:
+        return None  # traces/kernels.HostClock
+
+    def linears(self, x: Any, ws: tuple, bs: tuple) -> list:
+        return [self.linear(x, w, b) for w, b in zip(ws, bs)]
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        return np.asarray(x)
+
+    def from_numpy(self, x: np.ndarray) -> Any:
+        return x

@@ -7,16 +7,17 @@ facts); KV lives in float32 numpy pools. Every op is a kernels.reference call.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from zinfer.kernels import llama_numerics as ln
 from zinfer.kernels import llama_ops as lo
 from zinfer.kernels import reference as ref
-from zinfer.kernels.quants import dequantize
-from zinfer.devices.batch import ForwardBatch
+from zinfer.devices.base import DeviceBase
+from zinfer.devices.round import RoundCtx
 from zinfer.devices.tensor import TensorData
+from zinfer.kernels.quants import dequantize
 
 
 @dataclass
@@ -58,7 +59,7 @@ class CpuMatrix(NamedTuple):
     rounded: str | None = None  # LM head: the weight type whose int8 rounding to apply before BLAS
 
 
-class CpuDevice:
+class CpuDevice(DeviceBase):
     """numpy device: every product in plain float32 (the oracle).
 
     llama_cpp_numerics=True computes as llama.cpp's CPU backend does instead: activations
@@ -100,31 +101,22 @@ class CpuDevice:
             return y if b is None else y + b
         return ref.linear(ln.round_activations(x, w.activation_type), w.w, b)
 
-    def linears(self, x, ws: tuple, bs: tuple) -> list:
-        return [self.linear(x, w, b) for w, b in zip(ws, bs)]
+    def rope(self, x: np.ndarray, ctx: RoundCtx, base: float, rope_dim: int, interleaved: bool) -> np.ndarray:
+        return (lo if self.llama_cpp_numerics else ref).rope(x, ctx.positions, base, rope_dim, interleaved)
 
-    def rope(self, x: np.ndarray, positions: np.ndarray, base: float, rope_dim: int, interleaved: bool) -> np.ndarray:
-        return (lo if self.llama_cpp_numerics else ref).rope(x, positions, base, rope_dim, interleaved)
+    def write_kv(self, kv: CpuKV, layer: int, k: np.ndarray, v: np.ndarray, ctx: RoundCtx) -> None:
+        kv.k[layer][ctx.slots] = k
+        kv.v[layer][ctx.slots] = v
 
-    def write_kv(self, kv: CpuKV, layer: int, k: np.ndarray, v: np.ndarray, slots: np.ndarray) -> None:
-        kv.k[layer][slots] = k
-        kv.v[layer][slots] = v
-
-    def attention(self, q: np.ndarray, kv: CpuKV, layer: int, batch: ForwardBatch, scale: float, window: int) -> np.ndarray:
+    def attention(self, q: np.ndarray, kv: CpuKV, layer: int, ctx: RoundCtx, scale: float, window: int) -> np.ndarray:
         out = np.empty_like(q)  # [T, H, hd]
-        for s in batch.seqs:
+        for s in ctx.batch.seqs:
             rows = slice(s.start, s.start + s.n_tokens)
             k, v = kv.gather(layer, s.block_table, s.context_len)
-            out[rows] = (lo if self.llama_cpp_numerics else ref).attention(q[rows], k, v, batch.positions[rows], scale, window)
+            out[rows] = (lo if self.llama_cpp_numerics else ref).attention(q[rows], k, v, ctx.positions[rows], scale, window)
         return out
 
     def glu(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
         if self.llama_cpp_numerics:
             return (lo.gelu_fp16(gate) if act == "gelu_tanh" else lo.silu(gate)) * up
         return ref.glu(gate, up, act)
-
-    def to_numpy(self, x: Any) -> np.ndarray:
-        return np.asarray(x)
-
-    def from_numpy(self, x: np.ndarray) -> np.ndarray:
-        return x

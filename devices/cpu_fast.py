@@ -25,21 +25,23 @@ every other round uses every core and no BLAS.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numba
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
+from zinfer.devices.base import DeviceBase
+from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.cpu import CpuKV
+from zinfer.devices.round import RoundCtx
 from zinfer.kernels import cpu_int8 as ci
 from zinfer.kernels import cpu_ops as ops
 from zinfer.kernels import cpu_prefill_attention as prefill
 from zinfer.kernels import cpu_quant as cq
 from zinfer.kernels import gemm_ir, int8_ir
-from zinfer.kernels.quants import dequantize
-from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.tensor import TensorData
+from zinfer.kernels.quants import dequantize
 
 SMALL_BATCH = 4  # rows up to which the float quantized kernel beats BLAS on an f32 copy
 SMALL_BATCH_NO_COPY = 12  # the same crossover when BLAS must dequantize tiles first
@@ -61,7 +63,7 @@ class FastWeight:
         return (self.packed.nbytes if self.packed else 0) + (self.f32.nbytes if self.f32 is not None else 0)
 
 
-class FastCpuDevice:
+class FastCpuDevice(DeviceBase):
     """Numba CPU device. `threads`: numba threads (default: all); `f32_cache_bytes`:
     memory allowed for f32 copies of quantized matrices (used for large batches);
     `int8`: use the int8 kernels (default: where the CPU has VNNI); `kv_f16`: keep K and V
@@ -78,7 +80,6 @@ class FastCpuDevice:
         self.int8 = int8_ir.available() if int8 is None else int8 and int8_ir.available()
         gemm_ir.address()  # compiled here, on the constructing thread, not in the first prefill
         self.kv_dtype = np.float16 if kv_f16 else np.float32
-        self._angles_for, self._angles = b"", {}  # a round's positions (bytes) and their (base, rope_dim) -> (cos, sin)
         self._jobs: dict[tuple[int, ...], tuple] = {}  # id(matrices) -> (matrices, their int8 groups)
 
     # ---- weights and KV ----
@@ -114,9 +115,13 @@ class FastCpuDevice:
         if numba.get_num_threads() != want:
             numba.set_num_threads(want)
 
+    def begin_round(self, batch: ForwardBatch) -> "FastRoundCtx":
+        """The round's ctx; sets numba's thread count for a round of this many rows."""
+        self._threads_for(batch.n_tokens)
+        return FastRoundCtx(batch, *(np.ascontiguousarray(a, dtype=np.int64) for a in (batch.token_ids, batch.positions, batch.slots, batch.logits_rows)))
+
     def embed(self, table, token_ids: np.ndarray) -> np.ndarray:
         ids = np.ascontiguousarray(token_ids, dtype=np.int64)
-        self._threads_for(ids.shape[0])  # the first op of every round
         if isinstance(table, np.ndarray):
             return table[ids]
         if table.f32 is not None:
@@ -178,54 +183,34 @@ class FastCpuDevice:
             np.matmul(x, tile[: len(rows)].T, out=out[:, a : a + len(rows)])
         return out
 
-    def rope(self, x: np.ndarray, positions: np.ndarray, base: float, rope_dim: int, interleaved: bool) -> np.ndarray:
-        cos, sin = self._rope_table(positions, float(base), int(rope_dim))
+    def rope(self, x: np.ndarray, ctx: "FastRoundCtx", base: float, rope_dim: int, interleaved: bool) -> np.ndarray:
+        cos, sin = ctx.rope(base, rope_dim)  # [T, rope_dim/2] each
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty_like(x)
         (ops.rope if x.shape[0] >= ops.PARALLEL_ROWS else ops.rope_one)(x, cos, sin, bool(interleaved), out)
         return out
 
-    def _rope_table(self, positions: np.ndarray, base: float, rope_dim: int) -> tuple[np.ndarray, np.ndarray]:
-        """cos, sin [T, rope_dim/2] of these positions, computed once per round and base
-        (every layer of a round asks again): 60 calls' worth of sin/cos at 512 rows
-        took 20 ms."""
-        positions = np.ascontiguousarray(positions, dtype=np.int64)
-        key = positions.tobytes()  # ~0.3 us; np.array_equal took ~3
-        if key != self._angles_for:
-            self._angles_for, self._angles = key, {}
-        table = self._angles.get((base, rope_dim))
-        if table is None:
-            inv_freq = (np.float32(base) ** (-np.arange(0, rope_dim, 2, dtype=np.float32) / np.float32(rope_dim))).astype(np.float32)
-            T = positions.shape[0]
-            table = (np.empty((T, rope_dim // 2), np.float32), np.empty((T, rope_dim // 2), np.float32))
-            ops.rope_table(positions, inv_freq, *table)
-            self._angles[(base, rope_dim)] = table
-        return table
-
-    def write_kv(self, kv: CpuKV, layer: int, k: np.ndarray, v: np.ndarray, slots: np.ndarray) -> None:
+    def write_kv(self, kv: CpuKV, layer: int, k: np.ndarray, v: np.ndarray, ctx: "FastRoundCtx") -> None:
+        slots = ctx.slots  # [T] int64, contiguous
         if kv.k[layer].dtype != np.float16:
             kv.k[layer][slots] = k
             kv.v[layer][slots] = v
             return
         store = ops.store_f16 if k.shape[0] >= ops.PARALLEL_ROWS else ops.store_f16_one  # numpy's f16 cast: 17 ms per 512-token prefill
-        slots = np.ascontiguousarray(slots, dtype=np.int64)
         for pool, x in ((kv.k[layer], k), (kv.v[layer], v)):
             store(pool.view(np.uint16), slots, np.ascontiguousarray(x, dtype=np.float32))
 
-    def attention(self, q: np.ndarray, kv: CpuKV, layer: int, batch: ForwardBatch, scale: float, window: int) -> np.ndarray:
+    def attention(self, q: np.ndarray, kv: CpuKV, layer: int, ctx: "FastRoundCtx", scale: float, window: int) -> np.ndarray:
         q = np.ascontiguousarray(q, dtype=np.float32)  # [T, H, hd]
         out = np.empty_like(q)
         kp, vp = (a.view(np.uint16) if a.dtype == np.float16 else a for a in (kv.k[layer], kv.v[layer]))
-        long_chunk = LONG_CHUNK if prefill.supported(q.shape[2]) else batch.n_tokens + 1
-        short = [s for s in batch.seqs if s.n_tokens < long_chunk]
-        for s in batch.seqs:
-            if s.n_tokens >= long_chunk:
-                rows = slice(s.start, s.start + s.n_tokens)
-                self._chunk_attention(q[rows], kp, vp, kv.block_size, s.block_table, batch.positions[rows], scale, window, out[rows])
-        if short:
-            rows, row_seq, tables = _short_rows(batch, short)
-            positions = np.ascontiguousarray(batch.positions, dtype=np.int64)
-            ops.paged_attention(q, kp, vp, rows, positions, row_seq, tables, kv.block_size, np.float32(scale), int(window), out)
+        split = ctx.attention_split(prefill.supported(q.shape[2]))
+        for s in split.long:
+            rows = slice(s.start, s.start + s.n_tokens)
+            self._chunk_attention(q[rows], kp, vp, kv.block_size, s.block_table, ctx.positions[rows], scale, window, out[rows])
+        if split.short is not None:
+            rows, row_seq, tables = split.short
+            ops.paged_attention(q, kp, vp, rows, ctx.positions, row_seq, tables, kv.block_size, np.float32(scale), int(window), out)
         return out
 
     @staticmethod
@@ -248,12 +233,6 @@ class FastCpuDevice:
         (ops.glu if gate.shape[0] >= ops.PARALLEL_ROWS else ops.glu_one)(gate, up, act != "silu", out)
         return out
 
-    def to_numpy(self, x) -> np.ndarray:
-        return np.asarray(x)
-
-    def from_numpy(self, x: np.ndarray) -> np.ndarray:
-        return x
-
 
 def _int8_groups(ws: tuple) -> list[list[int]]:
     """Indices of the matrices with int8 kernels, grouped by activation layout."""
@@ -268,15 +247,46 @@ def _int8_groups(ws: tuple) -> list[list[int]]:
     return groups
 
 
-def _short_rows(batch: ForwardBatch, seqs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """rows [n] of the given sequences, row_seq [T] and their padded block tables [S, B].
+@dataclass(frozen=True)
+class AttentionSplit:
+    """A round's sequences as cpu-fast's attention runs them: `long` chunks one by one
+    through the blockwise kernel, the rest in one paged-attention launch over `short`
+    (rows [n] of those sequences, row_seq [T] and their padded block tables [S', B]),
+    or None when every sequence is long."""
 
-    Cached on the batch object: every layer of a round asks for the same arrays.
-    """
-    cached = getattr(batch, "_fast_short_rows", None)
-    if cached is not None:
-        return cached
-    T = batch.n_tokens
+    long: list
+    short: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+
+
+@dataclass(frozen=True, eq=False)
+class FastRoundCtx(RoundCtx):
+    """cpu-fast's round: positions and slots contiguous int64, RoPE tables from the numba
+    kernel, and the attention split that every layer of the round shares."""
+
+    _splits: dict = field(default_factory=dict, init=False, repr=False)  # blockwise supported -> AttentionSplit
+
+    def rope_table(self, base: float, rope_dim: int) -> tuple[np.ndarray, np.ndarray]:
+        """60 calls' worth of sin/cos at 512 rows took 20 ms: hence once per round and base."""
+        inv_freq = (np.float32(base) ** (-np.arange(0, rope_dim, 2, dtype=np.float32) / np.float32(rope_dim))).astype(np.float32)
+        T = self.positions.shape[0]
+        table = (np.empty((T, rope_dim // 2), np.float32), np.empty((T, rope_dim // 2), np.float32))
+        ops.rope_table(self.positions, inv_freq, *table)
+        return table
+
+    def attention_split(self, blockwise: bool) -> AttentionSplit:
+        """The split for this round (blockwise: the head size has the blockwise kernel, so
+        chunks of LONG_CHUNK rows or more take it), made on the first layer's ask."""
+        split = self._splits.get(blockwise)
+        if split is None:
+            long_chunk = LONG_CHUNK if blockwise else self.n_tokens + 1
+            seqs = self.batch.seqs
+            short = [s for s in seqs if s.n_tokens < long_chunk]
+            split = self._splits[blockwise] = AttentionSplit([s for s in seqs if s.n_tokens >= long_chunk], _short_rows(self.n_tokens, short) if short else None)
+        return split
+
+
+def _short_rows(T: int, seqs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """rows [n] of the given sequences, row_seq [T] and their padded block tables [S, B]."""
     width = max(len(s.block_table) for s in seqs)
     tables = np.zeros((len(seqs), width), np.int32)
     row_seq = np.zeros(T, np.int64)
@@ -285,6 +295,4 @@ def _short_rows(batch: ForwardBatch, seqs) -> tuple[np.ndarray, np.ndarray, np.n
         tables[i, : len(s.block_table)] = s.block_table
         row_seq[s.start : s.start + s.n_tokens] = i
         rows.append(np.arange(s.start, s.start + s.n_tokens, dtype=np.int64))
-    result = (np.concatenate(rows), row_seq, tables)
-    object.__setattr__(batch, "_fast_short_rows", result)  # ForwardBatch is frozen
-    return result
+    return np.concatenate(rows), row_seq, tables

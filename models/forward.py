@@ -7,40 +7,47 @@ sliding-window layers with their own RoPE base.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from zinfer.devices.base import Device, KVStore
 from zinfer.devices.batch import ForwardBatch
+from zinfer.devices.round import RoundCtx
 from zinfer.models.spec import ModelSpec
 from zinfer.models.weights import LayerWeights, ModelWeights
 
 
-def forward(spec: ModelSpec, w: ModelWeights, dev: Device, kv: KVStore, batch: ForwardBatch, marks: Any = None) -> np.ndarray:
-    """Run one round: write every token's K/V into `kv` and return logits [S, vocab] float32
-    for the rows in batch.logits_rows (S may be 0). marks: a tracer told where each layer
-    begins and ends (traces/kernels.py KernelRecorder), or None."""
-    x = dev.embed(w.tok_embd, batch.token_ids)  # [T, d]
+def forward(spec: ModelSpec, w: ModelWeights, dev: Device, kv: KVStore, ctx: RoundCtx, marks: Any = None) -> Any:
+    """Run one round over its context (dev.begin_round): write every token's K/V into `kv`
+    and return logits [S, vocab] float32, a device array, for the rows in
+    ctx.logits_rows (S may be 0). marks: a tracer told where each layer begins and ends
+    (traces/kernels.py KernelRecorder), or None."""
+    x = dev.embed(w.tok_embd, ctx.token_ids)  # [T, d]
     if spec.embed_scale != 1.0:
         x = x * np.float32(spec.embed_scale)
-    positions = dev.from_numpy(batch.positions)
-    slots = dev.from_numpy(batch.slots)
     for i, layer in enumerate(w.layers):
         if marks is not None:
             marks.begin_layer(i)
-        x = _layer(spec, i, layer, dev, kv, batch, x, positions, slots)
+        x = _layer(spec, i, layer, dev, kv, ctx, x)
         if marks is not None:
             marks.end_layer(i)
-    if len(batch.logits_rows) == 0:
-        return np.zeros((0, spec.vocab_size), np.float32)
-    h = dev.rms_norm(x[dev.from_numpy(batch.logits_rows)], w.out_norm, spec.rms_eps)  # [S, d]
-    return dev.to_numpy(dev.linear(h, w.output))  # [S, vocab]
+    if len(ctx.batch.logits_rows) == 0:
+        return dev.from_numpy(np.zeros((0, spec.vocab_size), np.float32))
+    h = dev.rms_norm(x[ctx.logits_rows], w.out_norm, spec.rms_eps)  # [S, d]
+    return dev.linear(h, w.output)  # [S, vocab]
 
 
-def _layer(spec: ModelSpec, i: int, lw: LayerWeights, dev: Device, kv: KVStore, batch: ForwardBatch, x: Any, positions: Any, slots: Any) -> Any:
+def round_logits(spec: ModelSpec, w: ModelWeights, dev: Device, kv: KVStore, batch: ForwardBatch, marks: Any = None) -> np.ndarray:
+    """One whole round as the executor runs it, logits [S, vocab] on the host (for tests and
+    benchmarks that drive the forward without an engine)."""
+    return dev.to_numpy(dev.run_round(partial(forward, spec, w, dev, kv, marks=marks), batch))
+
+
+def _layer(spec: ModelSpec, i: int, lw: LayerWeights, dev: Device, kv: KVStore, ctx: RoundCtx, x: Any) -> Any:
     """One transformer block on x [T, d]; returns the new residual stream."""
-    T = batch.n_tokens
+    T = ctx.n_tokens
     h = dev.rms_norm(x, lw.attn_norm, spec.rms_eps)
     q, k, v = dev.linears(h, (lw.wq, lw.wk, lw.wv), (lw.bq, lw.bk, lw.bv))
     q = q.reshape(T, spec.n_heads, spec.head_dim)
@@ -50,10 +57,10 @@ def _layer(spec: ModelSpec, i: int, lw: LayerWeights, dev: Device, kv: KVStore, 
         q = dev.rms_norm(q, lw.q_norm, spec.rms_eps)
         k = dev.rms_norm(k, lw.k_norm, spec.rms_eps)
     base = spec.layer_rope_base(i)
-    q = dev.rope(q, positions, base, spec.rope_dim, spec.rope_interleaved)
-    k = dev.rope(k, positions, base, spec.rope_dim, spec.rope_interleaved)
-    dev.write_kv(kv, i, k, v, slots)
-    a = dev.attention(q, kv, i, batch, spec.attn_scale, spec.layer_window(i))  # [T, H, hd]
+    q = dev.rope(q, ctx, base, spec.rope_dim, spec.rope_interleaved)
+    k = dev.rope(k, ctx, base, spec.rope_dim, spec.rope_interleaved)
+    dev.write_kv(kv, i, k, v, ctx)
+    a = dev.attention(q, kv, i, ctx, spec.attn_scale, spec.layer_window(i))  # [T, H, hd]
     o = dev.linear(a.reshape(T, spec.n_heads * spec.head_dim), lw.wo)  # [T, d]
     if spec.sandwich_norms:
         o = dev.rms_norm(o, lw.post_attn_norm, spec.rms_eps)

@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as QT
 from zinfer.devices.cpu import CpuDevice
 from zinfer.devices.batch import ForwardBatch
 from zinfer.models.convert import convert_gguf_to_hf
-from zinfer.models.forward import forward
+from zinfer.models.forward import round_logits
 from zinfer.models.gguf_vocab import specials_from_gguf
 from zinfer.models.loader import open_model
 from zinfer.models.spec import ModelError, spec_from_gguf
@@ -41,11 +41,11 @@ class Model:
         """n greedy tokens, prefill then one decode round per token; and the first logits [vocab]."""
         kv = self.dev.alloc_kv(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim, 8, BLOCK)
         table = list(range(8))
-        logits = forward(self.spec, self.w, self.dev, kv, ForwardBatch.build([(ids, 0, table, True)], BLOCK))[0]
+        logits = round_logits(self.spec, self.w, self.dev, kv, ForwardBatch.build([(ids, 0, table, True)], BLOCK))[0]
         first, out = logits, []
         for p in range(len(ids), len(ids) + n):
             out.append(int(np.argmax(logits)))
-            logits = forward(self.spec, self.w, self.dev, kv, ForwardBatch.build([(out[-1:], p, table, True)], BLOCK))[0]
+            logits = round_logits(self.spec, self.w, self.dev, kv, ForwardBatch.build([(out[-1:], p, table, True)], BLOCK))[0]
         return out, first
 
 

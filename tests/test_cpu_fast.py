@@ -23,7 +23,7 @@ from zinfer.kernels import int8_ir
 from zinfer.kernels import reference as ref
 from zinfer.kernels.quants import BLOCK_SHAPES, dequantize
 from zinfer.devices.batch import ForwardBatch
-from zinfer.models.forward import forward
+from zinfer.models.forward import round_logits
 from zinfer.devices.tensor import TensorData
 from zinfer.models.gguf_file import GGUFFile
 from zinfer.models.loader import open_model
@@ -134,9 +134,10 @@ def test_rms_norm_glu_rope(shape):
         close(dev.glu(g, u, act), ref.glu(g, u, act))
     if len(shape) == 3:
         pos = np.array([0, 7, 1000])
+        ctx = dev.begin_round(ForwardBatch.build([([0], int(p), [0], False) for p in pos], 1024))  # a round at these positions
         for inter in (True, False):
             for rope_dim in (64, 32):
-                close(dev.rope(x, pos, 10000.0, rope_dim, inter), ref.rope(x, pos, 10000.0, rope_dim, inter), 1e-4)
+                close(dev.rope(x, ctx, 10000.0, rope_dim, inter), ref.rope(x, pos, 10000.0, rope_dim, inter), 1e-4)
 
 
 @pytest.mark.parametrize("kv_f16", [True, False])
@@ -150,14 +151,15 @@ def test_attention_mixed_round(window, hd, kv_f16):
     batch = ForwardBatch.build(chunks, bs)
     q = rng.standard_normal((batch.n_tokens, H, hd), dtype=np.float32)
     fast = FastCpuDevice(kv_f16=kv_f16)
-    kv_ref, kv_fast = CpuDevice(llama_cpp_numerics=False).alloc_kv(1, Hkv, hd, 20, bs), fast.alloc_kv(1, Hkv, hd, 20, bs)
+    kv_ref, kv_fast = CpuDevice().alloc_kv(1, Hkv, hd, 20, bs), fast.alloc_kv(1, Hkv, hd, 20, bs)
     assert kv_fast.k[0].dtype == (np.float16 if kv_f16 else np.float32)
     for pool in ("k", "v"):
         data = rng.standard_normal(getattr(kv_ref, pool)[0].shape, dtype=np.float32)
         getattr(kv_fast, pool)[0][:] = data
         getattr(kv_ref, pool)[0][:] = getattr(kv_fast, pool)[0]  # what the pool kept
-    want = CpuDevice(llama_cpp_numerics=False).attention(q, kv_ref, 0, batch, 0.25, window)
-    close(fast.attention(q, kv_fast, 0, batch, 0.25, window), want)
+    oracle = CpuDevice()
+    want = oracle.attention(q, kv_ref, 0, oracle.begin_round(batch), 0.25, window)
+    close(fast.attention(q, kv_fast, 0, fast.begin_round(batch), 0.25, window), want)
 
 
 @pytest.mark.parametrize("window", [0, 64])
@@ -175,8 +177,9 @@ def test_long_chunk_attention_gemma_heads(window):
     for pool in ("k", "v"):
         getattr(kv_fast, pool)[0][:] = rng.standard_normal(getattr(kv_ref, pool)[0].shape, dtype=np.float32)
         getattr(kv_ref, pool)[0][:] = getattr(kv_fast, pool)[0]
-    want = CpuDevice().attention(q, kv_ref, 0, batch, 0.0625, window)
-    close(fast.attention(q, kv_fast, 0, batch, 0.0625, window), want)
+    oracle = CpuDevice()
+    want = oracle.attention(q, kv_ref, 0, oracle.begin_round(batch), 0.0625, window)
+    close(fast.attention(q, kv_fast, 0, fast.begin_round(batch), 0.0625, window), want)
 
 
 @pytest.mark.parametrize("T", [1, 9])
@@ -190,8 +193,9 @@ def test_write_kv_rounds_to_f16_as_numpy(T):
     k[0, 0, :4] = [1e-6, 7e4, -1e-8, 0.1]
     v = rng.standard_normal((T, 3, 64)).astype(np.float32)
     slots = rng.permutation(64)[:T]
+    ctx = dev.begin_round(ForwardBatch.build([(list(range(T)), 0, slots, False)], 1))  # one-slot blocks: ctx.slots == slots
     with np.errstate(over="ignore"):
-        dev.write_kv(kv, 0, k, v, slots)
+        dev.write_kv(kv, 0, k, v, ctx)
         assert np.array_equal(kv.k[0][slots], k.astype(np.float16)) and np.array_equal(kv.v[0][slots], v.astype(np.float16))
     untouched = np.setdiff1d(np.arange(64), slots)
     assert not kv.k[0][untouched].any() and not kv.v[0][untouched].any()
@@ -216,8 +220,8 @@ class Int8Oracle(CpuDevice):
 class F16KV:
     """An oracle that rounds K and V to f16 as they are stored, as cpu-fast keeps them."""
 
-    def write_kv(self, kv, layer, k, v, slots):
-        super().write_kv(kv, layer, k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32), slots)
+    def write_kv(self, kv, layer, k, v, ctx):
+        super().write_kv(kv, layer, k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32), ctx)
 
 
 class F16Oracle(F16KV, CpuDevice):
@@ -243,7 +247,7 @@ class Pair:
 
     def round(self, kvs, chunks):
         b = ForwardBatch.build(chunks, 16)
-        return [forward(self.spec, w, d, kv, b) for d, w, kv in zip(self.devs, self.ws, kvs)]
+        return [round_logits(self.spec, w, d, kv, b) for d, w, kv in zip(self.devs, self.ws, kvs)]
 
 
 @pytest.fixture(scope="module", params=[pytest.param(p, marks=pytest.mark.slow) for p in ("smollm2", "gemma3", "smollm2-int8", "gemma3-int8")])

@@ -14,7 +14,7 @@ import pytest
 
 from zinfer.devices.cpu import CpuDevice
 from zinfer.devices.batch import ForwardBatch
-from zinfer.models.forward import forward
+from zinfer.models.forward import round_logits
 from zinfer.models.loader import open_model
 from tiny import write_tiny_gguf, write_tiny_hf
 from zinfer.models.weights import build_weights
@@ -44,7 +44,7 @@ class Model:
 
     def round(self, kv, chunks) -> np.ndarray:
         """One round of (token_ids, first_position, block_table, wants_logits); logits [S, vocab]."""
-        return forward(self.spec, self.w, self.dev, kv, ForwardBatch.build(chunks, BLOCK))
+        return round_logits(self.spec, self.w, self.dev, kv, ForwardBatch.build(chunks, BLOCK))
 
     def prefill(self, ids, table=None) -> np.ndarray:
         """Last logits [vocab] of a whole-prompt prefill into a fresh pool."""

@@ -24,7 +24,7 @@ import pytest
 
 from zinfer.actors.engine import make_device
 from zinfer.devices.batch import ForwardBatch
-from zinfer.models.forward import forward
+from zinfer.models.forward import round_logits
 from zinfer.models.loader import open_model
 from zinfer.models.tokenizer import Tokenizer
 from zinfer.models.weights import build_weights
@@ -45,7 +45,7 @@ def teacher_forced(source, weights, dev, ids: list[int]) -> np.ndarray:
     kv = dev.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, blocks, 16)
     batch = ForwardBatch.build([(ids, 0, list(range(blocks)), True)], 16)
     batch = replace(batch, logits_rows=np.arange(len(ids)))
-    return forward(spec, weights, dev, kv, batch)
+    return round_logits(spec, weights, dev, kv, batch)
 
 
 def greedy(source, weights, dev, prompt: list[int], n: int, eog: frozenset[int]) -> tuple[list[int], list[np.ndarray]]:
@@ -54,11 +54,11 @@ def greedy(source, weights, dev, prompt: list[int], n: int, eog: frozenset[int])
     blocks = -(-(len(prompt) + n) // 16)
     kv = dev.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, blocks, 16)
     table = list(range(blocks))
-    rows = [forward(spec, weights, dev, kv, ForwardBatch.build([(prompt, 0, table, True)], 16))[0]]
+    rows = [round_logits(spec, weights, dev, kv, ForwardBatch.build([(prompt, 0, table, True)], 16))[0]]
     out = [int(rows[-1].argmax())]
     while len(out) < n and out[-1] not in eog:
         batch = ForwardBatch.build([([out[-1]], len(prompt) + len(out) - 1, table, True)], 16)
-        rows.append(forward(spec, weights, dev, kv, batch)[0])
+        rows.append(round_logits(spec, weights, dev, kv, batch)[0])
         out.append(int(rows[-1].argmax()))
     return out, rows
 

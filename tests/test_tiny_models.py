@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as QT
 
 from zinfer.devices.cpu import CpuDevice
 from zinfer.devices.batch import ForwardBatch
-from zinfer.models.forward import forward
+from zinfer.models.forward import round_logits
 from zinfer.models.loader import open_model
 from tiny import ARCHS, write_tiny_gguf, write_tiny_hf
 from zinfer.models.weights import build_weights
@@ -37,9 +37,9 @@ class Loaded:
         kv = self.dev.alloc_kv(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim, 8, BLOCK)
         table = list(range(8))
         split = len(ids) - decode_after
-        out = forward(self.spec, self.w, self.dev, kv, ForwardBatch.build([(ids[:split], 0, table, True)], BLOCK))
+        out = round_logits(self.spec, self.w, self.dev, kv, ForwardBatch.build([(ids[:split], 0, table, True)], BLOCK))
         for p in range(split, len(ids)):
-            out = forward(self.spec, self.w, self.dev, kv, ForwardBatch.build([(ids[p : p + 1], p, table, True)], BLOCK))
+            out = round_logits(self.spec, self.w, self.dev, kv, ForwardBatch.build([(ids[p : p + 1], p, table, True)], BLOCK))
         return out[0]
 
 

@@ -22,7 +22,7 @@ from zinfer.gateway.bench_llama import LlamaCpp
 from zinfer.kernels import cpu_int8 as ci
 from zinfer.kernels import cpu_quant as cq
 from zinfer.devices.batch import ForwardBatch
-from zinfer.models.forward import forward
+from zinfer.models.forward import round_logits
 from zinfer.models.loader import open_model
 from zinfer.models.weights import build_weights
 
@@ -76,13 +76,13 @@ class Ours:
         n_blocks = -(-(max(map(len, seqs)) + steps + 1) // BLOCK)
         kv = self.dev.alloc_kv(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim, n_blocks * len(seqs), BLOCK)
         tables = [list(range(i * n_blocks, (i + 1) * n_blocks)) for i in range(len(seqs))]
-        logits = forward(self.spec, self.w, self.dev, kv, ForwardBatch.build([(s, 0, t, True) for s, t in zip(seqs, tables)], BLOCK))
+        logits = round_logits(self.spec, self.w, self.dev, kv, ForwardBatch.build([(s, 0, t, True) for s, t in zip(seqs, tables)], BLOCK))
         pos = [len(s) for s in seqs]
         t0 = time.perf_counter()
         for _ in range(steps):
             nxt = logits.argmax(axis=1)
             b = ForwardBatch.build([([int(n)], p, t, True) for n, p, t in zip(nxt, pos, tables)], BLOCK)
-            logits = forward(self.spec, self.w, self.dev, kv, b)
+            logits = round_logits(self.spec, self.w, self.dev, kv, b)
             pos = [p + 1 for p in pos]
         return time.perf_counter() - t0
 
@@ -90,7 +90,7 @@ class Ours:
         kv = self.dev.alloc_kv(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim, -(-len(ids) // BLOCK), BLOCK)
         b = ForwardBatch.build([(ids, 0, list(range(kv.num_blocks)), True)], BLOCK)
         t0 = time.perf_counter()
-        forward(self.spec, self.w, self.dev, kv, b)
+        round_logits(self.spec, self.w, self.dev, kv, b)
         return time.perf_counter() - t0
 
 

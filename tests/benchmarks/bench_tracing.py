@@ -67,7 +67,7 @@ def bench_forward(model: str, reps: int) -> None:
     """Median time of one batch-8 decode round, plain vs traced."""
     from zinfer.actors.engine import make_device
     from zinfer.devices.batch import ForwardBatch
-    from zinfer.models.forward import forward
+    from zinfer.models.forward import round_logits
     from zinfer.models.loader import open_model
     from zinfer.models.weights import build_weights
     from zinfer.traces.rounds import RoundTracer
@@ -84,9 +84,9 @@ def bench_forward(model: str, reps: int) -> None:
         plain, traced = [], []
         for i in range(reps + 3):
             t0 = time.perf_counter()
-            forward(spec, weights, dev, kv, batch)
+            round_logits(spec, weights, dev, kv, batch)
             t1 = time.perf_counter()
-            rt.run(forward, spec, weights, rt.device, kv, batch)
+            rt.run(round_logits, spec, weights, rt.device, kv, batch)
             rt.finish("decode", {"round_id": i, "batch_size": 8}, [])
             t2 = time.perf_counter()
             if i >= 3:

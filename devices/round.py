@@ -1,0 +1,66 @@
+"""One round, from the scheduler's plan to the sampler's logits, and its device context.
+
+The lifecycle, in one place:
+
+1. The scheduler decides a Round (messages/engine.py): for each running sequence some
+   tokens to compute (a prompt, a chunk of one, or one decode token) and its KV block
+   table deltas.
+2. The executor (actors/executor.py) applies the deltas and flattens the round into a
+   host ForwardBatch (devices/batch.py): token ids, positions and KV slots [T], one
+   SeqChunk per sequence, the rows whose logits are wanted [S].
+3. It calls `device.run_round(layers, batch)`, where `layers` is models.forward.forward
+   bound to the spec, weights, device and KV pool. run_round is the device's say over
+   how the round runs: eagerly, or (CUDA decode rounds) as the replay of a captured graph.
+4. `device.begin_round(batch)` builds the round's RoundCtx once: the per-token arrays on
+   the device, and whatever metadata its kernels want (padded block tables, tiles,
+   RoPE tables), so no op rebuilds it per layer.
+5. `layers(ctx)` runs the forward over the ctx: every layer's rope, write_kv and
+   attention read it. It returns logits [S, vocab] as a device array.
+6. The executor brings them to the host (`device.to_numpy`) and sends them to the
+   sampler, which turns each row into a token.
+
+A RoundCtx lives for one round: nothing keeps it after run_round returns, except a
+captured CUDA graph, whose fixed-capacity ctx is refilled before each replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from zinfer.devices.batch import ForwardBatch
+from zinfer.kernels import reference as ref
+
+
+@dataclass(frozen=True, eq=False)
+class RoundCtx:
+    """What every op of one round shares. Arrays are the device's own (numpy on cpu).
+
+    Devices subclass it for their own metadata; `rope` tables are made on first ask and
+    kept for the round (every layer with the same base asks again).
+    """
+
+    batch: ForwardBatch  # the host batch the round was built from
+    token_ids: Any  # [T] int64
+    positions: Any  # [T] int64
+    slots: Any  # [T] int64: where each token's K/V goes in the pool
+    logits_rows: Any  # [S] int64: rows of T whose logits the round returns
+    _rope: dict = field(default_factory=dict, init=False, repr=False)  # (base, rope_dim) -> (cos, sin)
+
+    @property
+    def n_tokens(self) -> int:
+        return self.batch.n_tokens
+
+    def rope(self, base: float, rope_dim: int) -> tuple[Any, Any]:
+        """cos, sin [T, rope_dim/2] of this round's positions at this base, made once."""
+        key = (float(base), int(rope_dim))
+        table = self._rope.get(key)
+        if table is None:
+            table = self._rope[key] = self.rope_table(*key)
+        return table
+
+    def rope_table(self, base: float, rope_dim: int) -> tuple[Any, Any]:
+        """Compute the tables (`rope` caches them): numpy's, on the host positions."""
+        return ref.rope_angles(np.asarray(self.batch.positions), base, rope_dim)
