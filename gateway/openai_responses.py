@@ -22,13 +22,14 @@ from functools import partial
 from itertools import count
 from typing import Any, AsyncIterator
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from zinfer.gateway.metrics import RequestRecord
 from zinfer.gateway.openai_api import LiveStream, engine_events, generate, read_body, unknown_model
-from zinfer.gateway.openai_responses_schema import ResponsesRequest, chat_request, echo
+from zinfer.gateway.openai_responses_schema import ResponsesRequest, chat_request, echo, text_constraint
 from zinfer.gateway.openai_schema import ApiError, chat_messages, parse, sampling_params
 from zinfer.gateway.openai_shaper import engine_error
 from zinfer.gateway.sse import frame, until_disconnect
@@ -61,6 +62,9 @@ async def respond(state: GatewayState, request: Request, kind: type[ResponsesReq
             raise unknown_model(req.model)
         chat = chat_request(req)
         params = sampling_params(chat, state.max_model_len)
+        constraint = text_constraint(req.text)
+        if constraint is not None:
+            params = msgspec.structs.replace(params, constraint=constraint)
         forms = [{"messages": chat_messages(chat)}]
     except ApiError as exc:
         record.finish("rejected")

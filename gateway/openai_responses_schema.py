@@ -16,8 +16,10 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
+from zinfer.gateway.openai_constraints import checked, response_format_constraint
 from zinfer.gateway.openai_schema import ApiError, ChatRequest, Count, Name
 from zinfer.messages.client import MAX_MESSAGES, Text
+from zinfer.messages.params import Constraint
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}  # Responses role -> the template's
 TEXT_PARTS = {"input_text", "output_text"}  # output_text: an earlier response's output sent back as input
@@ -47,7 +49,7 @@ class InputItem(msgspec.Struct, kw_only=True):
     output: Content | None = None
 
 
-class TextFormat(msgspec.Struct, kw_only=True):
+class TextFormat(msgspec.Struct, kw_only=True, omit_defaults=True):
     type: Name
     name: Name | None = None
     schema: dict[str, Any] | None = None
@@ -59,7 +61,7 @@ class TextConfig(msgspec.Struct, kw_only=True):
     format: TextFormat | None = None
 
 
-class FunctionTool(msgspec.Struct, kw_only=True):
+class FunctionTool(msgspec.Struct, kw_only=True, omit_defaults=True):
     """A tool in the Responses API's flat shape (the chat API nests these under "function")."""
 
     type: Name
@@ -69,7 +71,7 @@ class FunctionTool(msgspec.Struct, kw_only=True):
     strict: bool | None = None
 
 
-class NamedToolChoice(msgspec.Struct, kw_only=True):
+class NamedToolChoice(msgspec.Struct, kw_only=True, omit_defaults=True):
     type: Name
     name: Name | None = None
 
@@ -113,7 +115,6 @@ def chat_request(req: ResponsesRequest) -> ChatRequest:
         "temperature": req.temperature,
         "top_p": req.top_p,
         "max_tokens": req.max_output_tokens,
-        "response_format": response_format(req.text),
         "tools": chat_tools(req.tools),
         "tool_choice": chat_tool_choice(req.tool_choice, req.tools),
         "parallel_tool_calls": req.parallel_tool_calls,
@@ -172,20 +173,19 @@ def text_of(content: Content | None, at: str) -> str:
     return "".join(p.text for p in content)
 
 
-def response_format(text: TextConfig | None) -> dict[str, Any] | None:
-    """text.format as the chat API's response_format (None for plain text)."""
+def text_constraint(text: TextConfig | None) -> Constraint | None:
+    """The checked Constraint text.format asks for (None for plain text); ApiError 400
+    names the part of text.format at fault."""
     f = text.format if text else None
     if f is None or f.type == "text":
         return None
     if f.type not in FORMATS:
         raise ApiError(400, f"unknown text.format type {f.type!r}; one of {', '.join(FORMATS)}", param="text.format.type", code="invalid_value")
-    if f.type == "json_object":
-        return {"type": "json_object"}
-    for field in ("name", "schema"):
-        if getattr(f, field) is None:
-            raise ApiError(400, f"a json_schema text.format needs {field}", param=f"text.format.{field}", code="missing_required_parameter")
-    spec = {"name": f.name, "schema": f.schema, "strict": f.strict, "description": f.description}
-    return {"type": "json_schema", "json_schema": {k: v for k, v in spec.items() if v is not None}}
+    if f.type == "json_schema":
+        for field in ("name", "schema"):
+            if getattr(f, field) is None:
+                raise ApiError(400, f"a json_schema text.format needs {field}", param=f"text.format.{field}", code="missing_required_parameter")
+    return checked(response_format_constraint(msgspec.to_builtins(f), "text.format"), "text.format")
 
 
 def chat_tools(tools: list[FunctionTool] | None) -> list[dict[str, Any]] | None:

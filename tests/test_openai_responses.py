@@ -148,6 +148,23 @@ def test_function_call_and_its_output_reach_the_prompt(oai):
     assert asked.usage.input_tokens < short.usage.input_tokens < long.usage.input_tokens
 
 
+COLOR = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}}, "required": ["color"], "additionalProperties": False}
+
+
+def test_text_format_json_schema_makes_random_weights_answer_in_the_schema(oai, server):
+    fmt = {"format": {"type": "json_schema", "name": "color", "schema": COLOR, "strict": True}}
+    r = oai.responses.create(model=server.model, input="Pick a color", text=fmt, temperature=0.8, max_output_tokens=40)
+    assert r.status == "completed" and json.loads(r.output_text)["color"] in ("red", "green", "blue")
+    assert r.text.format.type == "json_schema" and r.text.format.name == "color"
+    streamed = list(oai.responses.create(model=server.model, input="Pick a color", text=fmt, temperature=0, max_output_tokens=40, stream=True))
+    assert streamed[-1].type == "response.completed" and json.loads(streamed[-1].response.output_text)["color"] in ("red", "green", "blue")
+
+
+def test_text_format_json_object_starts_a_json_object(oai):
+    r = oai.responses.create(input="Hi", text={"format": {"type": "json_object"}}, temperature=0, max_output_tokens=8)
+    assert r.output_text.lstrip().startswith("{")  # random weights may not close it within 8 tokens
+
+
 @pytest.mark.parametrize(
     ("fields", "param", "words"),
     [
@@ -161,6 +178,7 @@ def test_function_call_and_its_output_reach_the_prompt(oai):
         ({"temperature": 3}, "temperature", "<= 2.0"),
         ({"text": {"format": {"type": "sound"}}}, "text.format.type", "sound"),
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema", "schema"),
+        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}}}, "text.format", "nonsense"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type", "web_search"),
         ({"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": "g"}}, "tool_choice", "'g'"),
     ],
