@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
+import msgspec
 import trio
 
 from zinfer.messages.client import Generate, Tokenize
@@ -78,20 +79,21 @@ def input_size(req: Generate | Tokenize) -> int:
     if text is not None:
         return len(text)
     if req.messages is not None:
-        return sum(len(m.get("content", "")) if isinstance(m, dict) else 0 for m in req.messages)
+        tools = len(msgspec.json.encode(req.tools)) if req.tools else 0  # their JSON is rendered too
+        return tools + sum(len(msgspec.json.encode(m)) for m in req.messages)
     return len(ids or ())
 
 
 def encode_text_or_chat(prompts: PromptBuilder, limits: PromptLimits, text: str | None, messages: list | None,
-                        add_special: bool) -> list[int]:
-    """Token ids of text, or of chat messages rendered through the template (may be empty).
+                        add_special: bool, tools: list | None = None) -> list[int]:
+    """Token ids of text, or of chat messages (and tools) rendered through the template (may be empty).
 
     A text (or rendered chat) longer than limits.max_chars raises PromptTooLong
     unencoded; bad messages raise ValueError naming what is wrong."""
     if (text is None) == (messages is None):
         raise ValueError("give exactly one of text or messages")
     if messages is not None:
-        text, add_special = prompts.render(messages), False  # the template writes BOS itself
+        text, add_special = prompts.render(messages, tools), False  # the template writes BOS itself
     limits.check_text(len(text))
     return prompts.tokenizer.encode(text, add_special)
 
@@ -106,7 +108,7 @@ def encode_prompt(prompts: PromptBuilder, limits: PromptLimits, req: Generate) -
         limits.check_ids(len(req.prompt_ids))
         ids = prompts.prompt_ids(None, None, req.prompt_ids)
     else:
-        ids = encode_text_or_chat(prompts, limits, req.prompt, req.messages, req.add_special)
+        ids = encode_text_or_chat(prompts, limits, req.prompt, req.messages, req.add_special, req.tools)
         if not ids:
             raise ValueError("the prompt is empty")
     limits.check_ids(len(ids))

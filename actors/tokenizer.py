@@ -168,7 +168,7 @@ class TokenizerActor:
 
     async def _tokenize(self, peer: bytes, req: Tokenize) -> None:
         try:
-            ids = await self.worker.run(input_size(req), encode_text_or_chat, self.prompts, self.limits, req.text, req.messages, req.add_special)
+            ids = await self.worker.run(input_size(req), encode_text_or_chat, self.prompts, self.limits, req.text, req.messages, req.add_special, req.tools)
         except PromptTooLong as exc:
             self._emit(peer, Rejected(req.request_id, "too_long", str(exc), n_ctx=self.max_model_len))
         except ValueError as exc:

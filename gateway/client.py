@@ -139,12 +139,14 @@ class AsyncClient:
         request_id: str | None = None,
         add_special: bool = True,
         traceparent: str | None = None,
+        tools: list | None = None,
     ) -> AsyncIterator[ClientEvent]:
-        """Stream one request's events, ending with its terminal event.
+        """Stream one request's events, ending with its terminal event. `tools`, with
+        messages: ToolFunctions (or their maps) the chat template offers the model.
 
         Leaving the loop early (break, cancellation, an exception) cancels the request.
         """
-        req = Generate(request_id or uuid.uuid4().hex, prompt, messages, prompt_ids, params or SamplingParams(), add_special, traceparent)
+        req = Generate(request_id or uuid.uuid4().hex, prompt, messages, prompt_ids, params or SamplingParams(), add_special, traceparent, tools)
         tx, rx = self._open(req)
         done = False
         try:
@@ -161,8 +163,8 @@ class AsyncClient:
         """Ask the engine to cancel a request; its stream then ends with Cancelled. EngineError: not a valid id."""
         self.out_tx.send_nowait(wire_frames(self.requests_codec, Cancel(request_id)))
 
-    async def tokenize(self, text: str | None = None, *, messages: list[dict[str, str]] | None = None, add_special: bool = True) -> list[int]:
-        result = await self._one(Tokenize(uuid.uuid4().hex, text, messages, add_special))
+    async def tokenize(self, text: str | None = None, *, messages: list[dict[str, str]] | None = None, add_special: bool = True, tools: list | None = None) -> list[int]:
+        result = await self._one(Tokenize(uuid.uuid4().hex, text, messages, add_special, tools))
         return result.token_ids
 
     async def detokenize(self, token_ids: list[int]) -> str:

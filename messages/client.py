@@ -8,7 +8,7 @@ Finished, Cancelled, Rejected or Failed.
 
 from __future__ import annotations
 
-from typing import Annotated, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 from msgspec import Meta
@@ -29,8 +29,47 @@ RequestId = Annotated[str, Meta(max_length=MAX_REQUEST_ID)]
 Text = Annotated[str, Meta(max_length=MAX_TEXT)]
 TokenId = Annotated[int, Meta(ge=0, lt=TOKEN_ID_LIMIT)]
 TokenIds = Annotated[list[TokenId], Meta(max_length=MAX_PROMPT_IDS)]
-Message = Annotated[dict[Annotated[str, Meta(max_length=64)], Text], Meta(max_length=16)]  # role, content, ...
+MAX_TOOLS = 128
+"""Tools one request may offer (OpenAI's limit), and tool calls one assistant message may hold."""
+ToolName = Annotated[str, Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+CallId = Annotated[str, Meta(max_length=MAX_REQUEST_ID)]
+
+
+class ToolFunction(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
+    """A function the model may call: its name, what it does, its arguments' JSON schema."""
+
+    name: ToolName
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema object; the gateways cap its size
+    strict: bool | None = None
+
+
+class CalledFunction(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
+    name: ToolName
+    arguments: Text  # a JSON text, as OpenAI sends it (the template may get it parsed)
+
+
+class ToolCall(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
+    """One call of an assistant message in the history: OpenAI's {id, type, function}."""
+
+    id: CallId
+    function: CalledFunction
+    type: Literal["function"] = "function"
+
+
+class Message(msgspec.Struct, omit_defaults=True):
+    """One chat message. content is None for an assistant message that only calls tools;
+    tool_call_id names the call a "tool" message answers. Unknown keys are ignored."""
+
+    role: Annotated[str, Meta(max_length=64)]
+    content: Text | None = None
+    name: Annotated[str, Meta(max_length=256)] | None = None
+    tool_call_id: CallId | None = None
+    tool_calls: Annotated[list[ToolCall], Meta(max_length=MAX_TOOLS)] | None = None
+
+
 Messages = Annotated[list[Message], Meta(max_length=MAX_MESSAGES)]
+Tools = Annotated[list[ToolFunction], Meta(max_length=MAX_TOOLS)]
 
 
 class Generate(msgspec.Struct, tag="generate", **_MAP):
@@ -43,6 +82,7 @@ class Generate(msgspec.Struct, tag="generate", **_MAP):
     params: SamplingParams = msgspec.field(default_factory=SamplingParams)
     add_special: bool = True  # prepend BOS as the model says, for prompt text
     traceparent: Annotated[str, Meta(max_length=128)] | None = None
+    tools: Tools | None = None  # with messages: functions the chat template offers the model
 
 
 class Cancel(msgspec.Struct, tag="cancel", **_MAP):
@@ -56,6 +96,7 @@ class Tokenize(msgspec.Struct, tag="tokenize", **_MAP):
     text: Text | None = None
     messages: Messages | None = None
     add_special: bool = True
+    tools: Tools | None = None  # with messages, as in Generate
 
 
 class Detokenize(msgspec.Struct, tag="detokenize", **_MAP):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from zinfer.models.chat_template import ChatTemplateError, render_chat
+from zinfer.models.chat_template import ChatTemplateError, fallback_template, render_chat
 from zinfer.models.loader import ModelSource
 from zinfer.models.tokenizer import Tokenizer
+from zinfer.models.tool_prompt import as_dicts, hermes_messages, template_handles_tools, template_tools
 
 
 class PromptBuilder:
@@ -20,32 +21,37 @@ class PromptBuilder:
             return PromptBuilder(Tokenizer.from_gguf_metadata(source.gguf_metadata), source.spec.arch)
         return PromptBuilder(Tokenizer.from_dir(source.path), source.spec.arch)
 
-    def render(self, messages: list[dict[str, str]]) -> str:
-        """The chat prompt text for messages, with the generation prompt appended."""
+    def render(self, messages: list, tools: list | None = None) -> str:
+        """The chat prompt text for messages (Message Structs or maps), with the generation
+        prompt appended. `tools` (ToolFunctions or maps) go to a template that renders
+        tools; any other template gets them, and the history's tool calls and results, as
+        Hermes text in plain messages (models/tool_prompt.py)."""
         if not messages:
             raise ValueError("messages must not be empty")
-        for m in messages:
-            if not isinstance(m, dict) or "role" not in m or "content" not in m:
-                raise ValueError("each message needs a role and a content")
+        turns, listed = as_dicts(messages), template_tools(tools)
         tok = self.tokenizer
+        source = tok.chat_template if tok.chat_template is not None else fallback_template(self.arch)
+        if not template_handles_tools(source):
+            turns, listed = hermes_messages(turns, listed), None
         try:
             return render_chat(
-                tok.chat_template,
-                messages,
+                source,
+                turns,
                 bos_token=tok.bos_token or "",
                 eos_token=tok.eos_token or "",
                 add_generation_prompt=True,
                 architecture=self.arch,
+                tools=listed,
             )
         except ChatTemplateError as exc:
             raise ValueError(f"chat template: {exc}") from None
 
-    def tokenize(self, text: str | None, messages: list[dict[str, str]] | None, add_special: bool = True) -> list[int]:
-        """Token ids of text, or of messages rendered through the chat template."""
+    def tokenize(self, text: str | None, messages: list | None, add_special: bool = True, tools: list | None = None) -> list[int]:
+        """Token ids of text, or of messages (with tools) rendered through the chat template."""
         if (text is None) == (messages is None):
             raise ValueError("give exactly one of text or messages")
         if messages is not None:
-            return self.tokenizer.encode(self.render(messages), add_special=False)  # the template writes BOS itself
+            return self.tokenizer.encode(self.render(messages, tools), add_special=False)  # the template writes BOS itself
         return self.tokenizer.encode(text, add_special=add_special)
 
     def prompt_ids(self, prompt: str | None, messages: list[dict[str, str]] | None, prompt_ids: list[int] | None, add_special: bool = True) -> list[int]:
