@@ -37,6 +37,7 @@ from zinfer.gateway.openai_schema import (
 )
 from zinfer.gateway.openai_constraints import constraint_from_request
 from zinfer.gateway.openai_shaper import Shaper
+from zinfer.gateway.openai_tools import ToolPlan, tool_constraint, tool_plan
 from zinfer.gateway.sse import SSEResponse, until_disconnect
 from zinfer.gateway.state import GatewayState
 from zinfer.messages.client import Cancelled, ClientEvent, Delta, Failed, Finished, Rejected, Started, Text, TokenIds, Usage
@@ -127,14 +128,17 @@ async def respond(state: GatewayState, request: Request, kind: type[ChatRequest]
             raise unknown_model(req.model)
         params = sampling_params(req, state.max_model_len)
         constraint = constraint_from_request(req)  # response_format, guided_*, ...: one checked Constraint or None
+        plan = tool_plan(req) if isinstance(req, ChatRequest) else None
+        if plan is not None and plan.forced:  # "required" or a named function: the grammar allows only calls
+            constraint = tool_constraint(plan, constraint)
         if constraint is not None:
             params = msgspec.structs.replace(params, constraint=constraint)
-        forms = [{"messages": chat_messages(req)}] if isinstance(req, ChatRequest) else completion_prompts(req)
+        forms = [chat_form(req, plan)] if isinstance(req, ChatRequest) else completion_prompts(req)
     except ApiError as exc:
         record.finish("rejected")
         return exc.response()
     rid = uuid.uuid4().hex
-    shaper = Shaper(state, isinstance(req, ChatRequest), rid)
+    shaper = Shaper(state, isinstance(req, ChatRequest), rid, plan)
     open_events = partial(engine_events, state.client, forms, params, rid, record)
     if req.stream:
         return LiveStream(request, open_events, shaper, include_usage(req), record)
@@ -143,6 +147,14 @@ async def respond(state: GatewayState, request: Request, kind: type[ChatRequest]
     if isinstance(result, ApiError):
         return result.response()
     return JSONResponse(result) if done else Response(status_code=499)
+
+
+def chat_form(req: ChatRequest, plan: ToolPlan | None) -> dict:
+    """generate() keywords of a chat request: its messages, and the functions to offer."""
+    form: dict = {"messages": chat_messages(req)}
+    if plan is not None:
+        form["tools"] = plan.functions
+    return form
 
 
 @asynccontextmanager

@@ -20,7 +20,7 @@ import msgspec
 from msgspec import Meta
 from starlette.responses import JSONResponse
 
-from zinfer.messages.client import MAX_MESSAGES, MAX_PROMPT_IDS
+from zinfer.messages.client import MAX_MESSAGES, MAX_PROMPT_IDS, MAX_TOOLS, CallId, ToolName
 from zinfer.messages.params import MAX_IDS, MAX_STOP_CHARS, MAX_STOPS, SEED_MAX, SEED_MIN, TOKEN_ID_LIMIT, SamplingParams
 
 
@@ -56,9 +56,46 @@ class ContentPart(msgspec.Struct):
     text: str | None = None
 
 
+class CalledFunction(msgspec.Struct):
+    name: ToolName
+    arguments: str  # JSON text
+
+
+class ToolCallIn(msgspec.Struct):
+    """An assistant message's tool call in the history."""
+
+    id: CallId
+    function: CalledFunction
+    type: Name = "function"
+
+
 class ChatMessage(msgspec.Struct):
     role: Annotated[str, Meta(max_length=64)]
     content: str | Annotated[list[ContentPart], Meta(max_length=MAX_MESSAGES)] | None = None
+    name: Name | None = None
+    tool_call_id: CallId | None = None  # role "tool": the call it answers
+    tool_calls: Annotated[list[ToolCallIn], Meta(max_length=MAX_TOOLS)] | None = None  # role "assistant"
+
+
+class FunctionDef(msgspec.Struct):
+    name: ToolName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema object (size checked in openai_tools)
+    strict: bool | None = None
+
+
+class ToolDef(msgspec.Struct):
+    type: Name
+    function: FunctionDef
+
+
+class FunctionName(msgspec.Struct):
+    name: Name
+
+
+class NamedToolChoice(msgspec.Struct):
+    type: Name
+    function: FunctionName
 
 
 class _Sampling(msgspec.Struct, kw_only=True):
@@ -93,6 +130,9 @@ class _Sampling(msgspec.Struct, kw_only=True):
 
 class ChatRequest(_Sampling, kw_only=True):
     messages: Annotated[list[ChatMessage], Meta(min_length=1, max_length=MAX_MESSAGES)]
+    tools: Annotated[list[ToolDef], Meta(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Name | NamedToolChoice | None = None  # "none", "auto", "required" or a function: gateway/openai_tools.py
+    parallel_tool_calls: bool | None = None
     max_completion_tokens: Count | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
@@ -131,8 +171,10 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 MAX_PROMPTS = 64  # prompts in one /v1/completions request
 
 
-def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
-    """Messages as the chat template takes them: role and text content (text parts joined).
+def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
+    """Messages as the engine takes them (messages/client.py Message): role and text
+    content (text parts joined), and the tool fields: an assistant's tool_calls (its
+    content may then be null), a tool message's tool_call_id.
 
     "developer" is OpenAI's newer name for "system" and is passed on as that.
     """
@@ -148,7 +190,20 @@ def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
             content = "".join(p.text for p in m.content)
         else:
             content = m.content or ""
-        out.append({"role": role, "content": content})
+        turn: dict[str, Any] = {"role": role, "content": content}
+        if role == "tool":
+            if m.tool_call_id is None:
+                raise ApiError(400, "a tool message needs the tool_call_id of the call it answers", param=f"messages[{i}].tool_call_id", code="invalid_value")
+            turn["tool_call_id"] = m.tool_call_id
+        if m.tool_calls and role == "assistant":
+            bad = [c.type for c in m.tool_calls if c.type != "function"]
+            if bad:
+                raise ApiError(400, f"only tool calls of type \"function\" are supported, got {bad[0]!r}", param=f"messages[{i}].tool_calls", code="invalid_value")
+            turn["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}} for c in m.tool_calls]
+            turn["content"] = content or None
+        if m.name is not None:
+            turn["name"] = m.name
+        out.append(turn)
     return out
 
 

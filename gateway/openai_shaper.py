@@ -8,6 +8,7 @@ import time
 from typing import Any, AsyncIterator
 
 from zinfer.gateway.openai_schema import ApiError
+from zinfer.gateway.openai_tools import StreamedCalls, ToolPlan, with_tool_calls
 from zinfer.gateway.sse import DONE, frame
 from zinfer.gateway.state import GatewayState
 from zinfer.messages.client import Cancelled, ClientEvent, Delta, Failed, Finished, Rejected, Usage
@@ -36,8 +37,10 @@ def engine_error(event: Rejected | Failed | Cancelled, chat: bool) -> ApiError:
 class Shaper:
     """Turns one request's engine events into OpenAI chunks or a whole response."""
 
-    def __init__(self, state: GatewayState, chat: bool, rid: str):
+    def __init__(self, state: GatewayState, chat: bool, rid: str, tools: ToolPlan | None = None):
         self.state, self.chat = state, chat
+        self.tools = tools if chat else None  # the model may call these: its text is parsed for calls
+        self.calls = StreamedCalls(tools.names) if self.tools else None
         self.id = ("chatcmpl-" if chat else "cmpl-") + rid
         self.object = "chat.completion" if chat else "text_completion"
         self.created = int(time.time())
@@ -68,7 +71,9 @@ class Shaper:
 
         def end(index: int, reason: str) -> list[bytes]:
             ended.add(index)
-            return [*begin(index), chunk(index, {"delta": {}} if self.chat else {"text": ""}, finish_reason=reason)]
+            held = [chunk(index, {"delta": body}) for body in self.calls.finish(index)] if self.calls else []
+            reason = self.calls.reason(index, reason) if self.calls else reason
+            return [*begin(index), *held, chunk(index, {"delta": {}} if self.chat else {"text": ""}, finish_reason=reason)]
 
         while True:
             if isinstance(event, Delta):
@@ -76,7 +81,12 @@ class Shaper:
                     for f in begin(event.index):
                         yield f
                     lp = await self.logprobs(event) if event.logprobs is not None else None
-                    yield chunk(event.index, {"delta": {"content": event.text}} if self.chat else {"text": event.text}, lp)
+                    if self.calls is None:
+                        yield chunk(event.index, {"delta": {"content": event.text}} if self.chat else {"text": event.text}, lp)
+                    else:  # text that may be a tool call is held back; a call goes out as tool_calls deltas
+                        bodies = self.calls.deltas(event.index, event.text) or ([{"content": ""}] if lp else [])
+                        for k, body in enumerate(bodies):
+                            yield chunk(event.index, {"delta": body}, lp if k == 0 else None)
                 if event.finish_reason and event.index not in ended:
                     for f in end(event.index, event.finish_reason):
                         yield f
@@ -107,6 +117,8 @@ class Shaper:
                 ordered = [choices.get(i) or self.empty(i) for i in range(len(event.finish_reasons))]
                 for c, reason in zip(ordered, event.finish_reasons):
                     c["finish_reason"] = reason
+                    if self.tools:
+                        with_tool_calls(c, self.tools.names)
                 return self.envelope(ordered, False, usage=usage_body(event.usage))
             elif isinstance(event, (Rejected, Failed, Cancelled)):
                 return engine_error(event, self.chat)

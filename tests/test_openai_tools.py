@@ -1,0 +1,308 @@
+"""Tool calls on the chat API: the parser of the model's text (whole and streamed), the
+grammar of a compulsory call, the prompts tools render into, and a real `zinfer serve`
+through the official `openai` client (a tiny random model; Qwen2.5-Coder in the slow tier)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import llguidance
+import openai
+import pytest
+from http_server import running_server
+from tiny import tiny_tokenizer_json, write_tiny_gguf
+
+from zinfer.gateway.client import Client
+from zinfer.gateway.openai_tools import Call, StreamedCalls, ToolCallParser, ToolPlan, call_grammar, parse_tool_calls
+from zinfer.messages.client import Detokenize, Tokenize, TokenizeResult
+from zinfer.models.tool_prompt import as_dicts, hermes_messages, template_tools
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False},
+}
+TOOLS = [{"type": "function", "function": WEATHER}]
+NAMES = {"get_weather"}
+MODEL = "tiny"
+
+
+def call_block(name: str, args: dict) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+
+
+def merged(pieces: list) -> list:
+    """Adjacent content pieces joined: what a client appending content deltas sees."""
+    out: list = []
+    for p in pieces:
+        if isinstance(p, str) and out and isinstance(out[-1], str):
+            out[-1] += p
+        else:
+            out.append(p)
+    return out
+
+
+def fed_in_parts(text: str, cuts: list[int], names: set[str] = NAMES) -> tuple[list, list[list]]:
+    """The parser's pieces for text fed cut at `cuts`, and what each feed returned."""
+    p = ToolCallParser(set(names))
+    bounds = [0, *cuts, len(text)]
+    each = [p.feed(text[a:b]) for a, b in zip(bounds, bounds[1:])]
+    return [x for got in each for x in got] + p.finish(), each
+
+
+# ---- the parser --------------------------------------------------------------------------
+
+
+def test_one_hermes_call_with_text_before_it():
+    text = "Let me look that up.\n" + call_block("get_weather", {"city": "Paris"})
+    content, calls = parse_tool_calls(text, NAMES)
+    assert content == "Let me look that up."
+    assert calls == [Call("get_weather", '{"city": "Paris"}')]
+
+
+def test_several_hermes_calls_and_no_content():
+    text = call_block("get_weather", {"city": "Paris"}) + "\n" + call_block("get_time", {"zone": "CET"}) + "\n"
+    content, calls = parse_tool_calls(text, NAMES)
+    assert content is None
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"}), ("get_time", {"zone": "CET"})]
+
+
+def test_llama3_json_form_whole_message_and_after_python_tag():
+    for text in ['{"name": "get_weather", "parameters": {"city": "Oslo"}}', '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}']:
+        assert parse_tool_calls(text, NAMES) == (None, [Call("get_weather", '{"city": "Oslo"}')])
+    # a JSON answer that names no offered function is the content
+    text = '{"name": "Ada", "parameters": {"born": 1815}}'
+    assert parse_tool_calls(text, NAMES) == (text, [])
+
+
+def test_malformed_json_inside_a_tag_is_left_as_content():
+    text = 'Sure: <tool_call>\n{"name": "get_weather", "arguments": {"city": }\n</tool_call> done'
+    assert parse_tool_calls(text, NAMES) == (text, [])
+    text = call_block("get_weather", {"city": "Rome"}) + '\n<tool_call>\n{"name": 3}\n</tool_call>'
+    content, calls = parse_tool_calls(text, NAMES)
+    assert content == '<tool_call>\n{"name": 3}\n</tool_call>' and [c.name for c in calls] == ["get_weather"]
+
+
+def test_text_without_calls_is_unchanged():
+    for text in ["Hello there.\n", "a < b and b <tool", "", "  spaced  "]:
+        assert parse_tool_calls(text, NAMES) == (text, [])
+
+
+STREAMED = [
+    "I will check.\n" + call_block("get_weather", {"city": "Paris"}) + "\n" + call_block("get_weather", {"city": "Lyon"}),
+    'x <tool_call>\n{bad}\n</tool_call> then <tool_c',
+    "  " + json.dumps({"name": "get_weather", "parameters": {"city": "Oslo"}}),
+    "no calls here, just <b>markup</b> and a <tool",
+]
+
+
+@pytest.mark.parametrize("text", STREAMED)
+def test_streamed_pieces_equal_the_whole_and_no_partial_tag_leaks(text):
+    whole = merged(fed_in_parts(text, [])[0])
+    for seed in range(200):
+        cuts = sorted(random.Random(seed).sample(range(1, len(text)), min(8, len(text) - 1)))
+        pieces, each = fed_in_parts(text, cuts)
+        assert merged(pieces) == whole, cuts
+        for got in each[:-1] if "<tool_call>\n{bad" not in text else []:  # a malformed block comes out whole, tags and all
+            assert not any(isinstance(g, str) and "<tool" in g for g in got), (cuts, got)
+
+
+def test_a_tag_split_across_deltas_never_reaches_content():
+    pieces, each = fed_in_parts("Hi <tool_call>\n" + json.dumps({"name": "get_weather", "arguments": {}}) + "\n</tool_call>", [4, 5, 8, 14])
+    assert each[0] == ["Hi"] and each[1] == [] and each[2] == []  # "<", "<too" held back
+    assert pieces == ["Hi", Call("get_weather", "{}")]
+
+
+def test_stream_deltas_reassemble_to_the_call():
+    text = call_block("get_weather", {"city": "Paris"})
+    s = StreamedCalls(NAMES)
+    deltas = [d for k in range(0, len(text), 3) for d in s.deltas(0, text[k:k + 3])] + s.finish(0)
+    calls: dict[int, dict] = {}
+    for d in deltas:
+        for tc in d["tool_calls"]:
+            c = calls.setdefault(tc["index"], {"id": tc.get("id"), "name": "", "arguments": ""})
+            c["name"] += tc.get("function", {}).get("name", "")
+            c["arguments"] += tc["function"].get("arguments", "")
+    assert deltas[0]["tool_calls"][0]["id"].startswith("call_") and deltas[0]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [("get_weather", {"city": "Paris"})]
+    assert s.reason(0, "stop") == "tool_calls" and s.reason(0, "length") == "length" and s.reason(1, "stop") == "stop"
+
+
+# ---- the grammar of a compulsory call ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ll_tokenizer(tmp_path_factory):
+    path = tmp_path_factory.mktemp("lltok") / "tokenizer.json"
+    path.write_text(tiny_tokenizer_json())
+    return llguidance.LLTokenizer(str(path))
+
+
+def grammar_accepts(tok, grammar: str, text: str) -> bool:
+    m = llguidance.LLMatcher(tok, llguidance.grammar_from("lark", grammar), log_level=0)
+    return m.consume_tokens(tok.tokenize_str(text)) and not m.is_error() and m.is_accepting()
+
+
+NOOP = {"name": "noop"}
+
+
+def test_required_grammar_takes_calls_whose_arguments_fit_the_schema(ll_tokenizer):
+    g = call_grammar(ToolPlan([WEATHER, NOOP], "required", parallel=True))
+    assert llguidance.LLMatcher.validate_grammar(llguidance.grammar_from("lark", g), ll_tokenizer) == ""
+    assert grammar_accepts(ll_tokenizer, g, call_block("get_weather", {"city": "Paris"}))
+    assert grammar_accepts(ll_tokenizer, g, call_block("noop", {}) + "\n" + call_block("get_weather", {"city": "Rome"}))
+    assert not grammar_accepts(ll_tokenizer, g, call_block("get_weather", {"town": "Paris"}))  # not the schema
+    assert not grammar_accepts(ll_tokenizer, g, call_block("other", {}))
+    assert not grammar_accepts(ll_tokenizer, g, "Sure! " + call_block("noop", {}))
+
+
+def test_named_grammar_takes_that_function_once_without_parallel_calls(ll_tokenizer):
+    g = call_grammar(ToolPlan([WEATHER, NOOP], "get_weather", parallel=False))
+    assert grammar_accepts(ll_tokenizer, g, call_block("get_weather", {"city": "Paris"}))
+    assert not grammar_accepts(ll_tokenizer, g, call_block("noop", {}))
+    assert not grammar_accepts(ll_tokenizer, g, call_block("get_weather", {"city": "a"}) + "\n" + call_block("get_weather", {"city": "b"}))
+
+
+def test_grammar_keeps_schema_refs_resolvable(ll_tokenizer):
+    fn = {"name": "place", "parameters": {"type": "object", "$defs": {"City": {"type": "string", "enum": ["Paris", "Rome"]}},
+                                           "properties": {"city": {"$ref": "#/$defs/City"}}, "required": ["city"]}}
+    g = call_grammar(ToolPlan([fn], "required", parallel=False))
+    assert grammar_accepts(ll_tokenizer, g, call_block("place", {"city": "Rome"}))
+    assert not grammar_accepts(ll_tokenizer, g, call_block("place", {"city": "Oslo"}))
+
+
+# ---- the prompt of a template without tool support ------------------------------------------
+
+
+HISTORY = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature_c": 21}'},
+]
+
+
+def test_hermes_fallback_lists_tools_in_the_system_message_and_wraps_results():
+    out = hermes_messages(as_dicts(HISTORY), template_tools([WEATHER]))
+    assert [m["role"] for m in out] == ["system", "user", "assistant", "user"]
+    assert json.dumps({"type": "function", "function": WEATHER}) in out[0]["content"] and "<tool_call>" in out[0]["content"]
+    assert out[2]["content"] == call_block("get_weather", {"city": "Paris"})
+    assert out[3]["content"] == '<tool_response>\n{"temperature_c": 21}\n</tool_response>'
+
+
+# ---- a real server on a tiny random model ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    model = write_tiny_gguf(tmp_path_factory.mktemp("tools") / "tiny.gguf", "llama", seed=3, max_position_embeddings=4096)  # room for the tools listing
+    with running_server(model, "--max-model-len", "4096", "--served-model-name", MODEL) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
+        yield client
+
+
+def bad_request(oai, **kw) -> dict:
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2, **kw)
+    return e.value.body
+
+
+@pytest.mark.parametrize(
+    "kw, param",
+    [
+        ({"tools": [{"type": "function", "function": {**WEATHER, "name": "get weather!"}}]}, "tools[0].function.name"),
+        ({"tools": [{"type": "function", "function": {**WEATHER, "name": "x" * 65}}]}, "tools[0].function.name"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": TOOLS * 129}, "tools"),
+        ({"tools": [{"type": "function", "function": {**WEATHER, "parameters": {"description": "x" * (65 << 10)}}}]}, "tools[0].function.parameters"),
+        ({"tools": [{"type": "retrieval", "function": WEATHER}]}, "tools[0].type"),
+    ],
+    ids=["name-chars", "name-length", "unknown-named-choice", "bad-choice", "choice-without-tools", "too-many", "schema-size", "type"],
+)
+def test_bad_tools_are_400_with_the_param(oai, kw, param):
+    assert bad_request(oai, **kw)["param"] == param
+
+
+def test_a_tool_message_needs_its_call_id(oai):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model=MODEL, messages=[*HISTORY[:2], {"role": "tool", "content": "21"}], max_tokens=2)
+    assert e.value.body["param"] == "messages[2].tool_call_id"
+
+
+def test_tool_results_are_rendered_into_the_prompt(oai):
+    def prompt_tokens(result: str) -> int:
+        messages = [*HISTORY[:2], {**HISTORY[2], "content": result}]
+        return oai.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=1).usage.prompt_tokens
+
+    assert prompt_tokens('{"temperature_c": 21, "sky": "clear, with a light breeze from the west"}') > prompt_tokens('{"temperature_c": 21}') + 10
+
+
+def test_tools_and_the_history_reach_the_template(server):
+    """Through the front door: the tiny model has no template, so its ChatML fallback gets
+    the Hermes listing, the assistant's call and the wrapped result as text."""
+    with Client(server.zmq, timeout_s=60) as c:
+        c.send(Tokenize("t", messages=HISTORY, tools=[WEATHER]))
+        ids = next(e.token_ids for e in c.events("t") if isinstance(e, TokenizeResult))
+        c.send(Detokenize("d", ids))
+        text = next(e.text for e in c.events("d") if isinstance(e, TokenizeResult))
+    assert text.startswith("<|im_start|>system\n# Tools")
+    assert '"name": "get_weather"' in text and call_block("get_weather", {"city": "Paris"}) in text
+    assert "<|im_start|>user\n<tool_response>\n{\"temperature_c\": 21}\n</tool_response><|im_end|>" in text
+
+
+def test_tool_choice_none_renders_no_tools(oai):
+    def prompt_tokens(**kw) -> int:
+        return oai.chat.completions.create(model=MODEL, messages=HISTORY[:1], max_tokens=1, **kw).usage.prompt_tokens
+
+    assert prompt_tokens(tools=TOOLS, tool_choice="none") == prompt_tokens()
+    assert prompt_tokens(tools=TOOLS) > prompt_tokens() + 50
+
+
+SHORT_CITY = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}}, "required": ["city"], "additionalProperties": False}}
+NOOP_TOOL = {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}], ids=["required", "named"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_compulsory_call_on_a_random_model_fits_the_schema(oai, choice, stream):
+    """The grammar makes even random weights call: the named function (or one of the
+    tools), arguments that validate, finish_reason tool_calls; one call without parallel_tool_calls."""
+    tools = [{"type": "function", "function": SHORT_CITY}, NOOP_TOOL]
+    kw = dict(model=MODEL, messages=HISTORY[:1], tools=tools, tool_choice=choice, parallel_tool_calls=False, max_tokens=100, temperature=1, seed=3)
+    if stream:
+        calls, reason, content = reassembled(oai.chat.completions.create(stream=True, **kw))
+    else:
+        (c,) = oai.chat.completions.create(**kw).choices
+        calls, reason, content = [(t.function.name, t.function.arguments) for t in c.message.tool_calls or []], c.finish_reason, c.message.content
+    assert reason == "tool_calls" and content is None, content
+    ((name, arguments),) = calls
+    args = json.loads(arguments)
+    if name == "get_weather":
+        assert set(args) == {"city"} and isinstance(args["city"], str) and len(args["city"]) <= 6
+    else:
+        assert choice == "required" and name == "noop" and args == {}
+
+
+def reassembled(chunks) -> tuple[list[tuple[str, str]], str | None, str | None]:
+    """(name, arguments) per call index, the finish_reason and the content, from a stream."""
+    calls: dict[int, list[str]] = {}
+    reason, content = None, None
+    for chunk in chunks:
+        for c in chunk.choices:
+            if c.delta.content:
+                content = (content or "") + c.delta.content
+            for t in c.delta.tool_calls or []:
+                entry = calls.setdefault(t.index, ["", ""])
+                if t.function and t.function.name:
+                    assert t.id and t.id.startswith("call_") and not entry[0]  # the id and name come first, once
+                    entry[0] = t.function.name
+                entry[1] += (t.function.arguments or "") if t.function else ""
+            reason = c.finish_reason or reason
+    return [tuple(calls[i]) for i in sorted(calls)], reason, content
