@@ -21,6 +21,8 @@ from zinfer.actors.scheduler import SchedulerActor
 from zinfer.actors.scheduler_policy import SchedulerConfig
 from zinfer.actors.tokenizer import TokenizerActor
 from zinfer.actors.topology import Addresses
+from zinfer.devices.config import DeviceConfig, kind_of
+from zinfer.devices.registry import check_options, kv_value_bytes, make_device, resolve_device
 from zinfer.messages.curve import CurveContext, KeyPair, load_public_keys
 from zinfer.models.loader import ModelSource, open_model
 from zinfer.models.pull import DEFAULT_MODEL
@@ -34,7 +36,8 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Everything the engine needs to start; validated before any actor starts."""
 
     model: str = DEFAULT_MODEL
-    device: str = "cpu"
+    device: str = "auto"  # auto, cpu / numpy (the oracle), cpu-llama, cpu-fast, cuda, cuda:N (devices/registry.py)
+    device_options: DeviceConfig | None = None  # the device's typed options (devices/config.py); None: its defaults
     max_model_len: int = 0  # 0: the model's context, capped at 4096
     block_size: int = 16
     num_blocks: int = 0  # 0: enough for max_running sequences of 1024 tokens
@@ -48,6 +51,16 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     zmq_curve_clients: str = ""  # a directory of client .key files: the only clients CURVE lets in
     trace: TraceConfig = msgspec.field(default_factory=TraceConfig)  # off unless a trace dir or OTLP endpoint is set
 
+    def __post_init__(self):
+        kind_of(self.device)  # ValueError naming the known devices
+
+    def with_resolved_device(self) -> "EngineConfig":
+        """This config with `device` concrete ("auto" resolved here, logged) and its options
+        checked against it (ValueError for options of another device)."""
+        name = resolve_device(self.device).name
+        check_options(name, self.device_options)
+        return msgspec.structs.replace(self, device=name)
+
     def scheduler_config(self, source: ModelSource) -> SchedulerConfig:
         ctx = self.max_model_len or min(source.spec.context_length, 4096)
         if ctx > source.spec.context_length:
@@ -56,26 +69,6 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         cfg = SchedulerConfig(self.max_running, self.max_waiting, self.token_budget, ctx, self.block_size, blocks)
         cfg.validate()
         return cfg
-
-
-def make_device(name: str) -> Any:
-    """A device by name: "cpu" or "numpy" (the float32 numpy oracle, the default),
-    "cpu-llama" (numpy computing as llama.cpp's CPU backend does: its greedy ids, about 8x
-    slower), "cpu-fast" (int8 and numba kernels on GGUF blocks, BLAS for larger rounds only
-    on CPUs without AVX512-VNNI: faster than the oracle), or "cuda" / "cuda:N" where cupy and a GPU exist."""
-    if name in ("cpu", "numpy", "cpu-llama"):
-        from zinfer.devices.cpu import CpuDevice
-
-        return CpuDevice(llama_cpp_numerics=name == "cpu-llama")
-    if name == "cpu-fast":
-        from zinfer.devices.cpu_fast import FastCpuDevice
-
-        return FastCpuDevice()
-    if name.startswith("cuda"):
-        from zinfer.devices.cuda import CudaDevice  # imports cupy; fails clearly without it
-
-        return CudaDevice(int(name.partition(":")[2] or 0))
-    raise ValueError(f"unknown device {name!r} (cpu, numpy, cpu-llama, cpu-fast, cuda, cuda:N)")
 
 
 def public_curve_keys(config: EngineConfig) -> KeyPair | None:
@@ -116,7 +109,7 @@ def build_actor(name: str, ctx: zmq.Context, addrs: Addresses, config: EngineCon
     if name == "executor":
         from zinfer.actors.executor import ExecutorActor
 
-        return ExecutorActor(ctx, addrs, source, make_device(config.device), sched.num_blocks, sched.block_size, tracing)
+        return ExecutorActor(ctx, addrs, source, make_device(config.device, config.device_options), sched.num_blocks, sched.block_size, tracing)
     raise ValueError(f"unknown actor {name!r}")
 
 
@@ -158,6 +151,7 @@ async def open_engine(config: EngineConfig = EngineConfig(), addrs: Addresses | 
     An actor that raises cancels the rest and the exception propagates out of here.
     """
     config.trace.validate()
+    config = config.with_resolved_device()  # children and traces get the concrete device
     if config.topology in ("ipc", "tcp"):
         from zinfer.actors.processes import open_process_engine
 
@@ -195,7 +189,7 @@ async def open_engine(config: EngineConfig = EngineConfig(), addrs: Addresses | 
 def log_start(source: ModelSource, config: EngineConfig) -> None:
     """The start-up line: the model, its file, architecture and quant types, and memory."""
     spec, sched = source.spec, config.scheduler_config(source)
-    per_value = 2 if config.device == "cpu-fast" else 4  # cpu-fast keeps K and V in f16, the others f32
+    per_value = kv_value_bytes(config.device, config.device_options)  # cpu-fast keeps K and V in f16 by default, the others f32
     kv_bytes = 2 * spec.n_layers * sched.num_blocks * sched.block_size * spec.n_kv_heads * spec.head_dim * per_value
     log.info(
         "engine started",

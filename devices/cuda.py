@@ -21,30 +21,10 @@ import numpy as np
 
 from zinfer.kernels import cuda_modules as km
 from zinfer.devices.batch import ForwardBatch
+from zinfer.devices.config import CudaConfig  # defined there, importable without cupy
+from zinfer.devices.fallback import F32Fallbacks
 
 F32, F16, BF16 = 0, 1, 30
-
-
-@dataclass(frozen=True)
-class CudaConfig:
-    """matvec_max_tokens: rounds up to this many rows use the fused dequantizing matvec
-    (in chunks of 8 rows); bigger ones dequantize to scratch and call cuBLAS.
-    gemm_dtype: 'f32' (parity with the oracle) or 'f16' (tensor cores) for that scratch.
-    cuda_graphs: capture decode rounds per batch-size bucket (devices/cuda_graph.py)."""
-
-    matvec_max_tokens: int = 64
-    gemm_dtype: str = "f32"
-    cuda_graphs: bool = False
-    graph_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-    graph_max_context: int = 8192
-
-    def __post_init__(self):
-        if self.gemm_dtype not in ("f32", "f16"):
-            raise ValueError(f"gemm_dtype must be 'f32' or 'f16', not {self.gemm_dtype!r}")
-        if self.matvec_max_tokens < 1:
-            raise ValueError("matvec_max_tokens must be >= 1")
-        if self.graph_buckets and max(self.graph_buckets) > self.matvec_max_tokens:
-            raise ValueError("graph buckets must not exceed matvec_max_tokens (the GEMM path allocates scratch)")
 
 
 @dataclass
@@ -167,8 +147,10 @@ class CudaDevice:
             return GpuMatrix(F32, rows, cols, cp.asarray(raw.view(np.float32).reshape(rows, cols)))
         blocks = km.KERNEL_BLOCKS.get(qtype)
         if blocks is None or cols % blocks[0]:
-            # no kernel for this type (or rows not whole 32-blocks): keep f32, loudly documented
-            return GpuMatrix(F32, rows, cols, cp.asarray(_host_f32(tensor.data, qtype, shape).reshape(rows, cols)))
+            f32 = _host_f32(tensor.data, qtype, shape)  # UnsupportedTensorType where nothing reads the type
+            fallbacks = self.__dict__.setdefault("_f32_fallbacks", F32Fallbacks(self.name))  # warned once per type
+            fallbacks.note(name, _type_name(qtype), f32.size, raw.size, "no CUDA kernel for this type" if blocks is None else f"rows of {cols} values are not whole {blocks[0]}-value blocks")
+            return GpuMatrix(F32, rows, cols, cp.asarray(f32.reshape(rows, cols)))
         row_bytes = cols // blocks[0] * blocks[1]
         if raw.size != rows * row_bytes:
             raise ValueError(f"{name}: {raw.size} bytes for a {shape} tensor of type {qtype}")
@@ -355,6 +337,15 @@ class CudaDevice:
             self._scratch = None
             self._scratch = cp.empty(n * itemsize, cp.uint8)
         return self._scratch[:n * itemsize].view(dtype)
+
+
+def _type_name(qtype: int) -> str:
+    from gguf import GGMLQuantizationType as QT
+
+    try:
+        return QT(qtype).name
+    except ValueError:
+        return f"ggml type {qtype}"
 
 
 def _host_f32(data: np.ndarray, qtype: int, shape: tuple[int, ...]) -> np.ndarray:

@@ -27,7 +27,7 @@ def bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--compare-llama-cpp", action="store_true", help="run llama.cpp (llama-cpp-python) on the same model, prompts and threads")
-    p.add_argument("--threads", type=int, default=2, help="llama.cpp threads")
+    # --threads (engine_args) sets llama.cpp's threads and cpu-fast's: one count for both
 
 
 def synthetic_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -89,7 +89,7 @@ async def bench_engine(config: EngineConfig, args: argparse.Namespace) -> dict:
         gen = await _phase(client, prompts, args.concurrency, args.output_len)
         result = {
             "model": engine.source.name,
-            "device": config.device,
+            "device": engine.config.device,  # the resolved one (auto -> cuda, cpu-fast or cpu)
             "requests": args.requests,
             "concurrency": args.concurrency,
             "prompt_len": args.prompt_len,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import time
 
 import numpy as np
@@ -86,7 +87,7 @@ class LlamaCpp:
 
 def bench_llama_cpp(path: str, args: argparse.Namespace, ours: dict) -> dict:
     c = args.concurrency
-    llm = LlamaCpp(path, args.threads, c, n_ctx=c * (args.prompt_len + args.output_len) + 64)
+    llm = LlamaCpp(path, args.threads or os.cpu_count() or 1, c, n_ctx=c * (args.prompt_len + args.output_len) + 64)
     try:
         vocab = llm.n_vocab
         prompts = synthetic_prompts(args.requests, args.prompt_len, vocab)

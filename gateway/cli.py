@@ -43,7 +43,11 @@ def sampling_args(p: argparse.ArgumentParser) -> None:
 
 def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"a known name ({', '.join(KNOWN_MODELS)}), a .gguf file or an HF directory")
-    p.add_argument("--device", default="cpu", help="cpu (numpy, the default), cpu-llama (numpy with llama.cpp's exact arithmetic), cpu-fast (numba kernels), cuda or cuda:N")
+    p.add_argument("--device", default="auto", help="auto (the default: cuda where a GPU works, else cpu-fast where its kernels compile, else cpu), cpu (the numpy float32 oracle), cpu-llama (numpy with llama.cpp's exact arithmetic), cpu-fast (numba and int8 kernels), cuda or cuda:N")
+    p.add_argument("--threads", type=int, default=None, help="cpu-fast: numba threads (default: every core); bench: llama.cpp's threads too")
+    p.add_argument("--no-int8", action="store_true", help="cpu-fast: float quantized kernels and BLAS instead of the int8 VNNI kernels")
+    p.add_argument("--kv-f32", action="store_true", help="cpu-fast: keep K and V in f32, as the oracle (default: f16, as llama.cpp)")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None, help="cuda: capture decode rounds as CUDA graphs (default: off)")
     p.add_argument("--max-model-len", type=int, default=0, help="context length (default: the model's, at most 4096)")
     p.add_argument("--max-running", type=int, default=32)
     p.add_argument("--topology", default="inproc", choices=("inproc", "ipc", "tcp"), help="inproc: all actors in this process; ipc/tcp: kv, sampler, executor and scheduler as processes")

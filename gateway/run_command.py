@@ -10,6 +10,7 @@ import tempfile
 import trio
 
 from zinfer.actors.engine import EngineConfig, open_engine
+from zinfer.devices.config import CpuFastConfig, CudaConfig, DeviceConfig
 from zinfer.gateway.cli import UsageError
 from zinfer.gateway.client import AsyncClient
 from zinfer.messages.client import Delta, Failed, Finished, Rejected
@@ -23,10 +24,24 @@ def trace_config(args: argparse.Namespace, parts_dir: str = "", window_s: float 
     return TraceConfig(dir=parts_dir, otlp_endpoint=getattr(args, "otlp_endpoint", None) or "", window_s=window_s)
 
 
+def device_options(args: argparse.Namespace) -> DeviceConfig | None:
+    """The typed options the device flags ask for (None: none given, the device's defaults).
+    Flags of two devices together are a UsageError; flags of a device other than the one
+    --device resolves to are refused when the engine starts (EngineConfig.with_resolved_device)."""
+    fast = {k: v for k, v in (("threads", args.threads), ("int8", False if args.no_int8 else None), ("kv_f16", False if args.kv_f32 else None)) if v is not None}
+    cuda = {"cuda_graphs": args.cuda_graphs} if args.cuda_graphs is not None else {}
+    if fast and cuda:
+        raise UsageError("--threads, --no-int8 and --kv-f32 are cpu-fast options, --cuda-graphs a cuda one: give one device's")
+    if fast:
+        return CpuFastConfig(**fast)
+    return CudaConfig(**cuda) if cuda else None
+
+
 def engine_config(args: argparse.Namespace, trace: TraceConfig | None = None) -> EngineConfig:
     return EngineConfig(
         model=args.model,
         device=args.device,
+        device_options=device_options(args),
         max_model_len=args.max_model_len,
         max_running=args.max_running,
         max_waiting=args.max_waiting,

@@ -47,7 +47,7 @@ async def run_server(args: argparse.Namespace, config: EngineConfig) -> None:
         async with open_engine(config) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
             state.max_model_len = engine.max_model_len
             state.model_aliases = set(served[1:]) if served else {str(engine.source.path), engine.source.path.name}
-            state.system_fingerprint = fingerprint(str(engine.source.path), config.device)
+            state.system_fingerprint = fingerprint(str(engine.source.path), engine.config.device)
             state.client = client
             log.warning("serving", url=f"http://{args.host}:{args.port}", zmq=list(config.zmq_endpoints))
             await trio.sleep_forever()

@@ -72,6 +72,8 @@ def running_server(model: Path | str, *args: str, api_key: str | None = None, ma
     """Start `zinfer serve --model MODEL ARGS...`, wait for /health 200, stop it on exit."""
     port, zmq_port = free_port(), free_port()
     serve_args = ["serve", "--model", str(model), "--port", str(port), "--zmq", f"tcp://127.0.0.1:{zmq_port}", *args]
+    if "--device" not in args:
+        serve_args += ["--device", "cpu"]  # the HTTP tests' texts and numbers are the oracle's
     if api_key:
         serve_args += ["--api-key", api_key]
     if max_waiting is not None:

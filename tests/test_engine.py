@@ -34,7 +34,7 @@ def engine(request, tmp_path_factory):
         path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf", "llama", max_position_embeddings=4096)
     else:
         path = request.getfixturevalue("smollm2_path")
-    with EngineThread(EngineConfig(model=str(path), max_running=32, num_blocks=1024)) as e:
+    with EngineThread(EngineConfig(model=str(path), device="cpu", max_running=32, num_blocks=1024)) as e:
         yield e
 
 

@@ -17,7 +17,7 @@ BLOCKS = 24  # of 16 tokens: 384 token slots for 6 sequences that grow to ~100 t
 
 @pytest.fixture(scope="module")
 def small_engine(smollm2_path):
-    with EngineThread(EngineConfig(model=str(smollm2_path), max_running=8, num_blocks=BLOCKS, prefix_caching=False)) as e:
+    with EngineThread(EngineConfig(model=str(smollm2_path), device="cpu", max_running=8, num_blocks=BLOCKS, prefix_caching=False)) as e:
         yield e
 
 

@@ -144,7 +144,7 @@ async def test_largest_seed_with_two_choices(tiny_model):
     def sampled(seed, n=1):
         return dict(params=SamplingParams(seed=seed, n=n, max_tokens=6, ignore_eos=True, temperature=1.0))
 
-    async with open_engine(EngineConfig(model=str(tiny_model), max_model_len=256)) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
+    async with open_engine(EngineConfig(model=str(tiny_model), device="cpu", max_model_len=256)) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
         events = await run(client, prompt="hello world", **sampled(2**64 - 1, n=2))
         assert isinstance(events[-1], Finished), events[-1]
         choice = {i: [t for e in events if isinstance(e, Delta) and e.index == i for t in e.token_ids] for i in (0, 1)}

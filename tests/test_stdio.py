@@ -15,7 +15,7 @@ STDIO_CLIENT = Path(__file__).parent / "node" / "stdio_client.mjs"
 
 
 def zinfer_stdio(model) -> list[str]:
-    return [sys.executable, "-m", "zinfer.gateway.cli", "stdio", "--model", str(model), "--max-running", "8"]
+    return [sys.executable, "-m", "zinfer.gateway.cli", "stdio", "--model", str(model), "--device", "cpu", "--max-running", "8"]
 
 
 @pytest.mark.slow

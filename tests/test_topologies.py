@@ -33,10 +33,10 @@ async def run_one(client: AsyncClient, prompt: str) -> tuple[list[int], object]:
 
 @pytest.mark.slow
 async def test_process_topology_matches_in_process(smollm2_path):
-    async with open_engine(EngineConfig(model=str(smollm2_path))) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
+    async with open_engine(EngineConfig(model=str(smollm2_path), device="cpu")) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
         single = {p: (await run_one(client, p))[0] for p in PROMPTS}
     results = {}
-    async with open_engine(EngineConfig(model=str(smollm2_path), topology="ipc")) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
+    async with open_engine(EngineConfig(model=str(smollm2_path), device="cpu", topology="ipc")) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
         assert all(p.returncode is None for p in engine.actors["processes"].values())
 
         async def one(i: int) -> None:

@@ -1,0 +1,129 @@
+"""Devices by name: which one `auto` means on this host, and building one from its options.
+
+Names: auto (the default), cpu / numpy (the float32 oracle), cpu-llama (numpy computing
+as llama.cpp's CPU backend does), cpu-fast (numba and int8 kernels on GGUF blocks),
+cuda / cuda:N. `auto` is cuda where a GPU works, else cpu-fast where its kernels
+compile, else cpu; `resolve_device` says which and why not the others.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import structlog
+
+from zinfer.devices.config import CONFIG_FOR_KIND, CpuFastConfig, CudaConfig, DeviceConfig, kind_of
+
+log = structlog.get_logger("zinfer.devices")
+
+
+class Resolved(NamedTuple):
+    """A concrete device name and why it was chosen."""
+
+    name: str
+    reason: str
+
+
+@functools.cache
+def cuda_problem() -> str | None:
+    """Why the CUDA device cannot run here, or None when it can (cupy imports, a GPU
+    exists and a tiny kernel runs on it)."""
+    try:
+        import cupy
+    except Exception as exc:  # ImportError, or a cupy build that fails to load its CUDA libraries
+        return f"no cupy ({type(exc).__name__}: {exc})"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "no GPU"
+        if int((cupy.arange(4, dtype=cupy.int32) * 2).sum()) != 12:
+            return "a test kernel on the GPU gave a wrong sum"
+    except Exception as exc:  # cupy's CUDA errors have no common base beyond Exception
+        return f"no working GPU ({type(exc).__name__}: {exc})"
+    return None
+
+
+@functools.cache
+def cpu_fast_problem() -> str | None:
+    """Why cpu-fast cannot run here, or None when it can (numba imports, its LLVM kernels
+    compile for this CPU and a numba kernel computes a tiny product correctly)."""
+    try:
+        import numpy as np
+        from gguf import GGMLQuantizationType as QT
+
+        from zinfer.kernels import cpu_quant as cq
+        from zinfer.kernels import gemm_ir
+        from zinfer.kernels.quants import dequantize
+    except Exception as exc:
+        return f"no numba ({type(exc).__name__}: {exc})"
+    try:
+        if gemm_ir.address() is None:
+            return "numba kernels failed to compile: llvmlite cannot compile the f32 GEMM kernel for this CPU"
+        raw = np.zeros((1, 34), np.uint8)  # one Q8_0 block: fp16 scale 1.0, codes 0..31
+        raw[0, 0:2] = np.array([1.0], np.float16).view(np.uint8)
+        raw[0, 2:] = np.arange(32, dtype=np.int8).view(np.uint8)
+        x = np.ones((1, 32), np.float32)
+        out = np.empty((1, 1), np.float32)
+        cq.matmul(cq.repack(QT.Q8_0, raw, (1, 32)), x, out)
+        if out[0, 0] != dequantize(raw, QT.Q8_0, (1, 32)).sum():
+            return "numba kernels compiled but a test product came out wrong"
+    except Exception as exc:  # numba's compile errors have no common base beyond Exception
+        return f"numba kernels failed to compile: {type(exc).__name__}: {exc}"
+    return None
+
+
+def resolve_device(name: str) -> Resolved:
+    """The concrete device `name` means here: itself, or for "auto" cuda, cpu-fast or cpu
+    (the first that works), with the reason; logged at info. ValueError for an unknown name."""
+    if kind_of(name) != "auto":
+        return Resolved(name, "asked for")
+    not_cuda = cuda_problem()
+    if not_cuda is None:
+        picked = Resolved("cuda", "a GPU works")
+    else:
+        not_fast = cpu_fast_problem()
+        if not_fast is None:
+            picked = Resolved("cpu-fast", f"not cuda: {not_cuda}")
+        else:
+            picked = Resolved("cpu", f"not cuda: {not_cuda}; not cpu-fast: {not_fast}")
+    log.info("device auto", device=picked.name, reason=picked.reason)
+    return picked
+
+
+def check_options(name: str, options: DeviceConfig | None) -> None:
+    """ValueError unless options (None: defaults) are for the device `name` selects."""
+    kind = kind_of(name)
+    if options is None:
+        return
+    want = CONFIG_FOR_KIND.get(kind)
+    if type(options) is not want:
+        given = ", ".join(f"{k}={v}" for k, v in options.changed().items()) or "defaults"
+        raise ValueError(f"{type(options).__struct_config__.tag} options ({given}) do not apply to device {name}")
+
+
+def make_device(name: str, options: DeviceConfig | None = None) -> Any:
+    """A Device (devices/base.py) by concrete name ("auto" is resolved first), built with
+    its options (None: that device's defaults). ValueError for an unknown name or options
+    of another device; ImportError for cuda without cupy."""
+    name = resolve_device(name).name
+    check_options(name, options)
+    kind = kind_of(name)
+    if kind in ("cpu", "cpu-llama"):
+        from zinfer.devices.cpu import CpuDevice
+
+        return CpuDevice(llama_cpp_numerics=kind == "cpu-llama")
+    if kind == "cpu-fast":
+        from zinfer.devices.cpu_fast import FastCpuDevice
+
+        o = options or CpuFastConfig()
+        return FastCpuDevice(threads=o.threads or None, f32_cache_bytes=o.f32_cache_mib << 20, int8=o.int8, kv_f16=o.kv_f16)
+    from zinfer.devices.cuda import CudaDevice  # imports cupy; fails clearly without it
+
+    return CudaDevice(int(name.partition(":")[2] or 0), options or CudaConfig())
+
+
+def kv_value_bytes(name: str, options: DeviceConfig | None = None) -> int:
+    """Bytes per K or V value the device `name` (concrete) keeps: cpu-fast f16 by default, else f32."""
+    if kind_of(name) == "cpu-fast":
+        return 2 if (options or CpuFastConfig()).kv_f16 else 4
+    return 4
