@@ -3,15 +3,10 @@
 Same protocol as the numpy oracle (devices/cpu.py) and its numbers up to f32
 summation order, except where the int8 kernels round activations as llama.cpp does.
 
-Linears:
-- On CPUs with AVX512-VNNI, every round: int8 kernels (kernels/cpu_int8.py).
-  Activations rounded to int8 per 32 values, exact integer products with the weight
-  codes, as llama.cpp computes. At 512 rows they beat BLAS on f32 copies (SmolLM2:
-  ~150 vs ~90 GMAC/s on 2 cores), so no f32 copies are kept.
-- Elsewhere, T <= SMALL_BATCH: the float quantized kernel (blocks -> f32 inside the
-  kernel), which streams ~1/6 of the bytes of an f32 matrix; larger T: f32 GEMM through
-  BLAS, on an f32 copy kept at upload while the copies fit in `f32_cache_bytes`, else
-  on rows dequantized tile by tile into scratch.
+Linears: each matrix's kernel is chosen once, at upload (devices/cpu_fast_linears.py):
+int8 VNNI kernels where the CPU has them (activations rounded to int8 per 32 values, as
+llama.cpp computes), else the float quantized kernel for small rounds and BLAS for
+larger ones, else (types without a packed kernel) f32 through BLAS.
 
 Attention: one numba kernel over every short row of the round (decode, small appends),
 and for a sequence's long chunk a blocked kernel over the causal triangle
@@ -34,6 +29,8 @@ from gguf import GGMLQuantizationType as QT
 from zinfer.devices.base import DeviceBase
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.cpu import CpuKV
+from zinfer.devices.cpu_fast_linears import SMALL_BATCH, SMALL_BATCH_NO_COPY, F32Budget, F32Linear, FastWeight, linear_for  # noqa: F401 (re-exported)
+from zinfer.devices.fallback import F32Fallbacks
 from zinfer.devices.round import RoundCtx
 from zinfer.kernels import cpu_int8 as ci
 from zinfer.kernels import cpu_ops as ops
@@ -43,24 +40,7 @@ from zinfer.kernels import gemm_ir, int8_ir
 from zinfer.devices.tensor import TensorData
 from zinfer.kernels.quants import dequantize
 
-SMALL_BATCH = 4  # rows up to which the float quantized kernel beats BLAS on an f32 copy
-SMALL_BATCH_NO_COPY = 12  # the same crossover when BLAS must dequantize tiles first
 LONG_CHUNK = 32  # a sequence's rows from which attention gathers its keys and goes blockwise
-_TILE_ROWS = 2048  # weight rows dequantized per BLAS tile when no f32 copy is kept
-
-
-@dataclass
-class FastWeight:
-    """A resident matrix [rows, cols]: packed blocks and/or an f32 copy (at least one)."""
-
-    shape: tuple[int, int]
-    packed: cq.Packed | None
-    f32: np.ndarray | None  # [rows, cols]
-    int8: ci.Int8Weight | None = None  # the packed blocks as the int8 kernels read them
-
-    @property
-    def nbytes(self) -> int:
-        return (self.packed.nbytes if self.packed else 0) + (self.f32.nbytes if self.f32 is not None else 0)
 
 
 class FastCpuDevice(DeviceBase):
@@ -76,7 +56,8 @@ class FastCpuDevice(DeviceBase):
         if threads is not None:
             numba.set_num_threads(threads)
         self.threads = numba.get_num_threads()
-        self.f32_cache_left = f32_cache_bytes
+        self.f32_budget = F32Budget(f32_cache_bytes)  # spent by uploads on f32 copies
+        self.fallbacks = F32Fallbacks("cpu-fast")  # types without a packed kernel, warned once each
         self.int8 = int8_ir.available() if int8 is None else int8 and int8_ir.available()
         gemm_ir.address()  # compiled here, on the constructing thread, not in the first prefill
         self.kv_dtype = np.float16 if kv_f16 else np.float32
@@ -85,20 +66,17 @@ class FastCpuDevice(DeviceBase):
     # ---- weights and KV ----
 
     def upload(self, name: str, tensor: TensorData):
-        """Vectors and float matrices as f32 arrays; quantized matrices as FastWeight."""
+        """Vectors (and tensors of other ranks) as f32 arrays; matrices as a FastWeight
+        carrying the kernel chosen for it here (devices/cpu_fast_linears.py). A type with
+        no packed kernel becomes f32, warned once per type; one kernels.quants cannot
+        read raises UnsupportedTensorType (the loader adds the tensor's name)."""
         qt = QT(tensor.qtype)
-        if len(tensor.shape) != 2 or qt in (QT.F32, QT.F16, QT.BF16):
-            f = np.ascontiguousarray(dequantize(tensor.data, qt, tensor.shape), dtype=np.float32)
-            return f if f.ndim != 2 else FastWeight(f.shape, None, f)
-        shape = (int(tensor.shape[0]), int(tensor.shape[1]))
-        packed = cq.repack(qt, tensor.data, shape) if qt in cq.U4_TYPES + cq.I8_TYPES else None
-        int8 = ci.prepare(packed) if packed is not None and self.int8 else None
-        f32 = None
-        if packed is None or (int8 is None and shape[0] * shape[1] * 4 <= self.f32_cache_left):
-            f32 = np.ascontiguousarray(dequantize(tensor.data, qt, tensor.shape), dtype=np.float32)
-            if packed is not None:
-                self.f32_cache_left -= f32.nbytes
-        return FastWeight(shape, packed, f32, int8)
+        if len(tensor.shape) != 2:
+            return np.ascontiguousarray(dequantize(tensor.data, qt, tensor.shape), dtype=np.float32)
+        w = linear_for(qt, tensor.data, (int(tensor.shape[0]), int(tensor.shape[1])), self.int8, self.f32_budget)
+        if isinstance(w, F32Linear) and qt != QT.F32:
+            self.fallbacks.note(name, qt.name, w.f32.size, np.asarray(tensor.data).nbytes, "no packed cpu-fast kernel for this type")
+        return w
 
     def alloc_kv(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int) -> CpuKV:
         return CpuKV.zeros(n_layers, n_kv_heads, head_dim, num_blocks, block_size, self.kv_dtype)
@@ -142,16 +120,16 @@ class FastCpuDevice(DeviceBase):
         return self.linears(x, (w,), (b,))[0]
 
     def linears(self, x: np.ndarray, ws: tuple, bs: tuple) -> list:
-        """With int8 kernels, matrices of one layout share one rounding of x and one launch."""
+        """Each weight computes with its own kernel; Int8Linear matrices of one layout
+        (q/k/v, gate/up) share one rounding of x and one launch."""
         x = np.ascontiguousarray(x, dtype=np.float32)  # [T, in]
         outs: list = [None] * len(ws)
-        if self.int8:
-            for jobs, members in self._int8_jobs(ws):
-                for i, out in zip(members, ci.matmul_many(jobs, x)):
-                    outs[i] = out
+        for jobs, members in self._int8_jobs(ws):
+            for i, out in zip(members, ci.matmul_many(jobs, x)):
+                outs[i] = out
         for i, (w, b) in enumerate(zip(ws, bs)):
             if outs[i] is None:
-                outs[i] = self._float_linear(x, w)
+                outs[i] = w.compute(x)
             if b is not None:
                 outs[i] += b
         return outs
@@ -164,24 +142,6 @@ class FastCpuDevice(DeviceBase):
             groups = [(ci.jobs_for([ws[i].int8 for i in idx]), idx) for idx in _int8_groups(ws)]
             self._jobs[key] = cached = (ws, groups)  # ws pinned: their ids stay theirs
         return cached[1]
-
-    def _float_linear(self, x: np.ndarray, w: FastWeight) -> np.ndarray:
-        """x [T, in] @ w.T through the float quantized kernel or BLAS, whichever is faster at T."""
-        T = x.shape[0]
-        small = SMALL_BATCH if w.f32 is not None else SMALL_BATCH_NO_COPY
-        if w.packed is not None and T <= small:
-            out = np.empty((T, w.shape[0]), np.float32)  # [T, out]
-            cq.matmul(w.packed, x, out)
-            return out
-        if w.f32 is not None:
-            return x @ w.f32.T
-        out = np.empty((T, w.shape[0]), np.float32)
-        tile = np.empty((min(_TILE_ROWS, w.shape[0]), w.shape[1]), np.float32)  # [tile, in]
-        for a in range(0, w.shape[0], _TILE_ROWS):
-            rows = np.arange(a, min(a + _TILE_ROWS, w.shape[0]), dtype=np.int64)
-            cq.dequantize_rows(w.packed, rows, tile[: len(rows)])
-            np.matmul(x, tile[: len(rows)].T, out=out[:, a : a + len(rows)])
-        return out
 
     def rope(self, x: np.ndarray, ctx: "FastRoundCtx", base: float, rope_dim: int, interleaved: bool) -> np.ndarray:
         cos, sin = ctx.rope(base, rope_dim)  # [T, rope_dim/2] each

@@ -298,3 +298,82 @@ def test_mixed_round_matches_oracle(pair):
     ref_l, fast_l = pair.round(kvs, chunks)
     close(fast_l, ref_l, tol)
     same_top1(fast_l, ref_l, tol if pair.int8 else 0.0)
+
+
+# ---- the kernel each weight gets at upload (devices/cpu_fast_linears.py) ----
+
+FALLBACK_TYPES = (QT.Q5_1, QT.F16, QT.BF16, QT.F32)  # no packed kernel: f32 through BLAS
+
+
+def written_tensor(qt: QT, rows: int, cols: int, seed: int) -> TensorData:
+    """A tensor of a type random_tensor does not cover, written by gguf.quants from random values."""
+    import gguf
+
+    w = (np.random.default_rng(seed).standard_normal((rows, cols)) * 0.05).astype(np.float32)
+    q = gguf.quants.quantize(w, qt)
+    return TensorData(qt, (rows, cols), q if q.dtype != np.uint8 else q.reshape(rows, -1))
+
+
+def expected_kernel(qt: QT, int8: bool):
+    from zinfer.devices import cpu_fast_linears as fl
+
+    if qt not in FAST_TYPES:
+        return fl.F32Linear
+    return fl.Int8Linear if int8 else fl.QuantLinear
+
+
+@pytest.mark.parametrize("qt", FAST_TYPES + FALLBACK_TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("int8", [True, False], ids=["int8", "float"])
+@pytest.mark.parametrize("cache", [1 << 30, 0], ids=["f32-copy", "no-copy"])
+def test_each_weight_gets_its_kernel_at_upload_and_the_oracles_product(qt, int8, cache):
+    """Int8Linear (VNNI) or QuantLinear for packed types, F32Linear for the rest; every
+    product equals the oracle's (f64 product of the dequantized matrix; int8: of the
+    rounded activations) within 1e-5 of its largest value, at T on both sides of
+    QuantLinear's switch from the quantized kernel to BLAS."""
+    if int8 and not int8_ir.available():
+        pytest.skip("the int8 kernels need AVX512-VNNI")
+    rows, cols = 37, 512
+    t = random_tensor(qt, rows, cols, seed=4) if qt in FAST_TYPES else written_tensor(qt, rows, cols, seed=4)
+    dev = FastCpuDevice(f32_cache_bytes=cache, int8=int8)
+    w = dev.upload("w", t)
+    assert type(w) is expected_kernel(qt, int8)
+    wf = dequantize(t.data, qt, t.shape).astype(np.float64)
+    switch = getattr(w, "small_rows", 4)
+    if type(w).__name__ == "QuantLinear":
+        assert (w.f32 is not None, switch) == ((True, cpu_fast.SMALL_BATCH) if cache else (False, cpu_fast.SMALL_BATCH_NO_COPY))
+    if type(w).__name__ == "Int8Linear":
+        assert w.f32 is None and w.int8 is not None  # no f32 copy: the int8 kernels serve every T
+    for T in (1, switch, switch + 1, 33):
+        x = np.random.default_rng(T).standard_normal((T, cols), dtype=np.float32)
+        want = (ci.rounded(x) if w.int8 is not None else x) @ wf.T
+        close(dev.linear(x, w), want)
+        close(w.compute(x), want)
+
+
+@needs_vnni
+def test_int8_weights_of_one_layout_share_a_launch_and_give_their_own_products():
+    rows, cols = 40, 256
+    ws = tuple(FastCpuDevice().upload(n, random_tensor(QT.Q8_0, rows, cols, seed=i)) for i, n in enumerate("qkv"))
+    dev = FastCpuDevice()
+    bias = np.arange(rows, dtype=np.float32)
+    x = np.random.default_rng(0).standard_normal((5, cols), dtype=np.float32)
+    outs = dev.linears(x, ws, (None, bias, None))
+    assert [len(m) for _, m in dev._int8_jobs(ws)] == [3]  # one group: one rounding of x, one launch
+    for out, w, b in zip(outs, ws, (0, bias, 0)):
+        np.testing.assert_allclose(out, w.compute(x) + b, rtol=0, atol=1e-5)
+
+
+def test_a_type_without_packed_kernel_is_warned_once_naming_type_and_bytes():
+    from structlog.testing import capture_logs
+
+    dev = FastCpuDevice()
+    with capture_logs() as logs:
+        dev.upload("a", written_tensor(QT.Q5_1, 8, 64, 0))
+        dev.upload("b", written_tensor(QT.Q5_1, 8, 64, 1))
+        dev.upload("c", written_tensor(QT.F32, 8, 64, 0))  # already f32: nothing to say
+        dev.upload("d", random_tensor(QT.Q8_0, 8, 64, 0))  # packed
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    assert len(warnings) == 1
+    w = warnings[0]
+    assert (w["type"], w["becomes"], w["first_tensor"]) == ("Q5_1", "F32", "a")
+    assert w["first_tensor_bytes"] == f"{8 * 64 // 32 * 24} -> {8 * 64 * 4}"  # Q5_1: 24 bytes per 32 values

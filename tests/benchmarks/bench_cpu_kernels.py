@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-from zinfer.devices import cpu_fast
+from zinfer.devices import cpu_fast, cpu_fast_linears
+from zinfer.devices.cpu_fast_linears import QuantLinear
 from zinfer.devices.cpu_fast import FastCpuDevice
 from zinfer.gateway.bench_llama import LlamaCpp
 from zinfer.kernels import cpu_int8 as ci
@@ -43,7 +44,7 @@ def crossover(src, repeat: int) -> None:
     w8 = FastCpuDevice().upload("up", t)  # int8 kernels (where VNNI): no f32 copy
     dev = FastCpuDevice(int8=False)
     w = dev.upload("up", t)
-    nocopy = cpu_fast.FastWeight(w.shape, w.packed, None)
+    nocopy = QuantLinear(w.shape, w.packed, None)  # BLAS on tiles dequantized per call
     print(f"\nlinear {t.qtype.name} {w.shape}: int8 (VNNI) and float quantized kernels vs BLAS (us)")
     print("  T    int8   quant   f32-copy   deq-tiles")
     for T in (1, 2, 4, 8, 12, 16, 32, 64, 128, 256, 512):
@@ -53,10 +54,10 @@ def crossover(src, repeat: int) -> None:
         i8 = best(lambda: ci.matmul_many(jobs, x), repeat * 5) if jobs else float("nan")
         q = best(lambda: cq.matmul(w.packed, x, out), repeat * 5)
         f = best(lambda: x @ w.f32.T, repeat * 5)
-        saved = cpu_fast.SMALL_BATCH_NO_COPY
-        cpu_fast.SMALL_BATCH_NO_COPY = 0
+        saved = cpu_fast_linears.SMALL_BATCH_NO_COPY
+        cpu_fast_linears.SMALL_BATCH_NO_COPY = 0
         d = best(lambda: dev.linear(x, nocopy), repeat * 5)
-        cpu_fast.SMALL_BATCH_NO_COPY = saved
+        cpu_fast_linears.SMALL_BATCH_NO_COPY = saved
         print(f"{T:4d} {i8*1e6:7.0f} {q*1e6:7.0f} {f*1e6:10.0f} {d*1e6:11.0f}")
 
 

@@ -1,0 +1,127 @@
+"""cpu-fast's weight matrices, each carrying the kernel chosen for it at upload.
+
+`linear_for` picks once per matrix, from its type and the device's options:
+
+- Int8Linear: a packed type with an int8 VNNI kernel (kernels/cpu_int8.py), where the
+  CPU has one. Activations rounded to int8 per 32 values, as llama.cpp does; at 512 rows
+  this beats BLAS on f32 copies (SmolLM2: ~150 vs ~90 GMAC/s on 2 cores), so no copy.
+  The device groups these by activation layout (one rounding of x, one launch).
+- QuantLinear: a packed type without int8 kernels (no VNNI, int8 off, or a shape the
+  int8 kernels do not take). Its kernel switches by batch size, the one place it does:
+  up to `small_rows` rows the float quantized kernel (kernels/cpu_quant.py), streaming
+  ~1/6 of the bytes of an f32 matrix; above, BLAS on an f32 copy kept at upload (while
+  copies fit the device's f32 budget) or, without one, on tiles of rows dequantized on
+  the fly. The crossovers were measured on this project's 2-core host.
+- F32Linear: F32/F16/BF16 matrices and types with no packed kernel, as f32, through BLAS.
+
+Every class keeps `shape`, `packed` and `f32` (the device's embed reads rows from them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+
+from zinfer.kernels import cpu_int8 as ci
+from zinfer.kernels import cpu_quant as cq
+from zinfer.kernels.quants import dequantize
+
+SMALL_BATCH = 4  # rows up to which the float quantized kernel beats BLAS on an f32 copy
+SMALL_BATCH_NO_COPY = 12  # the same crossover when BLAS must dequantize tiles first
+_TILE_ROWS = 2048  # weight rows dequantized per BLAS tile when no f32 copy is kept
+PACKED_TYPES = cq.U4_TYPES + cq.I8_TYPES
+
+
+@dataclass
+class FastWeight:
+    """A resident matrix [rows, cols]: packed blocks and/or an f32 copy (at least one)."""
+
+    shape: tuple[int, int]
+    packed: cq.Packed | None
+    f32: np.ndarray | None  # [rows, cols]
+    int8: ci.Int8Weight | None = None  # the packed blocks as the int8 kernels read them
+
+    @property
+    def nbytes(self) -> int:
+        return (self.packed.nbytes if self.packed else 0) + (self.f32.nbytes if self.f32 is not None else 0)
+
+    def compute(self, x: np.ndarray) -> np.ndarray:
+        """x [T, cols] float32 contiguous @ self.T -> a new [T, rows] array."""
+        raise NotImplementedError(f"{type(self).__name__} has no kernel")
+
+
+class F32Linear(FastWeight):
+    """An f32 matrix (packed is None): BLAS at every batch size."""
+
+    def compute(self, x: np.ndarray) -> np.ndarray:
+        return x @ self.f32.T
+
+
+class QuantLinear(FastWeight):
+    """Packed blocks, and an f32 copy or None: the float quantized kernel for up to
+    `small_rows` rows, BLAS (on the copy, else on tiles dequantized per call) above."""
+
+    @property
+    def small_rows(self) -> int:
+        return SMALL_BATCH if self.f32 is not None else SMALL_BATCH_NO_COPY
+
+    def compute(self, x: np.ndarray) -> np.ndarray:
+        T, (rows, cols) = x.shape[0], self.shape
+        if T <= self.small_rows:
+            out = np.empty((T, rows), np.float32)  # [T, rows]
+            cq.matmul(self.packed, x, out)
+            return out
+        if self.f32 is not None:
+            return x @ self.f32.T
+        out = np.empty((T, rows), np.float32)
+        tile = np.empty((min(_TILE_ROWS, rows), cols), np.float32)  # [tile, cols]
+        for a in range(0, rows, _TILE_ROWS):
+            idx = np.arange(a, min(a + _TILE_ROWS, rows), dtype=np.int64)
+            cq.dequantize_rows(self.packed, idx, tile[: len(idx)])
+            np.matmul(x, tile[: len(idx)].T, out=out[:, a : a + len(idx)])
+        return out
+
+
+class Int8Linear(FastWeight):
+    """Packed blocks with their int8 view: the int8 VNNI kernels at every batch size.
+    The device computes these in groups (one rounding of x per layout); this is one alone."""
+
+    def compute(self, x: np.ndarray) -> np.ndarray:
+        out = np.empty((x.shape[0], self.shape[0]), np.float32)  # [T, rows]
+        ci.matmul(self.int8, x, out)
+        return out
+
+
+class F32Budget:
+    """Bytes still allowed for f32 copies of quantized matrices; `take` spends them."""
+
+    def __init__(self, nbytes: int):
+        self.left = nbytes
+
+    def take(self, nbytes: int) -> bool:
+        """Spend nbytes if they fit; whether they did."""
+        if nbytes > self.left:
+            return False
+        self.left -= nbytes
+        return True
+
+
+def linear_for(qt: QT, data: np.ndarray, shape: tuple[int, int], int8: bool, budget: F32Budget) -> FastWeight:
+    """The weight of type qt, raw GGUF bytes `data` and shape [rows, cols] with its kernel:
+    Int8Linear when int8 (the host runs the int8 kernels) and the type and shape have one,
+    else QuantLinear for a packed type (spending `budget` on an f32 copy where it fits),
+    else F32Linear. Raises what kernels.quants.dequantize raises for a type it cannot read."""
+    if qt not in PACKED_TYPES:
+        return F32Linear(shape, None, _f32(data, qt, shape))
+    packed = cq.repack(qt, data, shape)
+    int8_view = ci.prepare(packed) if int8 else None
+    if int8_view is not None:
+        return Int8Linear(shape, packed, None, int8_view)
+    copy = _f32(data, qt, shape) if budget.take(shape[0] * shape[1] * 4) else None
+    return QuantLinear(shape, packed, copy)
+
+
+def _f32(data: np.ndarray, qt: QT, shape: tuple[int, ...]) -> np.ndarray:
+    return np.ascontiguousarray(dequantize(data, qt, shape), dtype=np.float32)
