@@ -6,21 +6,29 @@ as the chat request it translates to, through the chat endpoint's machinery: the
 metrics record, engine events, refusal-before-200 and cancellation when the client
 leaves (gateway/openai_api.py). Only the shapes out differ, made here by ResponsesShaper.
 
-The stream is, in order: response.created, response.in_progress,
+The output is an assistant message (an output_text part), or, where function tools were
+offered, the messages and function_call items the model's text parses into (Hermes
+<tool_call> blocks or Llama 3's JSON form, gateway/openai_tools.py); tool_choice
+"required" or a named function constrains the text to calls.
+
+The stream is, in order: response.created, response.in_progress, then per message
 response.output_item.added, response.content_part.added, response.output_text.delta
 (one per text delta), response.output_text.done, response.content_part.done,
-response.output_item.done, then exactly one of response.completed,
-response.incomplete (max_output_tokens reached) or response.failed (the engine failed
-mid-stream). Each event has an `event:` line with its type and a sequence_number.
+response.output_item.done, and per call response.output_item.added,
+response.function_call_arguments.delta and .done, response.output_item.done; then
+exactly one of response.completed, response.incomplete (max_output_tokens reached) or
+response.failed (the engine failed mid-stream). Each event has an `event:` line with its
+type and a sequence_number.
 """
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from functools import partial
 from itertools import count
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 import msgspec
 from starlette.requests import Request
@@ -28,10 +36,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from zinfer.gateway.metrics import RequestRecord
-from zinfer.gateway.openai_api import LiveStream, engine_events, generate, read_body, unknown_model
+from zinfer.gateway.openai_api import LiveStream, chat_form, engine_events, generate, read_body, unknown_model
 from zinfer.gateway.openai_responses_schema import ResponsesRequest, chat_request, echo, text_constraint
-from zinfer.gateway.openai_schema import ApiError, chat_messages, parse, sampling_params
+from zinfer.gateway.openai_schema import ApiError, parse, sampling_params
 from zinfer.gateway.openai_shaper import engine_error
+from zinfer.gateway.openai_tools import Call, ToolCallParser, new_call_id, tool_constraint, tool_plan
 from zinfer.gateway.sse import frame, until_disconnect
 from zinfer.gateway.state import GatewayState
 from zinfer.messages.client import Cancelled, ClientEvent, Delta, Failed, Finished, Rejected, Usage
@@ -47,8 +56,11 @@ def routes(state: GatewayState) -> list[Route]:
 
 
 def renamed(exc: ApiError) -> ApiError:
-    """exc with a chat field in `param` renamed to the Responses field it came from."""
+    """exc with a chat field in `param` renamed to the Responses field it came from
+    (tools[i].function.parameters is tools[i].parameters here)."""
     exc.param = CHAT_PARAMS.get(exc.param, exc.param)
+    if exc.param:
+        exc.param = re.sub(r"^(tools\[\d+\])\.function\.", r"\1.", exc.param)
     return exc
 
 
@@ -62,15 +74,18 @@ async def respond(state: GatewayState, request: Request, kind: type[ResponsesReq
             raise unknown_model(req.model)
         chat = chat_request(req)
         params = sampling_params(chat, state.max_model_len)
+        plan = tool_plan(chat)
         constraint = text_constraint(req.text)
+        if plan is not None and plan.forced:
+            constraint = tool_constraint(plan, constraint)
         if constraint is not None:
             params = msgspec.structs.replace(params, constraint=constraint)
-        forms = [{"messages": chat_messages(chat)}]
+        forms = [chat_form(chat, plan)]
     except ApiError as exc:
         record.finish("rejected")
         return renamed(exc).response()
     rid = uuid.uuid4().hex
-    shaper = ResponsesShaper(state, req, rid)
+    shaper = ResponsesShaper(state, req, rid, plan.names if plan else None)
     open_events = partial(engine_events, state.client, forms, params, rid, record)
     if req.stream:
         return LiveStream(request, open_events, shaper, True, record)
@@ -87,11 +102,14 @@ def event_frame(event: dict) -> bytes:
 
 
 class ResponsesShaper:
-    """Turns one request's engine events into a Response object or its stream of events."""
+    """Turns one request's engine events into a Response object or its stream of events.
 
-    def __init__(self, state: GatewayState, req: ResponsesRequest, rid: str):
-        self.state, self.settings = state, echo(req)
-        self.id, self.item_id = "resp_" + rid, "msg_" + rid
+    `tools`: the names of the functions offered, when the model may call them: its text is
+    then parsed into function_call items (gateway/openai_tools.py)."""
+
+    def __init__(self, state: GatewayState, req: ResponsesRequest, rid: str, tools: set[str] | None):
+        self.state, self.settings, self.tools = state, echo(req), tools
+        self.id = "resp_" + rid
         self.created_at = int(time.time())
 
     def error(self, event: Rejected | Failed | Cancelled) -> ApiError:
@@ -115,20 +133,16 @@ class ResponsesShaper:
             **self.settings,
         }
 
-    def message(self, text: str | None, status: str) -> dict:
-        """The assistant's output message item; text None: no content part yet."""
-        content = [] if text is None else [output_text(text)]
-        return {"id": self.item_id, "type": "message", "role": "assistant", "status": status, "content": content}
-
     async def collect(self, events: AsyncIterator[ClientEvent]) -> dict | ApiError:
         """The whole Response of a non-streamed request, or the error it ended with."""
-        text = []
+        output = OutputItems(self.tools)
         async for event in events:
             if isinstance(event, Delta):
-                text.append(event.text)
+                output.feed(event.text)
             elif isinstance(event, Finished):
                 status = final_status(event)
-                return self.response(status, [self.message("".join(text), status)], event.usage)
+                output.finish(status)
+                return self.response(status, output.items, event.usage)
             elif isinstance(event, (Rejected, Failed, Cancelled)):
                 return self.error(event)
         return self.error(Failed("", "the engine stream ended early"))
@@ -136,34 +150,99 @@ class ResponsesShaper:
     async def stream(self, first: ClientEvent, events: AsyncIterator[ClientEvent], usage: bool) -> AsyncIterator[bytes]:
         """The SSE events of a streamed request from its first output on (see the module
         docstring for their order); `usage` is unused: the final Response always has it."""
-        seq = count()
+        seq, output, event = count(), OutputItems(self.tools), first
 
-        def emit(type: str, **body: Any) -> bytes:
-            return event_frame({"type": type, "sequence_number": next(seq), **body})
+        def frames(*bodies: dict) -> list[bytes]:
+            return [event_frame({"type": b.pop("type"), "sequence_number": next(seq), **b}) for b in bodies]
 
-        at = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
-        yield emit("response.created", response=self.response("in_progress", []))
-        yield emit("response.in_progress", response=self.response("in_progress", []))
-        yield emit("response.output_item.added", output_index=0, item=self.message(None, "in_progress"))
-        yield emit("response.content_part.added", **at, part=output_text(""))
-        text, event = [], first
+        for f in frames({"type": "response.created", "response": self.response("in_progress", [])}, {"type": "response.in_progress", "response": self.response("in_progress", [])}):
+            yield f
         while True:
             if isinstance(event, Delta) and event.text:
-                text.append(event.text)
-                yield emit("response.output_text.delta", **at, delta=event.text, logprobs=[])
+                for f in frames(*output.feed(event.text)):
+                    yield f
             elif isinstance(event, Finished):
-                whole, status = "".join(text), final_status(event)
-                yield emit("response.output_text.done", **at, text=whole, logprobs=[])
-                yield emit("response.content_part.done", **at, part=output_text(whole))
-                item = self.message(whole, status)
-                yield emit("response.output_item.done", output_index=0, item=item)
-                yield emit("response.completed" if status == "completed" else "response.incomplete", response=self.response(status, [item], event.usage))
+                status = final_status(event)
+                done = output.finish(status)
+                terminal = "response.completed" if status == "completed" else "response.incomplete"
+                for f in frames(*done, {"type": terminal, "response": self.response(status, output.items, event.usage)}):
+                    yield f
                 return
             elif isinstance(event, (Rejected, Failed, Cancelled)):
                 failure = {"code": "server_error", "message": self.error(event).message}
-                yield emit("response.failed", response=self.response("failed", [self.message("".join(text), "incomplete")], error=failure))
+                for f in frames({"type": "response.failed", "response": self.response("failed", output.items, error=failure)}):
+                    yield f
                 return
             event = await events.__anext__()
+
+
+class OutputItems:
+    """The output items of one response as its text arrives: assistant messages and, where
+    tools were offered, function_call items parsed from the text. feed() and finish()
+    return the stream events (without sequence numbers) that announce each change, so a
+    streamed response is built by the same steps as a whole one.
+    """
+
+    def __init__(self, tools: set[str] | None):
+        self.items: list[dict] = []
+        self.parser = ToolCallParser(tools) if tools else None
+        self.text: list[str] | None = None  # the open message's text, while one is open
+
+    def feed(self, text: str) -> list[dict]:
+        pieces = self.parser.feed(text) if self.parser else [text]
+        return [e for p in pieces for e in self.add(p)]
+
+    def finish(self, status: str) -> list[dict]:
+        """Events for what was held back and for closing the last item; a response that
+        made no item gets an empty message."""
+        events = [e for p in (self.parser.finish() if self.parser else []) for e in self.add(p)]
+        if not self.items:
+            events += self.open_message()
+        return events + self.close_message("incomplete" if status == "incomplete" else "completed")
+
+    def add(self, piece: str | Call) -> list[dict]:
+        """Events for a piece of content (appended to the open message, or a new one) or a call."""
+        if piece == "":
+            return []
+        if isinstance(piece, str):
+            events = self.open_message() if self.text is None else []
+            self.text.append(piece)
+            return events + [{"type": "response.output_text.delta", **self.at(), "delta": piece, "logprobs": []}]
+        events = self.close_message("completed")
+        item = {"id": "fc_" + uuid.uuid4().hex, "type": "function_call", "call_id": new_call_id(), "name": piece.name, "arguments": "", "status": "in_progress"}
+        self.items.append(item)
+        events.append({"type": "response.output_item.added", "output_index": len(self.items) - 1, "item": dict(item)})
+        at = {"item_id": item["id"], "output_index": len(self.items) - 1}
+        item.update(arguments=piece.arguments, status="completed")
+        return events + [
+            {"type": "response.function_call_arguments.delta", **at, "delta": piece.arguments},
+            {"type": "response.function_call_arguments.done", **at, "arguments": piece.arguments},
+            {"type": "response.output_item.done", "output_index": at["output_index"], "item": dict(item)},
+        ]
+
+    def at(self) -> dict:
+        return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1, "content_index": 0}
+
+    def open_message(self) -> list[dict]:
+        self.text = []
+        item = {"id": "msg_" + uuid.uuid4().hex, "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+        self.items.append(item)
+        return [
+            {"type": "response.output_item.added", "output_index": len(self.items) - 1, "item": dict(item, content=[])},
+            {"type": "response.content_part.added", **self.at(), "part": output_text("")},
+        ]
+
+    def close_message(self, status: str) -> list[dict]:
+        if self.text is None:
+            return []
+        whole, self.text = "".join(self.text), None
+        item = self.items[-1]
+        item.update(status=status, content=[output_text(whole)])
+        return [
+            {"type": "response.output_text.done", **self.at(), "text": whole, "logprobs": []},
+            {"type": "response.content_part.done", **self.at(), "part": output_text(whole)},
+            {"type": "response.output_item.done", "output_index": len(self.items) - 1, "item": dict(item)},
+        ]
 
 
 def output_text(text: str) -> dict:
@@ -183,4 +262,3 @@ def usage_body(u: Usage) -> dict:
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": u.prompt_tokens + u.completion_tokens,
     }
-

@@ -10,7 +10,6 @@ and the caller's `function_call_output`s).
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import msgspec
@@ -18,13 +17,12 @@ from msgspec import Meta
 
 from zinfer.gateway.openai_constraints import checked, response_format_constraint
 from zinfer.gateway.openai_schema import ApiError, ChatRequest, Count, Name
-from zinfer.messages.client import MAX_MESSAGES, Text
+from zinfer.messages.client import MAX_MESSAGES, CallId, Text, ToolName
 from zinfer.messages.params import Constraint
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}  # Responses role -> the template's
 TEXT_PARTS = {"input_text", "output_text"}  # output_text: an earlier response's output sent back as input
 MAX_TOOLS = 128
-TOOL_CHOICES = ("none", "auto", "required")
 FORMATS = ("text", "json_object", "json_schema")
 
 
@@ -43,8 +41,8 @@ class InputItem(msgspec.Struct, kw_only=True):
     type: Name = "message"
     role: Annotated[str, Meta(max_length=64)] | None = None
     content: Content | None = None
-    call_id: Name | None = None
-    name: Name | None = None
+    call_id: CallId | None = None
+    name: ToolName | None = None
     arguments: Text | None = None
     output: Content | None = None
 
@@ -65,7 +63,7 @@ class FunctionTool(msgspec.Struct, kw_only=True, omit_defaults=True):
     """A tool in the Responses API's flat shape (the chat API nests these under "function")."""
 
     type: Name
-    name: Name | None = None
+    name: ToolName | None = None
     description: Text | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
@@ -102,8 +100,9 @@ def check_stateless(req: ResponsesRequest) -> None:
 
 def chat_request(req: ResponsesRequest) -> ChatRequest:
     """The chat request that asks the engine for the same generation: instructions as a
-    system message before the input, max_output_tokens as max_tokens, tools and text.format
-    in the chat API's shapes. Raises ApiError naming the Responses field at fault."""
+    system message before the input, max_output_tokens as max_tokens, tools and tool_choice
+    in the chat API's shapes (text.format: text_constraint). Raises ApiError naming the
+    Responses field at fault."""
     check_stateless(req)
     messages = [{"role": "system", "content": req.instructions}] if req.instructions is not None else []
     items = [InputItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
@@ -116,15 +115,19 @@ def chat_request(req: ResponsesRequest) -> ChatRequest:
         "top_p": req.top_p,
         "max_tokens": req.max_output_tokens,
         "tools": chat_tools(req.tools),
-        "tool_choice": chat_tool_choice(req.tool_choice, req.tools),
+        "tool_choice": chat_tool_choice(req.tool_choice),
         "parallel_tool_calls": req.parallel_tool_calls,
     }
-    return msgspec.convert({k: v for k, v in body.items() if v is not None}, ChatRequest)
+    try:
+        return msgspec.convert({k: v for k, v in body.items() if v is not None}, ChatRequest)
+    except msgspec.ValidationError as exc:  # bounds the Responses body does not check, e.g. a message's length
+        raise ApiError(400, f"invalid request: {exc}", code="invalid_value") from None
 
 
 def input_messages(items: list[InputItem]) -> list[dict[str, Any]]:
-    """Chat messages for the input items: a function_call becomes an assistant message
-    carrying the call, a function_call_output a "tool" message answering it."""
+    """Chat messages for the input items: function_calls become the tool_calls of an
+    assistant message (the one just before, when the turn had text), a
+    function_call_output a "tool" message answering an earlier call."""
     out, calls = [], set()
     for i, item in enumerate(items):
         at = f"input[{i}]"
@@ -138,7 +141,11 @@ def input_messages(items: list[InputItem]) -> list[dict[str, Any]]:
                 if getattr(item, field) is None:
                     raise ApiError(400, f"a function_call item needs {field}", param=f"{at}.{field}", code="missing_required_parameter")
             calls.add(item.call_id)
-            out.append(function_call_message(item))
+            call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+            if out and out[-1]["role"] == "assistant":  # the calls of one turn, after its text: one assistant message
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif item.type == "function_call_output":
             if item.call_id not in calls:
                 raise ApiError(400, f"no function_call with call_id {item.call_id!r} comes before this function_call_output", param=f"{at}.call_id", code="invalid_value")
@@ -148,19 +155,6 @@ def input_messages(items: list[InputItem]) -> list[dict[str, Any]]:
         else:
             raise ApiError(400, f"input items of type {item.type!r} are not supported; use message, function_call or function_call_output", param=f"{at}.type", code="invalid_value")
     return out
-
-
-def function_call_message(item: InputItem) -> dict[str, Any]:
-    """The assistant message of an earlier call, as the chat API's tool_calls.
-
-    TODO(H8): until chat messages carry tool_calls to the template (gateway/openai_tools.py),
-    the call is written into the content in the Hermes form the model is asked to answer in."""
-    try:
-        arguments = json.loads(item.arguments)
-    except ValueError:
-        arguments = item.arguments
-    call = json.dumps({"name": item.name, "arguments": arguments}, ensure_ascii=False)
-    return {"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"}
 
 
 def text_of(content: Content | None, at: str) -> str:
@@ -201,17 +195,14 @@ def chat_tools(tools: list[FunctionTool] | None) -> list[dict[str, Any]] | None:
     return out or None
 
 
-def chat_tool_choice(choice: str | NamedToolChoice | None, tools: list[FunctionTool] | None) -> str | dict | None:
-    """tool_choice in the chat API's shape: a mode, or {"type": "function", "function": {"name"}}."""
+def chat_tool_choice(choice: str | NamedToolChoice | None) -> str | dict | None:
+    """tool_choice in the chat API's shape: a mode, or {"type": "function", "function": {"name"}}
+    (gateway/openai_tools.py checks it against the tools)."""
     if choice is None or isinstance(choice, str):
-        if choice is not None and choice not in TOOL_CHOICES:
-            raise ApiError(400, f"unknown tool_choice {choice!r}; one of {', '.join(TOOL_CHOICES)} or a named function", param="tool_choice", code="invalid_value")
         return choice
-    if choice.type != "function" or choice.name is None:
+    if choice.name is None:
         raise ApiError(400, 'a named tool_choice is {"type": "function", "name": ...}', param="tool_choice", code="invalid_value")
-    if choice.name not in {t.name for t in tools or []}:
-        raise ApiError(400, f"tool_choice names {choice.name!r}, which is not among the tools", param="tool_choice", code="invalid_value")
-    return {"type": "function", "function": {"name": choice.name}}
+    return {"type": choice.type, "function": {"name": choice.name}}
 
 
 def echo(req: ResponsesRequest) -> dict[str, Any]:

@@ -33,7 +33,7 @@ EVENTS = pydantic.TypeAdapter(ResponseStreamEvent)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model = write_tiny_gguf(tmp_path_factory.mktemp("model") / "tiny.gguf", "llama")
+    model = write_tiny_gguf(tmp_path_factory.mktemp("model") / "tiny.gguf", "llama", max_position_embeddings=2048)  # room for the tools prompt
     with running_server(model, api_key=KEY) as s:
         yield s
 
@@ -165,6 +165,41 @@ def test_text_format_json_object_starts_a_json_object(oai):
     assert r.output_text.lstrip().startswith("{")  # random weights may not close it within 8 tokens
 
 
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"], "additionalProperties": False},
+}
+
+
+def test_a_required_tool_call_round_trip(oai, server):
+    """tool_choice "required" makes random weights call the function with arguments in its
+    schema; streamed, the call's events rebuild the same call; sent back with its output,
+    the conversation renders and is answered."""
+    kw = dict(model=server.model, input="Weather in Paris?", tools=[WEATHER], tool_choice="required", parallel_tool_calls=False, temperature=0, max_output_tokens=120)
+    r = oai.responses.create(**kw)
+    [call] = [item for item in r.output if item.type == "function_call"]
+    assert r.status == "completed" and call.name == "get_weather" and call.call_id.startswith("call_")
+    assert json.loads(call.arguments)["city"] in ("Paris", "Rome")
+    events = list(oai.responses.create(**kw, stream=True))
+    for e in events:
+        EVENTS.validate_python(e.to_dict())
+    types = [e.type for e in events]
+    assert types[-5:] == ["response.output_item.added", "response.function_call_arguments.delta", "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    streamed = events[-1].response.output[-1]
+    assert (streamed.name, streamed.arguments) == (call.name, call.arguments)
+    back = [{"role": "user", "content": "Weather in Paris?"}, call.to_dict(), {"type": "function_call_output", "call_id": call.call_id, "output": "22 C and sunny"}]
+    answer = oai.responses.create(model=server.model, input=back, tools=[WEATHER], temperature=0, max_output_tokens=4)
+    assert answer.usage.input_tokens > r.usage.input_tokens and answer.output
+
+
+def test_a_named_tool_choice_calls_that_function(oai, server):
+    other = {**WEATHER, "name": "get_time", "description": "The time in a city"}
+    r = oai.responses.create(model=server.model, input="Hi", tools=[WEATHER, other], tool_choice={"type": "function", "name": "get_time"}, parallel_tool_calls=False, temperature=0.7, max_output_tokens=120)
+    assert [item.name for item in r.output if item.type == "function_call"] == ["get_time"]
+
+
 @pytest.mark.parametrize(
     ("fields", "param", "words"),
     [
@@ -181,6 +216,8 @@ def test_text_format_json_object_starts_a_json_object(oai):
         ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}}}, "text.format", "nonsense"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type", "web_search"),
         ({"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": "g"}}, "tool_choice", "'g'"),
+        ({"tools": [{"type": "function", "name": "bad name!"}]}, "tools[0].name", "matching regex"),
+        ({"tools": [{"type": "function", "name": "f"}, {"type": "function", "name": "f"}]}, "tools", "unique"),
     ],
 )
 def test_what_zinfer_does_not_do_is_refused_naming_the_field(oai, fields, param, words):
