@@ -115,7 +115,7 @@ def test_refuses_an_unloadable_gguf_without_writing(tmp_path):
 # ---- the real models ----
 
 
-@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+@pytest.fixture(scope="module", params=[pytest.param(m, marks=pytest.mark.slow) for m in ("smollm2", "gemma3")])
 def converted(request, tmp_path_factory):
     """(name, GGUF path, its metadata, converted HF dir) of a real model."""
     gguf_path = request.getfixturevalue(f"{request.param}_path")
