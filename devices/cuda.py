@@ -8,8 +8,10 @@ block is a trash block the CUDA-graph decode path pads batches into), so attenti
 matches the numpy oracle (devices/cpu.py) to f32 rounding.
 
 Round metadata (token ids, positions, slots, block tables, ...) is uploaded once per
-ForwardBatch into reused device buffers; activations come from cupy's memory pool
-(no cudaMalloc once warm), the GEMM scratch is one reused buffer.
+round, by begin_round, into reused device buffers that the round's CudaRoundCtx views;
+activations come from cupy's memory pool (no cudaMalloc once warm), the GEMM scratch is
+one reused buffer. With CudaConfig.cuda_graphs, run_round replays decode rounds as
+CUDA graphs (devices/cuda_graph.py); kernel spans read CUDA events (kernel_clock).
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from zinfer.kernels import cuda_modules as km
+from zinfer.devices.base import DeviceBase, Layers
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.config import CudaConfig  # defined there, importable without cupy
 from zinfer.devices.fallback import F32Fallbacks
+from zinfer.devices.round import RoundCtx
+from zinfer.kernels import cuda_modules as km
 
 F32, F16, BF16 = 0, 1, 30
 
@@ -112,8 +116,19 @@ class RoundMeta:
         self.d32[:end32].set(h32[:end32])
 
 
-class CudaDevice:
-    """The Device protocol (devices/base.py) on one NVIDIA GPU."""
+@dataclass(frozen=True, eq=False)
+class CudaRoundCtx(RoundCtx):
+    """A CUDA round: token_ids, positions, slots and logits_rows are views of `meta`'s
+    device buffers, which also hold the attention kernels' metadata."""
+
+    meta: RoundMeta
+
+
+class CudaDevice(DeviceBase):
+    """The Device protocol (devices/base.py) on one NVIDIA GPU.
+
+    With config.cuda_graphs, decode rounds replay graphs captured over the KV pool this
+    device allocated last (alloc_kv starts them afresh): run rounds on that pool only."""
 
     def __init__(self, index: int = 0, config: CudaConfig | None = None):
         import cupy
@@ -124,14 +139,9 @@ class CudaDevice:
         self.cupy = cupy
         cupy.cuda.Device(index).use()
         self.stream = cupy.cuda.Stream(non_blocking=False)  # blocking: ordered with the legacy stream
-        self._meta: RoundMeta | None = None
-        self._eager_meta: RoundMeta | None = None
-        self._graphs = None  # devices/cuda_graph.DecodeGraphs, made on first use
-        self._meta_batch: ForwardBatch | None = None
+        self._eager_meta: RoundMeta | None = None  # eager rounds' metadata buffers, grown to the largest
+        self._graphs = None  # devices/cuda_graph.DecodeGraphs over the last pool alloc_kv made (cuda_graphs on)
         self._scratch = None  # dequantized weight for the GEMM path, grown to the largest
-        self._static: dict[int, Any] | None = None  # capture mode: id(host array) -> device buffer
-        self.captured_outputs: list = []
-        self.last_output = None  # the last array to_numpy copied: a round's device logits
 
     # ---- weights and KV ----
 
@@ -167,14 +177,50 @@ class CudaDevice:
             raise ValueError(f"head_dim {head_dim} > {km.MAX_HEAD_DIM} is not supported by the CUDA attention kernels")
         cp = self.cupy
         shape = ((num_blocks + 1) * block_size, n_kv_heads, head_dim)
-        return CudaKV([cp.zeros(shape, cp.float32) for _ in range(n_layers)],
-                      [cp.zeros(shape, cp.float32) for _ in range(n_layers)], num_blocks, block_size)
+        kv = CudaKV([cp.zeros(shape, cp.float32) for _ in range(n_layers)],
+                    [cp.zeros(shape, cp.float32) for _ in range(n_layers)], num_blocks, block_size)
+        if self.config.cuda_graphs:
+            from zinfer.devices.cuda_graph import DecodeGraphs
+
+            self._graphs = DecodeGraphs(self, kv, self.config.graph_buckets, self.config.graph_max_context)
+        return kv
+
+    # ---- rounds ----
+
+    def begin_round(self, batch: ForwardBatch, meta: RoundMeta | None = None) -> CudaRoundCtx:
+        """Upload batch's token ids, positions, slots and attention metadata (two copies on
+        the current stream) into the reused eager buffers, or into `meta`'s fixed-capacity
+        ones (a captured graph's); the round's ctx views them."""
+        width = max([len(s.block_table) for s in batch.seqs] + [1])
+        if meta is None:
+            meta = self._eager_meta
+            if meta is None or not meta.fits(batch, width):
+                meta = RoundMeta(max(batch.n_tokens, 64) * 2, max(len(batch.seqs), 8) * 2, max(width, 64) * 2)
+                self._eager_meta = meta
+        elif not meta.fits(batch, width):
+            raise ValueError("batch does not fit the given metadata buffers")
+        meta.fill(batch)
+        T, S = batch.n_tokens, len(batch.logits_rows)
+        return CudaRoundCtx(batch, meta.tok[:T], meta.pos[:T], meta.slots[:T], meta.rows[:S], meta)
+
+    def run_round(self, layers: Layers, batch: ForwardBatch) -> Any:
+        """layers(ctx) -> device logits [S, vocab]; with config.cuda_graphs, a decode round
+        that fits a bucket replays the graph captured for it instead."""
+        if self._graphs is not None and self._graphs.eligible(batch):
+            return self._graphs.run(layers, batch)
+        return layers(self.begin_round(batch))
+
+    def kernel_clock(self) -> Any:
+        """Kernel spans in device time: CUDA events, resolved once the round has synchronized."""
+        from zinfer.traces.kernels import CudaEventClock  # traces is a layer above devices: only here
+
+        return CudaEventClock()
 
     # ---- ops ----
 
-    def embed(self, table: GpuMatrix, token_ids: np.ndarray) -> Any:
+    def embed(self, table: GpuMatrix, token_ids: Any) -> Any:
         cp = self.cupy
-        ids = self.from_numpy(token_ids)
+        ids = cp.asarray(token_ids)  # the ctx's device ids: no copy
         if ids.dtype != cp.int64:
             ids = ids.astype(cp.int64)
         if table.qtype == F32:
@@ -214,29 +260,24 @@ class CudaDevice:
             y += b
         return y
 
-    def linears(self, x, ws: tuple, bs: tuple) -> list:
-        return [self.linear(x, w, b) for w, b in zip(ws, bs)]
-
-    def rope(self, x: Any, positions: Any, base: float, rope_dim: int, interleaved: bool) -> Any:
+    def rope(self, x: Any, ctx: CudaRoundCtx, base: float, rope_dim: int, interleaved: bool) -> Any:
         cp = self.cupy
         x = cp.ascontiguousarray(x, dtype=cp.float32)  # [T, heads, hd]
-        if positions.dtype != cp.int64:
-            positions = positions.astype(cp.int64)
         y = cp.empty_like(x)
-        km.rope(x, positions, y, base, rope_dim, interleaved)
+        km.rope(x, ctx.positions, y, base, rope_dim, interleaved)  # positions: int64 [T] on the device
         return y
 
-    def write_kv(self, kv: CudaKV, layer: int, k: Any, v: Any, slots: Any) -> None:
+    def write_kv(self, kv: CudaKV, layer: int, k: Any, v: Any, ctx: CudaRoundCtx) -> None:
         cp = self.cupy
-        if slots.dtype != cp.int64:
-            slots = slots.astype(cp.int64)
-        km.write_kv(cp.ascontiguousarray(k, dtype=cp.float32), cp.ascontiguousarray(v, dtype=cp.float32), slots,
+        if self._graphs is not None and kv is not self._graphs.kv:
+            raise RuntimeError("with cuda_graphs, rounds must run on the KV pool this device allocated last")
+        km.write_kv(cp.ascontiguousarray(k, dtype=cp.float32), cp.ascontiguousarray(v, dtype=cp.float32), ctx.slots,
                     kv.k[layer], kv.v[layer])
 
-    def attention(self, q: Any, kv: CudaKV, layer: int, batch: ForwardBatch, scale: float, window: int) -> Any:
+    def attention(self, q: Any, kv: CudaKV, layer: int, ctx: CudaRoundCtx, scale: float, window: int) -> Any:
         cp = self.cupy
         q = cp.ascontiguousarray(q, dtype=cp.float32)  # [T, H, hd]
-        meta = self.prepare(batch)
+        meta = ctx.meta
         out = cp.empty_like(q)
         n_kv = kv.k[layer].shape[1]
         if meta.n_dec:
@@ -255,19 +296,10 @@ class CudaDevice:
         return out
 
     def to_numpy(self, x: Any) -> np.ndarray:
-        """Copy to the host. While a graph is being captured it only records x (the
-        graph's output) and returns an uninitialised placeholder."""
-        self.last_output = x
-        if self._static is not None:
-            self.captured_outputs.append(x)
-            return np.empty(x.shape, x.dtype)
+        """Copy to the host (waits for the work that writes x)."""
         return self.cupy.asnumpy(x)
 
     def from_numpy(self, x: np.ndarray) -> Any:
-        if self._static is not None:
-            if id(x) not in self._static:
-                raise RuntimeError("a CUDA graph capture may only read the round's own metadata arrays")
-            return self._static[id(x)]
         return self.cupy.asarray(x)
 
     # ---- sampling support ----
@@ -287,48 +319,6 @@ class CudaDevice:
         if R:
             km.topk_rows(x, k, ids, vals)
         return cp.asnumpy(ids), cp.asnumpy(vals)
-
-    def run_round(self, round_fn, kv: CudaKV, batch: ForwardBatch) -> np.ndarray:
-        """round_fn(batch) -> logits (models.forward.forward bound to spec, weights, this
-        device and kv); with config.cuda_graphs, a decode round replays a captured graph."""
-        if self.config.cuda_graphs:
-            from zinfer.devices.cuda_graph import DecodeGraphs
-
-            if self._graphs is None or self._graphs.kv is not kv:
-                self._graphs = DecodeGraphs(self, kv, self.config.graph_buckets, self.config.graph_max_context)
-            if self._graphs.eligible(batch):
-                return self._graphs.run(round_fn, batch)
-        return round_fn(batch)
-
-    # ---- round metadata and capture mode (used by devices/cuda_graph.py) ----
-
-    def prepare(self, batch: ForwardBatch, meta: RoundMeta | None = None) -> RoundMeta:
-        """Upload batch's metadata (once per batch object) and return its device copy;
-        with `meta`, into that fixed-capacity buffer set."""
-        if batch is self._meta_batch and meta is None:
-            return self._meta
-        width = max([len(s.block_table) for s in batch.seqs] + [1])
-        if meta is None:
-            meta = self._eager_meta
-            if meta is None or not meta.fits(batch, width):
-                meta = RoundMeta(max(batch.n_tokens, 64) * 2, max(len(batch.seqs), 8) * 2, max(width, 64) * 2)
-                self._eager_meta = meta
-        elif not meta.fits(batch, width):
-            raise ValueError("batch does not fit the given metadata buffers")
-        meta.fill(batch)
-        self._meta, self._meta_batch = meta, batch
-        return meta
-
-    def begin_capture(self, batch: ForwardBatch, meta: RoundMeta) -> None:
-        """Enter capture mode: batch's host arrays resolve to meta's device buffers."""
-        self._meta, self._meta_batch = meta, batch
-        self._static = {id(batch.token_ids): meta.tok[:meta.n_tokens], id(batch.positions): meta.pos[:meta.n_tokens],
-                        id(batch.slots): meta.slots[:meta.n_tokens], id(batch.logits_rows): meta.rows[:meta.n_rows]}
-        self.captured_outputs = []
-
-    def end_capture(self) -> None:
-        self._static = None
-        self._meta_batch = None
 
     def _scratch_for(self, n: int, dtype) -> Any:
         cp = self.cupy

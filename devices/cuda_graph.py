@@ -2,10 +2,11 @@
 
 A decode round (every sequence computes one token) is padded up to a bucket size B with
 dummy sequences (token 0 at position 0, writing into the KV pool's trash block), and
-its whole forward — embedding to logits — is captured once on the device's stream and
-replayed afterwards. What changes between rounds lives in fixed device buffers
-(devices/cuda.RoundMeta: token ids, positions, slots, context via positions, block
-tables), refilled before each replay; kernels read them, so launch shapes stay fixed.
+its whole forward (`layers`, embedding to logits) is captured once on the device's
+stream over a ctx of fixed capacity, then replayed. What changes between rounds lives
+in that ctx's device buffers (devices/cuda.RoundMeta: token ids, positions, slots,
+context via positions, block tables), refilled by begin_round before each replay;
+kernels read them, so launch shapes stay fixed.
 
 Activations allocated during capture come from a private cupy memory pool that lives
 as long as the graph, so no later allocation can reuse addresses a replay writes.
@@ -15,10 +16,11 @@ The switch is CudaConfig.cuda_graphs; it can only be verified on a GPU.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from zinfer.devices.base import Layers
 from zinfer.devices.batch import ForwardBatch, SeqChunk
 
 
@@ -48,8 +50,9 @@ class DecodeGraphs:
             and all(len(s.block_table) <= self.width for s in batch.seqs)
         )
 
-    def run(self, round_fn: Callable[[ForwardBatch], np.ndarray], batch: ForwardBatch) -> np.ndarray:
-        """Logits [S, vocab] of batch.logits_rows, as round_fn(batch) would return them."""
+    def run(self, layers: Layers, batch: ForwardBatch) -> Any:
+        """Device logits [S, vocab] of batch.logits_rows, as layers(dev.begin_round(batch))
+        would return them; the first round of a bucket captures its graph."""
         cp = self.dev.cupy
         B = next(b for b in self.buckets if b >= len(batch.seqs))
         padded = self._pad(batch, B)
@@ -57,15 +60,16 @@ class DecodeGraphs:
         with stream:
             cap = self._graphs.get(B)
             if cap is None:
-                cap = self._graphs[B] = self._capture(round_fn, padded, B)
-            self.dev.prepare(padded, cap.meta)
-            self.dev._meta_batch = None  # eager rounds re-upload their own metadata
+                cap = self._graphs[B] = self._capture(layers, padded, B)
+            self.dev.begin_round(padded, cap.meta)  # refill the buffers the graph reads
             cap.graph.launch(stream=stream)
-            logits = cp.asnumpy(cap.output, stream=stream)
-            stream.synchronize()
-        return logits[batch.logits_rows]
+            # a gather into a fresh array, ordered after the replay on this stream: the
+            # next replay rewrites cap.output. The device's stream is blocking, so a copy
+            # on the legacy default stream (to_numpy) waits for both.
+            logits = cap.output[cp.asarray(batch.logits_rows)]
+        return logits
 
-    def _capture(self, round_fn, padded: ForwardBatch, B: int) -> _Captured:
+    def _capture(self, layers: Layers, padded: ForwardBatch, B: int) -> _Captured:
         from zinfer.devices.cuda import RoundMeta
 
         cp, dev = self.dev.cupy, self.dev
@@ -73,19 +77,15 @@ class DecodeGraphs:
         pool = cp.cuda.MemoryPool()
         stream = dev.stream
         with cp.cuda.using_allocator(pool.malloc):
-            dev.prepare(padded, meta)
-            round_fn(padded)  # warm-up: compiles kernels, fills the private pool
+            ctx = dev.begin_round(padded, meta)  # the fixed-capacity ctx every replay reads
+            layers(ctx)  # warm-up: compiles kernels, fills the private pool
             stream.synchronize()
-            dev.begin_capture(padded, meta)
             stream.begin_capture()
             try:
-                round_fn(padded)
+                output = layers(ctx)
             finally:
                 graph = stream.end_capture()
-                dev.end_capture()
-        if not dev.captured_outputs:
-            raise RuntimeError("the captured round produced no logits")
-        return _Captured(graph, meta, pool, dev.captured_outputs[-1])
+        return _Captured(graph, meta, pool, output)
 
     def _pad(self, batch: ForwardBatch, B: int) -> ForwardBatch:
         """batch plus B - S dummy one-token sequences into the trash block; logits for all rows."""

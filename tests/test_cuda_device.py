@@ -91,7 +91,8 @@ def test_rope(dev, interleaved, T, heads, hd, rope_dim):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((T, heads, hd)).astype(np.float32)
     pos = rng.integers(0, 4000, T).astype(np.int64)
-    got = dev.to_numpy(dev.rope(dev.from_numpy(x), dev.from_numpy(pos), 10000.0, rope_dim, interleaved))
+    ctx = dev.begin_round(ForwardBatch.build([([0], int(p), [0], False) for p in pos], 4096))  # a round at these positions
+    got = dev.to_numpy(dev.rope(dev.from_numpy(x), ctx, 10000.0, rope_dim, interleaved))
     assert rel_err(got, ref.rope(x, pos, 10000.0, rope_dim, interleaved)) < 1e-4
 
 
@@ -120,19 +121,19 @@ def test_paged_attention_matches_cpu(dev, window, H, Hkv, hd):
     batch = ForwardBatch.build(chunks, bs)
     cpu, cpu_kv = CpuDevice(), CpuKV([np.zeros(((n_blocks) * bs, Hkv, hd), np.float32)], [np.zeros(((n_blocks) * bs, Hkv, hd), np.float32)], n_blocks, bs)
     gpu_kv = dev.alloc_kv(1, Hkv, hd, n_blocks, bs)
-    # earlier context of every sequence, then this round's K/V
-    all_slots = np.arange(n_blocks * bs)
+    # earlier context of every sequence (every slot of the pool), then this round's K/V
     k0, v0 = (rng.standard_normal((n_blocks * bs, Hkv, hd)).astype(np.float32) for _ in range(2))
-    for d, kv in ((cpu, cpu_kv), (dev, gpu_kv)):
-        d.write_kv(kv, 0, d.from_numpy(k0), d.from_numpy(v0), d.from_numpy(all_slots))
+    cpu_kv.k[0][:], cpu_kv.v[0][:] = k0, v0
+    gpu_kv.k[0][:n_blocks * bs], gpu_kv.v[0][:n_blocks * bs] = dev.from_numpy(k0), dev.from_numpy(v0)
     T = batch.n_tokens
     q = rng.standard_normal((T, H, hd)).astype(np.float32)
     k, v = (rng.standard_normal((T, Hkv, hd)).astype(np.float32) for _ in range(2))
     scale = hd ** -0.5
-    cpu.write_kv(cpu_kv, 0, k, v, batch.slots)
-    want = cpu.attention(q, cpu_kv, 0, batch, scale, window)
-    dev.write_kv(gpu_kv, 0, dev.from_numpy(k), dev.from_numpy(v), dev.from_numpy(batch.slots))
-    got = dev.to_numpy(dev.attention(dev.from_numpy(q), gpu_kv, 0, batch, scale, window))
+    cpu_ctx, gpu_ctx = cpu.begin_round(batch), dev.begin_round(batch)
+    cpu.write_kv(cpu_kv, 0, k, v, cpu_ctx)
+    want = cpu.attention(q, cpu_kv, 0, cpu_ctx, scale, window)
+    dev.write_kv(gpu_kv, 0, dev.from_numpy(k), dev.from_numpy(v), gpu_ctx)
+    got = dev.to_numpy(dev.attention(dev.from_numpy(q), gpu_kv, 0, gpu_ctx, scale, window))
     assert rel_err(got, want) < 1e-4
 
 
@@ -166,7 +167,7 @@ def _greedy(round_of, prompt: list[int], n_new: int, bs: int = 8) -> list[int]:
 def test_tiny_model_greedy_tokens_equal_cpu(tmp_path, arch, qtype, graphs):
     from gguf import GGMLQuantizationType as QT
 
-    from zinfer.models.forward import forward
+    from zinfer.models.forward import round_logits
     from zinfer.models.loader import open_model
     from tiny import write_tiny_gguf
     from zinfer.models.weights import build_weights
@@ -180,6 +181,44 @@ def test_tiny_model_greedy_tokens_equal_cpu(tmp_path, arch, qtype, graphs):
     prompt = [5, 40, 77, 120, 9, 33, 250, 17, 64, 3]
     kv_cpu = cpu.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, 16, 8)
     kv_gpu = gpu.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, 16, 8)
-    want = _greedy(lambda b: forward(spec, w_cpu, cpu, kv_cpu, b), prompt, 12)
-    got = _greedy(lambda b: gpu.run_round(lambda bb: forward(spec, w_gpu, gpu, kv_gpu, bb), kv_gpu, b), prompt, 12)
+    want = _greedy(lambda b: round_logits(spec, w_cpu, cpu, kv_cpu, b), prompt, 12)
+    got = _greedy(lambda b: round_logits(spec, w_gpu, gpu, kv_gpu, b), prompt, 12)  # run_round: graphs replay decode rounds
     assert got == want
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_traced_rounds_read_cuda_events_and_keep_graphs(tmp_path, graphs):
+    """The executor's traced path: ops through the kernel-timing wrapper on the device's
+    kernel_clock (CUDA events), rounds through run_round (graphs replay decode rounds,
+    which time no kernels); the logits are the untraced ones."""
+    from zinfer.models.forward import round_logits
+    from zinfer.models.loader import open_model
+    from tiny import write_tiny_gguf
+    from zinfer.models.weights import build_weights
+    from zinfer.traces.kernels import CudaEventClock, KernelRecorder
+
+    src = open_model(write_tiny_gguf(tmp_path / "m.gguf", "llama", seed=3))
+    spec = src.spec
+    gpu = CudaDevice(0, CudaConfig(cuda_graphs=graphs))
+    clock = gpu.kernel_clock()
+    assert isinstance(clock, CudaEventClock)
+    rec = KernelRecorder(clock)
+    traced = rec.wrap(gpu)
+    w = build_weights(spec, src.tensors, gpu.upload)
+    kv = gpu.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, 16, 8)
+    table = list(range(16))
+    prompt = [5, 40, 77, 120, 9, 33]
+    plain = round_logits(spec, w, gpu, kv, ForwardBatch.build([(prompt, 0, table, True)], 8))
+    got = round_logits(spec, w, traced, kv, ForwardBatch.build([(prompt, 0, table, True)], 8), marks=rec)
+    np.testing.assert_array_equal(got, plain)
+    offset, events = rec.take()
+    assert offset > 0 and {"embed", "attention", "layer 0"} <= {name for name, _, _ in events}
+    assert all(0 <= a <= b for _, a, b in events)
+    for step in range(3):  # decode rounds: with graphs, the first captures and the others replay
+        decode = ForwardBatch.build([([7], len(prompt) + step, table, True)], 8)
+        round_logits(spec, w, traced, kv, decode, marks=rec)
+        _, events = rec.take()
+        if graphs and step > 0:
+            assert events == []  # a replay runs no op through the wrapper
+        else:
+            assert events and all(0 <= a <= b for _, a, b in events)

@@ -6,10 +6,10 @@ TracedDevice that wraps the real one, and the forward marks layer boundaries on 
 same recorder. The executor writes the round's events as one record under its round
 span (traces/rounds.py); the merge step turns them into layer and kernel slices.
 
-The clock is a hook: the default reads time.perf_counter_ns on the host, right for
-devices whose ops finish before they return (numpy, numba). An asynchronous device
-(CUDA) passes a clock that records device events and resolves them to nanoseconds
-once the round has synchronized (see CudaEventClock).
+The clock is the device's (Device.kernel_clock): the default reads time.perf_counter_ns
+on the host, right for devices whose ops finish before they return (numpy, numba). An
+asynchronous device (CUDA) gives a clock that records device events and resolves them
+to nanoseconds once the round has synchronized (see CudaEventClock).
 """
 
 from __future__ import annotations
@@ -68,12 +68,22 @@ class KernelRecorder:
 
 
 class TracedDevice:
-    """The device with every kernel op timed into a recorder; all else passes through."""
+    """The device with every kernel op timed into a recorder; all else passes through.
+
+    The forward, bound to this wrapper, calls the timed ops; the real device's
+    run_round decides how the round runs (a CUDA graph replay records no kernel spans)
+    and is no span itself. begin_round called on the wrapper is one, "begin_round"."""
 
     def __init__(self, device: Any, recorder: KernelRecorder):
         self.device = device
         for op in KERNEL_OPS:
             setattr(self, op, _timed(op, getattr(device, op), recorder))
+        if hasattr(device, "begin_round"):
+            self.begin_round = _timed("begin_round", device.begin_round, recorder)
+
+    def run_round(self, layers: Callable, batch: Any) -> Any:
+        """The real device's round; `layers` (bound to this wrapper) times the ops."""
+        return self.device.run_round(layers, batch)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.device, name)
@@ -95,7 +105,9 @@ def _timed(name: str, fn: Callable, rec: KernelRecorder) -> Callable:
 class CudaEventClock:
     """Device time for CUDA ops: each clock read records a cupy Event on the current
     stream; resolve() synchronizes and converts them to ns since the round's first event,
-    anchored at the host time of that first read. Untested here (no GPU on this machine)."""
+    anchored at the host time of that first read. A read while the stream is being
+    captured into a graph gives None (an event recorded there has no time), and events
+    holding one are dropped. Runs only where cupy and a GPU exist."""
 
     def __init__(self):
         import cupy  # only where cupy and a GPU exist
@@ -105,18 +117,26 @@ class CudaEventClock:
         self._anchor = 0
 
     def now(self):
+        stream = self._cupy.cuda.get_current_stream()
+        try:
+            if stream.is_capturing():
+                return None
+        except self._cupy.cuda.runtime.CUDARuntimeError:  # the query itself is refused mid-capture
+            return None
         ev = self._cupy.cuda.Event()
-        ev.record()
+        ev.record(stream)
         if self._origin is None:
             self._origin, self._anchor = ev, time.time_ns()
         self._last = ev
         return ev
 
     def resolve(self, events: list) -> tuple[int, list]:
-        if not events:
-            return 0, events
+        events = [e for e in events if e[1] is not None and e[2] is not None]
+        if not events or self._origin is None:
+            self._origin = self._last = None
+            return 0, []
         self._last.synchronize()
         ms, origin = self._cupy.cuda.get_elapsed_time, self._origin
         out = [(n, int(ms(origin, a) * 1e6), int(ms(origin, b) * 1e6)) for n, a, b in events]
-        anchor, self._origin = self._anchor, None
+        anchor, self._origin, self._last = self._anchor, None, None
         return anchor, out

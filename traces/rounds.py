@@ -1,8 +1,9 @@
 """The executor's side of tracing: one span per round, its layers and kernels below it.
 
-The round span covers exactly the forward (as timed in the worker thread), so the
-layer and kernel slices the recorder adds under it account for nearly all of it; the
-gap is the forward's own Python between device calls.
+The round span covers exactly the round (device.run_round and the logits' copy to the
+host, as timed in the worker thread), so the layer and kernel slices the recorder adds
+under it account for nearly all of it; the gap is the forward's own Python between
+device calls and the round's set-up (begin_round).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from zinfer.traces.setup import Tracing
 
 class RoundTracer:
     """Times an executor's rounds. `device` is what the forward should run on: the real
-    device, or it wrapped in a kernel timer when kernels are traced."""
+    device, or it wrapped in a kernel timer when kernels are traced. `clock`: the
+    device's kernel_clock() (None: host time)."""
 
     def __init__(self, tracing: Tracing, device: Any, clock: Any = None):
         self.tracing = tracing
@@ -23,12 +25,12 @@ class RoundTracer:
         self.device = self.recorder.wrap(device) if self.recorder else device
         self._span_ns = (0, 0)
 
-    def run(self, forward: Callable, *args: Any) -> Any:
-        """forward(*args, marks=recorder) between the round's start and end marks; call
-        it where the forward runs (the worker thread)."""
+    def run(self, round_fn: Callable, *args: Any) -> Any:
+        """round_fn(*args, marks=recorder) between the round's start and end marks; call
+        it where the round runs (the worker thread)."""
         t0 = time.perf_counter_ns()
         try:
-            return forward(*args, marks=self.recorder)
+            return round_fn(*args, marks=self.recorder)
         finally:
             self._span_ns = (t0, time.perf_counter_ns())
 

@@ -57,7 +57,7 @@ import cupy as cp  # noqa: E402
 
 from zinfer.devices.cuda import CudaConfig, CudaDevice, GpuMatrix  # noqa: E402
 from zinfer.devices.batch import ForwardBatch  # noqa: E402
-from zinfer.models.forward import forward  # noqa: E402
+from zinfer.models.forward import round_logits  # noqa: E402
 from zinfer.models.spec import ModelSpec  # noqa: E402
 from zinfer.models.weights import LayerWeights, ModelWeights  # noqa: E402
 
@@ -130,7 +130,7 @@ def bench_model(name: str, qtype: int, ctx: int, batches: list[int], prefill_len
             kv = dev.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, B * blocks, bs)
             chunks = [([7], ctx - 1, list(range(i * blocks, (i + 1) * blocks)), True) for i in range(B)]
             batch = ForwardBatch.build(chunks, bs)
-            sec = timed(lambda: dev.run_round(lambda b: forward(spec, w, dev, kv, b), kv, batch), 10)
+            sec = timed(lambda: round_logits(spec, w, dev, kv, batch), 10)
             gbs = (wb + B * ctx * kv_tok) / sec / 1e9
             rows.append(f"{name:>3} {qname:>5} decode  B={B:<3} ctx={ctx:<5} graphs={'on ' if graphs else 'off'} "
                         f"{B / sec:10.1f} tok/s  {sec * 1e3:8.2f} ms/round  {gbs:7.0f} GB/s ({100 * gbs / PEAK_GBS:4.1f}% of {PEAK_GBS:.0f})")
@@ -141,7 +141,7 @@ def bench_model(name: str, qtype: int, ctx: int, batches: list[int], prefill_len
         blocks = -(-prefill_len // bs)
         kv = dev.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, blocks, bs)
         batch = ForwardBatch.build([(list(range(3, 3 + prefill_len)), 0, list(range(blocks)), True)], bs)
-        sec = timed(lambda: forward(spec, w, dev, kv, batch), 3)
+        sec = timed(lambda: round_logits(spec, w, dev, kv, batch), 3)
         gbs, tflops = wb / sec / 1e9, 2 * n_params * prefill_len / sec / 1e12
         rows.append(f"{name:>3} {qname:>5} prefill T={prefill_len:<5} gemm={gemm}         {prefill_len / sec:10.1f} tok/s  "
                     f"{sec * 1e3:8.2f} ms/round  {gbs:7.0f} GB/s ({100 * gbs / PEAK_GBS:4.1f}%)  {tflops:6.1f} TFLOP/s")
