@@ -9,12 +9,19 @@ from __future__ import annotations
 import json
 
 import httpx
+import msgspec
 import openai
 import pydantic
 import pytest
+import trio
 from http_server import running_server
 from openai.types.responses import Response, ResponseStreamEvent
 from tiny import write_tiny_gguf
+
+from zinfer.gateway.openai_responses import ResponsesShaper
+from zinfer.gateway.openai_responses_schema import ResponsesRequest
+from zinfer.gateway.state import GatewayState
+from zinfer.messages.client import Delta, Failed, Finished, Usage
 
 KEY = "sk-responses"
 HI = [{"role": "user", "content": "Hi"}]
@@ -239,6 +246,54 @@ def test_a_client_leaving_mid_stream_cancels_its_request(server):
         assert any("response.output_text.delta" in line for line in r.iter_lines())
     m = server.wait_idle()
     assert m['zinfer_requests_total{outcome="cancelled"}'] == before + 1 and m["zinfer_kv_used_blocks"] == 0
+
+
+def shaped(tools: set[str] | None, events: list) -> tuple[list[dict], dict]:
+    """The stream events and the whole Response the shaper makes of these engine events."""
+    req = msgspec.json.decode(b'{"input": "Hi"}', type=ResponsesRequest)
+    shaper = ResponsesShaper(GatewayState(model_name="m"), req, "r", tools)
+
+    async def one_by_one(items: list):
+        for e in items:
+            yield e
+
+    async def both():
+        frames = [f async for f in shaper.stream(events[0], one_by_one(events[1:]), True)]
+        return frames, await shaper.collect(one_by_one(events))
+
+    frames, whole = trio.run(both)
+    parsed = []
+    for f in frames:
+        name, data = f.decode().strip().split("\n")
+        parsed.append(json.loads(data.removeprefix("data: ")))
+        assert name == "event: " + parsed[-1]["type"]
+        EVENTS.validate_python(parsed[-1])
+    return parsed, whole
+
+
+def without_ids(items: list[dict]) -> list[dict]:
+    return [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in items]
+
+
+def test_an_engine_failure_mid_stream_ends_with_response_failed():
+    events, _ = shaped(None, [Delta("r", text="Hel"), Delta("r", text="lo"), Failed("r", "an actor died")])
+    assert [e["type"] for e in events][-3:] == ["response.output_text.delta", "response.output_text.delta", "response.failed"]
+    failed = Response.model_validate(events[-1]["response"])
+    assert failed.status == "failed" and failed.error.code == "server_error" and "an actor died" in failed.error.message
+
+
+def test_text_and_a_call_stream_as_a_message_then_a_function_call_like_the_whole_response():
+    text = 'Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    pieces = [text[i : i + 7] for i in range(0, len(text), 7)]  # tags split across deltas
+    usage = Usage(prompt_tokens=5, completion_tokens=len(pieces))
+    events, whole = shaped({"get_weather"}, [*(Delta("r", text=p) for p in pieces), Finished("r", ["stop"], usage)])
+    final = events[-1]["response"]
+    assert events[-1]["type"] == "response.completed" and without_ids(final["output"]) == without_ids(whole["output"])
+    message, call = Response.model_validate(final).output
+    assert (message.type, message.content[0].text) == ("message", "Let me check.")
+    assert (call.type, call.name, json.loads(call.arguments)) == ("function_call", "get_weather", {"city": "Paris"})
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "Let me check."
+    assert [e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"] == [call.arguments]
 
 
 @pytest.mark.slow
