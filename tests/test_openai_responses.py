@@ -234,6 +234,10 @@ def test_what_zinfer_does_not_do_is_refused_naming_the_field(oai, fields, param,
 
 def test_unknown_model_missing_key_and_unknown_fields(oai, server):
     assert refusal(oai, model="gpt-5", input="Hi").status_code == 404
+    too_long = refusal(oai, model=server.model, input="word " * 3000)
+    assert (too_long.status_code, too_long.body["param"], too_long.body["code"]) == (400, "input", "context_length_exceeded")
+    streamed = refusal(oai, model=server.model, input="word " * 3000, stream=True)  # refused before the stream starts
+    assert (streamed.status_code, streamed.body["param"]) == (400, "input")
     assert httpx.post(server.url + "/v1/responses", json={"input": "Hi"}).status_code == 401
     r = post(server, {"input": "Hi", "max_output_tokens": 1, "metadata": {"k": "v"}, "reasoning": {"effort": "low"}})
     assert r.status_code == 200 and r.json()["status"] == "incomplete"  # unknown fields are ignored, as on chat
