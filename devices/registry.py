@@ -74,8 +74,13 @@ def cpu_fast_problem() -> str | None:
 
 def resolve_device(name: str) -> Resolved:
     """The concrete device `name` means here: itself, or for "auto" cuda, cpu-fast or cpu
-    (the first that works), with the reason; logged at info. ValueError for an unknown name."""
-    if kind_of(name) != "auto":
+    (the first that works), with the reason; logged at info. ValueError for an unknown
+    name, or for cuda / cpu-fast asked for by name where they cannot run (saying why)."""
+    kind = kind_of(name)
+    if kind != "auto":
+        problem = cuda_problem() if kind == "cuda" else cpu_fast_problem() if kind == "cpu-fast" else None
+        if problem is not None:
+            raise ValueError(f"device {name} cannot run here: {problem}")
         return Resolved(name, "asked for")
     not_cuda = cuda_problem()
     if not_cuda is None:
@@ -108,10 +113,14 @@ def make_device(name: str, options: DeviceConfig | None = None) -> Any:
     name = resolve_device(name).name
     check_options(name, options)
     kind = kind_of(name)
-    if kind in ("cpu", "cpu-llama"):
+    if kind == "cpu":
         from zinfer.devices.cpu import CpuDevice
 
-        return CpuDevice(llama_cpp_numerics=kind == "cpu-llama")
+        return CpuDevice()
+    if kind == "cpu-llama":
+        from zinfer.devices.cpu_llama import LlamaCpuDevice
+
+        return LlamaCpuDevice()
     if kind == "cpu-fast":
         from zinfer.devices.cpu_fast import FastCpuDevice
 

@@ -133,3 +133,12 @@ def test_unsupported_tensor_type_is_one_line_naming_tensor_and_type(tmp_path, ca
     err = capsys.readouterr().err
     assert info.value.code == 1
     assert err.count("\n") == 1 and "blk.0.ffn_up.weight" in err and "IQ4_NL" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(cuda_problem() is None, reason="a GPU works here")
+def test_cuda_by_name_without_a_gpu_is_one_line_before_loading(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--model", "/nonexistent.gguf", "--device", "cuda:0", "hi"])  # refused before the model is looked at
+    err = capsys.readouterr().err
+    assert info.value.code == 1
+    assert err.startswith("zinfer: error: device cuda:0 cannot run here: ") and cuda_problem() in err and err.count("\n") == 1
