@@ -27,7 +27,7 @@ class CpuConfig(_Options, tag="cpu"):
 
 
 class CpuLlamaConfig(_Options, tag="cpu-llama"):
-    """numpy with llama.cpp's CPU arithmetic (devices/cpu.py, llama_cpp_numerics): no options yet."""
+    """numpy with llama.cpp's CPU arithmetic (devices/cpu_llama.py, LlamaCpuDevice): no options yet."""
 
 
 class CpuFastConfig(_Options, tag="cpu-fast"):

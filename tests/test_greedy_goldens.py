@@ -5,7 +5,7 @@ The goldens come from tests/goldens/regenerate.py, for the quantized model files
 F32 copies of them (the same weights, dequantized). On the F32 copy llama.cpp computes
 in float32 as our oracle does, so greedy ids must agree. On the quantized file it first
 rounds activations to int8 blocks: the float32 oracle then takes different near-ties
-now and then, while the cpu-llama device (CpuDevice(llama_cpp_numerics=True)) computes
+now and then, while the cpu-llama device (devices/cpu_llama.py LlamaCpuDevice) computes
 as llama.cpp does and follows it. Teacher forcing runs the prompt plus llama.cpp's
 tokens in one prefill and compares our argmax at every position; the greedy run
 prefills, then decodes token by token.
