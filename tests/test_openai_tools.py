@@ -306,3 +306,38 @@ def reassembled(chunks) -> tuple[list[tuple[str, str]], str | None, str | None]:
                 entry[1] += (t.function.arguments or "") if t.function else ""
             reason = c.finish_reason or reason
     return [tuple(calls[i]) for i in sorted(calls)], reason, content
+
+
+# ---- slow: Qwen2.5-Coder 0.5B, whose own template renders the tools ---------------------------
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    from conftest import _model  # the shared model cache and its slow-marker check
+
+    with running_server(_model("qwen2.5-coder-0.5b"), "--device", "cpu-fast", "--max-model-len", "2048", "--served-model-name", MODEL) as s:
+        with openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=600) as client:
+            yield client
+
+
+ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+
+
+@pytest.mark.slow
+def test_qwen_calls_the_tool_and_answers_from_its_result(qwen):
+    first = qwen.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, temperature=0, max_tokens=100)
+    (c,) = first.choices
+    assert c.finish_reason == "tool_calls", c.message.content
+    (call,) = c.message.tool_calls
+    assert call.id.startswith("call_") and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments)["city"].lower().startswith("paris")
+    # the streamed request's deltas reassemble to the same call
+    calls, reason, content = reassembled(qwen.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, temperature=0, max_tokens=100, stream=True))
+    assert (calls, reason, content) == ([(call.function.name, call.function.arguments)], "tool_calls", c.message.content)
+    # the result goes back as a tool message and the model answers from it
+    result = json.dumps({"city": "Paris", "temperature_c": 17, "sky": "light rain"})
+    history = [*ASK, c.message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": result}]
+    answer = qwen.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, temperature=0, max_tokens=80)
+    (a,) = answer.choices
+    assert a.finish_reason == "stop" and not a.message.tool_calls
+    assert "17" in a.message.content, a.message.content
