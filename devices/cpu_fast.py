@@ -50,7 +50,7 @@ class FastCpuDevice(DeviceBase):
     in f16, as llama.cpp does by default (half the bytes that attention reads; at 16
     streams those are as many as the weights), else f32 as the oracle does."""
 
-    name = "cpu"
+    name = "cpu-fast"
 
     def __init__(self, threads: int | None = None, f32_cache_bytes: int = 1 << 30, int8: bool | None = None, kv_f16: bool = True):
         if threads is not None:
