@@ -128,7 +128,7 @@ async def respond(state: GatewayState, request: Request, kind: type[ChatRequest]
             raise unknown_model(req.model)
         params = sampling_params(req, state.max_model_len)
         constraint = constraint_from_request(req)  # response_format, guided_*, ...: one checked Constraint or None
-        plan = tool_plan(req) if isinstance(req, ChatRequest) else None
+        plan = tool_plan(req, state.extra.get("tool_syntax", "hermes")) if isinstance(req, ChatRequest) else None
         if plan is not None and plan.forced:  # "required" or a named function: the grammar allows only calls
             constraint = tool_constraint(plan, constraint)
         if constraint is not None:

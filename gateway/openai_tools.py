@@ -47,6 +47,7 @@ class ToolPlan:
     functions: list[dict[str, Any]]
     choice: str
     parallel: bool = True
+    syntax: str = "hermes"  # how the model writes a call: "hermes" or "llama3" (models/tool_prompt.py call_syntax)
 
     @property
     def names(self) -> set[str]:
@@ -57,9 +58,9 @@ class ToolPlan:
         return self.choice != "auto"
 
 
-def tool_plan(req: ChatRequest) -> ToolPlan | None:
-    """The request's ToolPlan, or None when the model must not call (no tools, or
-    tool_choice "none"). ApiError 400 names the bad field."""
+def tool_plan(req: ChatRequest, syntax: str = "hermes") -> ToolPlan | None:
+    """The request's ToolPlan for a model that writes calls in `syntax`, or None when the
+    model must not call (no tools, or tool_choice "none"). ApiError 400 names the bad field."""
     choice = req.tool_choice if req.tool_choice is not None else ("auto" if req.tools else "none")
     if isinstance(choice, str):
         if choice not in CHOICES:
@@ -86,31 +87,35 @@ def tool_plan(req: ChatRequest) -> ToolPlan | None:
         raise ApiError(400, "tool function names must be unique", param="tools", code="invalid_value")
     if wanted is not None and wanted not in names:
         raise ApiError(400, f"tool_choice names the function {wanted!r}, which is not among the tools", param="tool_choice", code="invalid_value")
-    return ToolPlan(functions, wanted or choice, req.parallel_tool_calls is not False)
+    return ToolPlan(functions, wanted or choice, req.parallel_tool_calls is not False, syntax)
 
 
 # ---- the grammar of a compulsory call ------------------------------------------------
 
 
 def call_grammar(plan: ToolPlan) -> str:
-    """llguidance Lark text allowing only Hermes calls of the plan's functions (the named
-    one, or any for "required"): one block, or one or more when plan.parallel."""
+    """llguidance Lark text allowing only calls of the plan's functions (the named one, or
+    any for "required") in the plan's syntax: Hermes blocks (one, or one or more when
+    plan.parallel), or Llama 3's one {"name": ..., "parameters": {...}} object."""
     allowed = [f for f in plan.functions if plan.choice == "required" or f["name"] == plan.choice]
+    key = "parameters" if plan.syntax == "llama3" else "arguments"
     rules = []
     for i, f in enumerate(allowed):
         arguments = dict(f.get("parameters") or {"type": "object"})
         defs = {k: arguments.pop(k) for k in ("$defs", "definitions") if k in arguments}  # "#/$defs/..." refs resolve from the root
         schema = {
             "type": "object",
-            "properties": {"name": {"const": f["name"]}, "arguments": arguments},
-            "required": ["name", "arguments"],
+            "properties": {"name": {"const": f["name"]}, key: arguments},
+            "required": ["name", key],
             "additionalProperties": False,
             "x-guidance": JSON_OPTIONS,  # the JSON laid out as json.dumps does: no whitespace to wander in
             **defs,
         }
         rules.append(f"fn{i}: %json {json.dumps(schema)}")
-    start = 'start: call ("\\n" call)*' if plan.parallel else "start: call"
     body = " | ".join(f"fn{i}" for i in range(len(allowed)))
+    if plan.syntax == "llama3":
+        return "\n".join([f"start: {body}", *rules]) + "\n"
+    start = 'start: call ("\\n" call)*' if plan.parallel else "start: call"
     return "\n".join([start, f'call: "{TOOL_OPEN}\\n" body "\\n{TOOL_CLOSE}"', f"body: {body}", *rules]) + "\n"
 
 

@@ -100,3 +100,24 @@ def hermes_messages(messages: list[dict[str, Any]], tools: list[dict] | None) ->
 def call_text(name: str, arguments: Any) -> str:
     """One Hermes tool call block: arguments a mapping (or a text kept as it came)."""
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
+
+
+def call_syntax(template: str | None) -> str:
+    """How a model writes a call, by its chat template: "llama3" for Llama 3.1's
+    {"name": ..., "parameters": {...}} (its template speaks of <|python_tag|> or
+    "parameters" and not of <tool_call>), else "hermes" (Qwen's, Hermes', zinfer's fallback)."""
+    if template and "<tool_call>" not in template and ("<|python_tag|>" in template or '"parameters"' in template):
+        return "llama3"
+    return "hermes"
+
+
+def source_chat_template(source) -> str | None:
+    """The chat template a models.loader.ModelSource ships: GGUF metadata, or an HF
+    folder's tokenizer_config.json or chat_template.jinja (as Tokenizer.from_dir reads them)."""
+    from zinfer.models.tokenizer import _read_json, _template_from
+
+    if source.format == "gguf":
+        return source.gguf_metadata.get("tokenizer.chat_template")
+    template = _template_from(_read_json(source.path / "tokenizer_config.json").get("chat_template"))
+    jinja = source.path / "chat_template.jinja"
+    return template if template is not None or not jinja.exists() else jinja.read_text(encoding="utf-8")

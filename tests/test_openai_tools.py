@@ -16,7 +16,7 @@ from tiny import tiny_tokenizer_json, write_tiny_gguf
 from zinfer.gateway.client import Client
 from zinfer.gateway.openai_tools import Call, StreamedCalls, ToolCallParser, ToolPlan, call_grammar, parse_tool_calls
 from zinfer.messages.client import Detokenize, Tokenize, TokenizeResult
-from zinfer.models.tool_prompt import as_dicts, hermes_messages, template_tools
+from zinfer.models.tool_prompt import as_dicts, call_syntax, hermes_messages, template_tools
 
 WEATHER = {
     "name": "get_weather",
@@ -170,6 +170,23 @@ def test_grammar_keeps_schema_refs_resolvable(ll_tokenizer):
     g = call_grammar(ToolPlan([fn], "required", parallel=False))
     assert grammar_accepts(ll_tokenizer, g, call_block("place", {"city": "Rome"}))
     assert not grammar_accepts(ll_tokenizer, g, call_block("place", {"city": "Oslo"}))
+
+
+def test_llama3_grammar_takes_one_json_call_with_parameters(ll_tokenizer):
+    g = call_grammar(ToolPlan([WEATHER, NOOP], "required", parallel=True, syntax="llama3"))
+    assert grammar_accepts(ll_tokenizer, g, json.dumps({"name": "get_weather", "parameters": {"city": "Oslo"}}))
+    assert not grammar_accepts(ll_tokenizer, g, json.dumps({"name": "get_weather", "arguments": {"city": "Oslo"}}))
+    assert not grammar_accepts(ll_tokenizer, g, call_block("get_weather", {"city": "Oslo"}))
+    # and the parser reads what it allows
+    assert parse_tool_calls(json.dumps({"name": "get_weather", "parameters": {"city": "Oslo"}}), NAMES) == (None, [Call("get_weather", '{"city": "Oslo"}')])
+
+
+def test_call_syntax_follows_the_template():
+    from zinfer.models.chat_template import CHATML_TEMPLATE
+
+    llama31 = 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}. {{- "<|python_tag|>" }}'
+    qwen = "For each function call, return a json object within <tool_call></tool_call> XML tags"
+    assert [call_syntax(t) for t in (llama31, qwen, CHATML_TEMPLATE, None)] == ["llama3", "hermes", "hermes", "hermes"]
 
 
 # ---- the prompt of a template without tool support ------------------------------------------
