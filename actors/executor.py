@@ -3,8 +3,9 @@
 Each round runs in a worker thread (numpy and cupy release the GIL), so the other
 actors of an in-process topology keep streaming while it computes: the device's
 run_round over the forward (devices/round.py tells the whole round), traced or not, so
-CUDA graphs and device-time kernel spans are on the normal path. Only numpy logits
-leave the device.
+CUDA graphs and device-time kernel spans are on the normal path. Only what the sampler
+needs of the logits leaves the device: full rows, or the top candidates of greedy and
+top-k rows (devices/reductions.py).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import zmq
 from zinfer.actors.topology import Addresses
 from zinfer.devices.base import Device
 from zinfer.devices.batch import ForwardBatch
+from zinfer.devices.reductions import reduce_logits
 from zinfer.messages.channel import Inbox, Outbox
-from zinfer.messages.engine import ExecutorInbox, Round, RoundLogits, SamplerInbox, Shutdown
+from zinfer.messages.engine import Candidates, ExecutorInbox, Round, RoundLogits, RoundSeq, SamplerInbox, Shutdown
 from zinfer.models.forward import forward
 from zinfer.models.loader import ModelSource
 from zinfer.models.weights import build_weights
@@ -61,23 +63,25 @@ class ExecutorActor:
     async def run_round(self, r: Round) -> RoundLogits:
         tables = self.tables.update(r)
         batch = ForwardBatch.build([(s.token_ids, s.start_pos, t, s.wants_logits) for s, t in zip(r.seqs, tables)], self.block_size)
+        wanting = [s for s in r.seqs if s.wants_logits]
         t0 = time.perf_counter()
         if self.round_tracer is None:
-            logits = await trio.to_thread.run_sync(self.compute, batch)
+            seq_ids, logits, candidates = await trio.to_thread.run_sync(self.compute, batch, wanting)
         else:
             rt = self.round_tracer
-            logits = await trio.to_thread.run_sync(rt.run, self.compute, batch)
+            seq_ids, logits, candidates = await trio.to_thread.run_sync(rt.run, self.compute, batch, wanting)
             rt.finish(round_name(r), round_attributes(r, batch), r.traceparents)
         self.busy_seconds += time.perf_counter() - t0
-        seq_ids = [s.seq_id for s in r.seqs if s.wants_logits]
-        return RoundLogits(r.round_id, seq_ids, logits, r.sampler_updates, r.traceparents)
+        return RoundLogits(r.round_id, seq_ids, logits, r.sampler_updates, r.traceparents, candidates)
 
-    def compute(self, batch: ForwardBatch, marks=None) -> np.ndarray:
-        """One round on the device (worker thread): logits [S, vocab] on the host. With
+    def compute(self, batch: ForwardBatch, wanting: list[RoundSeq], marks=None) -> tuple[list[int], np.ndarray, Candidates | None]:
+        """One round on the device (worker thread), its logits cut on the device to what the
+        sampler needs of each of wanting's rows (devices/reductions.py): (seq ids of the full
+        rows, those rows [S_full, vocab] on the host, the others' candidates or None). With
         tracing, the forward runs on the kernel-timing wrapper and marks its layers."""
         dev = self.device if self.round_tracer is None else self.round_tracer.device
         logits = dev.run_round(partial(forward, self.spec, self.weights, dev, self.kv, marks=marks), batch)
-        return self.device.to_numpy(logits)
+        return reduce_logits(self.device, logits, wanting)
 
 
 class BlockTables:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from zinfer.devices.batch import ForwardBatch
+from zinfer.devices.reductions import numpy_topk
 from zinfer.devices.round import RoundCtx
 from zinfer.devices.tensor import TensorData
 
@@ -74,6 +75,11 @@ class Device(Protocol):
 
     def from_numpy(self, x: np.ndarray) -> Any: ...
 
+    def topk(self, logits: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k best (id, value) of each row of logits [R, V] (device or numpy) on the host:
+        ids int64 [R, k], values float32 [R, k], best first, ties to the lower id, NaN never
+        chosen (devices/reductions.py numpy_topk is the reference). k=1 is argmax."""
+
 
 class DeviceBase:
     """Defaults for a device whose arrays are numpy and whose ops are synchronous:
@@ -98,3 +104,6 @@ class DeviceBase:
 
     def from_numpy(self, x: np.ndarray) -> Any:
         return x
+
+    def topk(self, logits: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return numpy_topk(self.to_numpy(logits), k)

@@ -32,8 +32,7 @@ def reduce_logits(device: Any, logits: Any, seqs: Sequence[RoundSeq]) -> tuple[l
         return [s.seq_id for s in seqs], device.to_numpy(logits), None
     rows = logits if not full else logits[device.from_numpy(np.asarray(reduced, np.int64))]  # [S_k, vocab]
     k = max(needs[i] for i in reduced)
-    topk = getattr(device, "topk", None) or (lambda x, k: numpy_topk(device.to_numpy(x), k))
-    ids, values = topk(rows, k)  # [S_k, K] each
+    ids, values = device.topk(rows, k)  # [S_k, K] each
     row_max = device.to_numpy(rows.max(axis=1)).astype(np.float32)  # [S_k]; NaN propagates
     candidates = Candidates([seqs[i].seq_id for i in reduced], ids, values, row_max)
     if full:

@@ -17,17 +17,11 @@ from zinfer.gateway.client import AsyncClient
 from zinfer.messages.client import Delta, Finished
 from zinfer.messages.codec import Codec
 from zinfer.messages.engine import RoundLogits, RoundSeq, SamplerInbox
-from zinfer.messages.params import SamplingParams
+from zinfer.messages.params import Constraint, SamplingParams
 from tiny import write_tiny_gguf
 
 SAMPLED = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=7, max_tokens=24, ignore_eos=True)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-
-
-class Constrained(SamplingParams):
-    """SamplingParams with the grammar constraint field another change adds."""
-
-    constraint: str | None = None
 
 
 @pytest.mark.parametrize(
@@ -44,8 +38,8 @@ class Constrained(SamplingParams):
         (SamplingParams(temperature=0.0, repetition_penalty=1.1), 0),
         (SamplingParams(top_k=40, presence_penalty=0.5), 0),
         (SamplingParams(top_k=40, frequency_penalty=-0.5), 0),
-        (Constrained(temperature=0.0, constraint='{"type": "json"}'), 0),
-        (Constrained(temperature=0.0), 1),
+        (SamplingParams(temperature=0.0, constraint=Constraint("regex", "[a-z]+")), 0),
+        (SamplingParams(top_k=40, constraint=Constraint("choice", '["yes", "no"]')), 0),
     ],
 )
 def test_logits_needed(params, need):
