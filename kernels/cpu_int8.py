@@ -16,8 +16,10 @@ import numpy as np
 from numba import njit, prange
 
 from zinfer.kernels import int8_ir
-from zinfer.kernels.cpu_ops import PARALLEL_ROWS, call_native, compile_twice
+from zinfer.kernels.cpu_ops import PARALLEL_ROWS, compile_twice
 from zinfer.kernels.cpu_quant import Packed
+from zinfer.kernels.int8_ir import Int8Args
+from zinfer.kernels.kernel_signature import call_kernel
 
 ROWS_PER_TASK = 16  # weight rows per parallel task
 ROWS_PER_BLOCK = 64  # activation rows per parallel task
@@ -163,8 +165,9 @@ def _run(kernels, jobs, A, S, N, nsteps, nchunks, out):
             wide = t + _KTILE <= t_end
             for k, a, b in ((2 * wide + 1, r0, r_even), (2 * wide, r_even, r1)):
                 if a < b:
-                    call_native(kernels[k], (job[_W], job[_D], job[_M], A.ctypes.data, S.ctypes.data, N.ctypes.data, nsteps, nchunks,
-                                       a, b, job[_WSTRIDE], job[_DSTRIDE], t, A.strides[0], S.strides[0], N.strides[0], o, job[_ROWS]))
+                    call_kernel(kernels[k], Int8Args(W=job[_W], D=job[_D], M=job[_M], A=A.ctypes.data, S=S.ctypes.data, N=N.ctypes.data,
+                                                     nsteps=nsteps, nchunks=nchunks, r0=a, r1=b, wstride=job[_WSTRIDE], dstride=job[_DSTRIDE],
+                                                     t0=t, astride=A.strides[0], sstride=S.strides[0], nstride=N.strides[0], out=o, ostride=job[_ROWS]))
             t += _KTILE if wide else 1
 
 

@@ -14,9 +14,11 @@ import numpy as np
 from numba import njit, prange
 
 from zinfer.kernels import gemm_ir
-from zinfer.kernels.cpu_ops import as_f32, call_native, softmax_
+from zinfer.kernels.cpu_ops import as_f32, softmax_
 from zinfer.kernels.gemm_ir import MR as GEMM_MR
 from zinfer.kernels.gemm_ir import NR as GEMM_NR
+from zinfer.kernels.gemm_ir import GemmArgs
+from zinfer.kernels.kernel_signature import call_kernel
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -64,7 +66,7 @@ def chunk_attention(gemm, q, kt, v, q_pos, k0, scale, window, out):
             qb[r] = q[a + r, h]
         s = np.empty((GEMM_MR, width), np.float32)  # scores of keys c0 + j
         for c in range(0, width, GEMM_NR):
-            call_native(gemm, (qb.ctypes.data, hd, kt[g].ctypes.data + (c0 + c) * 4, ldk, s.ctypes.data + c * 4, width, hd))
+            call_kernel(gemm, GemmArgs(A=qb.ctypes.data, lda=hd, B=kt[g].ctypes.data + (c0 + c) * 4, ldb=ldk, C=s.ctypes.data + c * 4, ldc=width, K=hd))
         for r in range(GEMM_MR):
             row = s[r]
             if r >= rows:
@@ -77,7 +79,7 @@ def chunk_attention(gemm, q, kt, v, q_pos, k0, scale, window, out):
             row[p + 1 - c0 :] = 0
         o = np.empty((GEMM_MR, hd), np.float32)
         for d in range(0, hd, GEMM_NR):
-            call_native(gemm, (s.ctypes.data, width, v[g].ctypes.data + (c0 * hd + d) * 4, hd, o.ctypes.data + d * 4, hd, hi - c0))
+            call_kernel(gemm, GemmArgs(A=s.ctypes.data, lda=width, B=v[g].ctypes.data + (c0 * hd + d) * 4, ldb=hd, C=o.ctypes.data + d * 4, ldc=hd, K=hi - c0))
         for r in range(rows):
             out[a + r, h] = o[r]
 

@@ -12,23 +12,40 @@ llvmlite supports.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 from zinfer.kernels import llvm_host
+from zinfer.kernels.kernel_signature import KernelSignature
 
 MR = 4  # rows of C per call
 NR = 16  # columns of C per call (two 8-float vectors)
-ARGS = ("A", "lda", "B", "ldb", "C", "ldc", "K")
+
+
+class GemmArgs(NamedTuple):
+    """The kernel's parameters, in order: float32 arrays' addresses, strides in floats."""
+
+    A: int  # address of A [MR, >= K]
+    lda: int  # floats between rows of A
+    B: int  # address of B [K, >= 16]
+    ldb: int  # floats between rows of B
+    C: int  # address of C [MR, >= 16] (written)
+    ldc: int  # floats between rows of C
+    K: int  # the summed dimension, >= 1
+
+
+SIGNATURE = KernelSignature(GemmArgs, addresses=("A", "B", "C"))
+ARGS = SIGNATURE.names
 _F8 = "<8 x float>"
 
 
 def kernel_ir(mr: int = MR) -> str:
-    """IR of void(i64 x 7): C[r, 0:16] = sum over k < K of A[r * lda + k] * B[k * ldb + 0:16]
+    """IR of void(i64 x 7) with the parameters of GemmArgs: C[r, 0:16] = sum over k < K of A[r * lda + k] * B[k * ldb + 0:16]
     for r < mr; A, B, C addresses of float32 arrays, strides in floats, K >= 1."""
     lines: list[str] = ["declare <8 x float> @llvm.fma.v8f32(<8 x float>, <8 x float>, <8 x float>)"]
     e = lines.append
-    e(f"define void @sgemm_{mr}x16(" + ", ".join(f"i64 %{a}" for a in ARGS) + ") {")
+    e(SIGNATURE.define(f"sgemm_{mr}x16"))
     e("entry:")
-    for p in ("A", "B", "C"):
+    for p in SIGNATURE.addresses:
         e(f"  %{p}p = inttoptr i64 %{p} to ptr")
     for r in range(mr):
         e(f"  %aoff{r} = mul i64 %lda, {r}")

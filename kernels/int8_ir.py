@@ -36,10 +36,37 @@ whose per-32 scales are products of two numbers).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 from zinfer.kernels import llvm_host
+from zinfer.kernels.kernel_signature import KernelSignature
 
-ARGS = ("W", "D", "M", "A", "S", "N", "nsteps", "nchunks", "r0", "r1", "wstride", "dstride", "t0", "astride", "sstride", "nstride", "out", "ostride")
+
+class Int8Args(NamedTuple):
+    """The parameters of every int8 kernel, in order: addresses, counts and byte strides."""
+
+    W: int  # address of weight row 0 (codes)
+    D: int  # address of row 0's d_w scales
+    M: int  # address of row 0's m_w offsets (u4; others: any readable address)
+    A: int  # address of the int8 activations [T, cols]
+    S: int  # address of the activation scales [T, nsteps * 8] f32
+    N: int  # address of u4's offset sums [T, nchunks * 8] f32
+    nsteps: int  # 8-lane steps per row (>= 1)
+    nchunks: int  # vectors of 8 blocks' offsets per row (u4)
+    r0: int  # first weight row
+    r1: int  # end of the weight rows (r1 - r0 a multiple of the kernel's rows)
+    wstride: int  # bytes between weight rows
+    dstride: int  # bytes between rows of D (and of M)
+    t0: int  # first activation row
+    astride: int  # bytes between rows of A
+    sstride: int  # bytes between rows of S
+    nstride: int  # bytes between rows of N
+    out: int  # address of out [T, ostride] f32
+    ostride: int  # floats between rows of out
+
+
+SIGNATURE = KernelSignature(Int8Args, addresses=("W", "D", "M", "A", "S", "N", "out"))
+ARGS = SIGNATURE.names
 TILE = 4  # activation rows per tile in the wide kernels
 ROWS = 2  # weight rows per pass in the wide kernels
 # weights are prefetched this far ahead of the loads (a few rows): batch-1 decode of
@@ -88,7 +115,7 @@ def _scale_vector(e, name: str, ptr: str, offset: str, count: int, half: bool) -
 
 
 def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
-    """IR of one kernel: void(i64 x 18) with the arguments of ARGS (pointers and byte strides).
+    """IR of one kernel: void(i64 x 18) with the parameters of Int8Args (addresses and byte strides).
 
     It computes out[t0 + t, r] for t < tile and r in [r0, r1), `rows` weight rows per
     pass (r1 - r0 a multiple of rows). Per pass and step, each weight row is decoded once
@@ -105,9 +132,9 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
     pairs = [(i, t) for i in range(rows) for t in range(tile)]
     lines: list[str] = []
     e = lines.append
-    e(f"define void @{kernel_name(kind, dps, half, tile, rows)}(" + ", ".join(f"i64 %{a}" for a in ARGS) + ") {")
+    e(SIGNATURE.define(kernel_name(kind, dps, half, tile, rows)))
     e("entry:")
-    for p in ("W", "D", "M", "A", "S", "N", "out"):
+    for p in SIGNATURE.addresses:
         e(f"  %{p}p = inttoptr i64 %{p} to ptr")
     for t in range(tile):  # per activation row of the tile: its A, S, N rows and out offset
         e(f"  %trow{t} = add i64 %t0, {t}")
@@ -230,6 +257,14 @@ def _host_has_vnni(features: str) -> bool:
     return {"+avx512vnni", "+avx512vl", "+avx512bw"} <= flags
 
 
+KEYS = tuple((k, d, h, t, r) for k, d, h in VARIANTS for t, r in SHAPES)  # every kernel: (kind, dps, half, tile, rows)
+
+
+def module_ir() -> str:
+    """IR of the module of every kernel of KEYS (with the intrinsics' declarations)."""
+    return _DECLS + "\n".join(kernel_ir(*key) for key in KEYS)
+
+
 @functools.cache
 def addresses() -> dict[tuple[str, int, bool, int, int], int] | None:
     """Machine-code addresses of every kernel, (kind, dps, half, tile, rows) -> address; None when
@@ -237,9 +272,8 @@ def addresses() -> dict[tuple[str, int, bool, int, int], int] | None:
     try:
         if not _host_has_vnni(llvm_host.host_features()):
             return None
-        keys = [(k, d, h, t, r) for k, d, h in VARIANTS for t, r in SHAPES]
-        addr = llvm_host.compile_for_host(_DECLS + "\n".join(kernel_ir(*key) for key in keys), [kernel_name(*key) for key in keys])
-        return {key: addr[kernel_name(*key)] for key in keys}
+        addr = llvm_host.compile_for_host(module_ir(), [kernel_name(*key) for key in KEYS])
+        return {key: addr[kernel_name(*key)] for key in KEYS}
     except (ImportError, RuntimeError, OSError):
         return None
 

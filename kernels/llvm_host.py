@@ -1,10 +1,14 @@
-"""LLVM IR compiled for this machine's CPU by llvmlite (numba's own LLVM): where the
-hand-written kernels of kernels/int8_ir.py and kernels/gemm_ir.py become machine code.
+"""LLVM IR compiled by llvmlite (numba's own LLVM): for this machine's CPU, where the
+hand-written kernels of kernels/int8_ir.py and kernels/gemm_ir.py become machine code,
+or to assembly for a named CPU, so that tests check the IR on any host.
 Callers treat ImportError, RuntimeError and OSError as "no such kernel here"."""
 
 from __future__ import annotations
 
-_ENGINES: list = []  # compiled code lives as long as its engine
+from typing import Any
+
+_ENGINES: list[Any] = []  # compiled code lives as long as its engine
+X86_64 = "x86_64-unknown-linux-gnu"
 
 
 def host_features() -> str:
@@ -16,16 +20,37 @@ def host_features() -> str:
     return llvm.get_host_cpu_features().flatten()
 
 
+def _parsed(ir_text: str) -> Any:
+    """The verified llvmlite module of ir_text; RuntimeError on a syntax or verifier error."""
+    import llvmlite.binding as llvm
+
+    module = llvm.parse_assembly(ir_text)
+    module.verify()
+    return module
+
+
 def compile_for_host(ir_text: str, names: list[str]) -> dict[str, int]:
     """Compile a module of IR for the host CPU at -O3; the machine-code address of each
     named function."""
     import llvmlite.binding as llvm
 
     features = host_features()
-    module = llvm.parse_assembly(ir_text)
-    module.verify()
+    module = _parsed(ir_text)
     machine = llvm.Target.from_default_triple().create_target_machine(cpu=llvm.get_host_cpu_name(), features=features, opt=3)
     engine = llvm.create_mcjit_compiler(module, machine)
     engine.finalize_object()
     _ENGINES.append(engine)
     return {name: engine.get_function_address(name) for name in names}
+
+
+def compile_for_target(ir_text: str, cpu: str, features: str, triple: str = X86_64) -> str:
+    """The -O3 assembly of a module of IR for `cpu` with LLVM `features` (e.g.
+    "+avx512vnni,+avx2"), by a target machine, not the JIT: no such CPU needed here."""
+    import llvmlite.binding as llvm
+
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    module = _parsed(ir_text)
+    module.triple = triple
+    machine = llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features, opt=3)
+    return machine.emit_assembly(module)

@@ -1,0 +1,130 @@
+"""The hand-written LLVM IR kernels, checked on any host (no VNNI needed).
+
+Every int8 kernel (int8_ir: all VARIANTS x SHAPES) parses, verifies and compiles for a
+named VNNI CPU, and its machine code uses vpdpbusd, the instruction the fast path is
+for; the gemm kernel compiles for x86-64 and AArch64 with fused multiply-adds. Each
+kernel's IR parameters are its declared signature, and an argument list that does not
+match that signature is a Python error naming the argument, not a wild pointer.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from numba import njit
+from numba.core.errors import TypingError
+
+from zinfer.kernels import gemm_ir, int8_ir, llvm_host
+from zinfer.kernels.gemm_ir import GemmArgs
+from zinfer.kernels.kernel_signature import call_kernel
+
+VNNI_FEATURES = "+avx512f,+avx512vnni,+avx512vl,+avx512bw,+avx512dq,+avx2,+fma,+f16c"
+
+
+def functions_of(assembly: str, names: list[str]) -> dict[str, str]:
+    """The assembly of each named function: from its label to the end of its body."""
+    bodies = {}
+    for name in names:
+        start = re.search(rf"^{re.escape(name)}:$", assembly, re.M)
+        assert start, f"{name} missing from the assembly"
+        end = assembly.index(".Lfunc_end", start.end())
+        bodies[name] = assembly[start.end() : end]
+    return bodies
+
+
+@pytest.mark.parametrize("cpu", ["sapphirerapids", "icelake-server"])
+def test_every_int8_kernel_compiles_to_vpdpbusd(cpu):
+    names = [int8_ir.kernel_name(*key) for key in int8_ir.KEYS]
+    assert len(names) == 32
+    bodies = functions_of(llvm_host.compile_for_target(int8_ir.module_ir(), cpu, VNNI_FEATURES), names)
+    for (kind, *_), name in zip(int8_ir.KEYS, names):
+        assert "vpdpbusd" in bodies[name], name
+        if kind != "u4":  # |w| times a * sign(w)
+            assert "vpsignb" in bodies[name] and "vpabsb" in bodies[name], name
+
+
+@pytest.mark.parametrize(("triple", "cpu", "features", "fma"), [
+    (llvm_host.X86_64, "haswell", "+avx2,+fma", "vfmadd"),
+    ("aarch64-unknown-linux-gnu", "neoverse-n1", "+neon", "fmla"),
+])
+def test_gemm_kernel_compiles_with_fma(triple, cpu, features, fma):
+    name = f"sgemm_{gemm_ir.MR}x16"
+    body = functions_of(llvm_host.compile_for_target(gemm_ir.kernel_ir(), cpu, features, triple), [name])[name]
+    assert fma in body
+
+
+def test_kernel_parameters_are_the_declared_signature():
+    import llvmlite.binding as llvm
+
+    for text, signature, names in (
+        (int8_ir.module_ir(), int8_ir.SIGNATURE, [int8_ir.kernel_name(*key) for key in int8_ir.KEYS]),
+        (gemm_ir.kernel_ir(), gemm_ir.SIGNATURE, [f"sgemm_{gemm_ir.MR}x16"]),
+    ):
+        module = llvm.parse_assembly(text)
+        for name in names:
+            args = list(module.get_function(name).arguments)
+            assert [a.name for a in args] == list(signature.names), name
+            assert {str(a.type) for a in args} == {"i64"}, name
+
+
+def test_an_edit_that_breaks_the_ir_fails_here():
+    broken = int8_ir.module_ir().replace("%accn0_0 = call", "%accn0_0 = cal", 1)
+    with pytest.raises(RuntimeError):
+        llvm_host.compile_for_target(broken, "sapphirerapids", VNNI_FEATURES)
+
+
+@pytest.fixture(scope="module")
+def gemm():
+    address = gemm_ir.address()
+    if address is None:
+        pytest.skip("llvmlite cannot compile for this host")
+    return gemm_ir.SIGNATURE.ctypes_function(address)
+
+
+def test_gemm_kernel_by_keyword_computes_the_product(gemm):
+    rng = np.random.default_rng(0)
+    K = 37
+    a = rng.standard_normal((gemm_ir.MR, K), np.float32)  # [MR, K]
+    b = rng.standard_normal((K, 16), np.float32)  # [K, 16]
+    c = np.zeros((gemm_ir.MR, 16), np.float32)  # [MR, 16]
+    gemm(A=a.ctypes.data, lda=K, B=b.ctypes.data, ldb=16, C=c.ctypes.data, ldc=16, K=K)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_python_call_with_a_wrong_argument_list_raises_naming_it(gemm):
+    a = np.zeros((gemm_ir.MR, 16), np.float32)
+    ok = dict(A=a.ctypes.data, lda=16, B=a.ctypes.data, ldb=16, C=a.ctypes.data, ldc=16)
+    with pytest.raises(TypeError, match="'K'"):  # missing
+        gemm(**ok)
+    with pytest.raises(TypeError, match="'k'"):  # misspelt
+        gemm(**ok, k=16)
+    with pytest.raises(TypeError, match=r"GemmArgs\.K is float"):
+        gemm(**ok, K=16.0)
+    with pytest.raises(TypeError, match=r"GemmArgs\.C is ndarray"):  # the array, not its address
+        gemm(**{**ok, "C": a}, K=16)
+
+
+def test_numba_call_with_a_wrong_argument_list_fails_to_compile_naming_it():
+    """call_kernel checks at compile time, so a mismatch never runs (address 0 is never called)."""
+
+    @njit
+    def float_stride(x):
+        call_kernel(np.int64(0), GemmArgs(A=x.ctypes.data, lda=16, B=x.ctypes.data, ldb=16.0, C=x.ctypes.data, ldc=16, K=1))
+
+    @njit
+    def raw_tuple(x):
+        call_kernel(np.int64(0), (x.ctypes.data, 16, x.ctypes.data, 16, x.ctypes.data, 16, 1))
+
+    @njit
+    def missing(x):
+        call_kernel(np.int64(0), GemmArgs(A=x.ctypes.data, lda=16, B=x.ctypes.data, ldb=16, C=x.ctypes.data, ldc=16))
+
+    x = np.zeros(16, np.float32)
+    with pytest.raises(TypingError, match=r"GemmArgs\.ldb is float64"):
+        float_stride(x)
+    with pytest.raises(TypingError, match="want a kernel's NamedTuple"):
+        raw_tuple(x)
+    with pytest.raises(TypeError, match="missing a required argument: 'K'"):
+        missing(x)
