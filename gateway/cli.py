@@ -43,7 +43,8 @@ def sampling_args(p: argparse.ArgumentParser) -> None:
 
 def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"a known name ({', '.join(KNOWN_MODELS)}), a .gguf file or an HF directory")
-    p.add_argument("--device", default="auto", help="auto (the default: cuda where a GPU works, else cpu-fast where its kernels compile, else cpu), cpu (the numpy float32 oracle), cpu-llama (numpy with llama.cpp's exact arithmetic), cpu-fast (numba and int8 kernels), cuda or cuda:N")
+    p.add_argument("--device", default="auto", help="auto (the default: cuda where a GPU works, else cpu-fast where its kernels compile, else cpu), cpu (the numpy float32 oracle), "
+                   "cpu-llama (numpy with llama.cpp's exact arithmetic), cpu-fast (numba and int8 kernels), cuda or cuda:N")
     p.add_argument("--threads", type=int, default=None, help="cpu-fast: numba threads (default: every core); bench: llama.cpp's threads too")
     p.add_argument("--no-int8", action="store_true", help="cpu-fast: float quantized kernels and BLAS instead of the int8 VNNI kernels")
     p.add_argument("--kv-f32", action="store_true", help="cpu-fast: keep K and V in f32, as the oracle (default: f16, as llama.cpp)")
@@ -89,10 +90,13 @@ def parser() -> argparse.ArgumentParser:
     serve = sub.choices["serve"]
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME", help="the model's name in the API (/v1/models, responses); requests may use it or any alias after it (default: --model)")
+    serve.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                       help="the model's name in the API (/v1/models, responses); requests may use it or any alias after it (default: --model)")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all but /health; the chat page takes /?api_key=KEY)")
-    serve.add_argument("--allowed-origins", default=None, help="browser origins beyond same-origin and loopback that may call the API and /v1/ws, e.g. http://app.example:3000 (* allows every site: unsafe)")
-    serve.add_argument("--allowed-hosts", default=None, help="Host header values served beyond localhost, 127.0.0.1 and [::1] (a DNS rebinding guard; on a non-loopback --host it applies only when given)")
+    serve.add_argument("--allowed-origins", default=None,
+                       help="browser origins beyond same-origin and loopback that may call the API and /v1/ws, e.g. http://app.example:3000 (* allows every site: unsafe)")
+    serve.add_argument("--allowed-hosts", default=None,
+                       help="Host header values served beyond localhost, 127.0.0.1 and [::1] (a DNS rebinding guard; on a non-loopback --host it applies only when given)")
     serve.add_argument("--zmq", default=None, help="also serve the ZeroMQ protocol here, e.g. tcp://127.0.0.1:5555")
     serve.add_argument("--zmq-curve-secret", default=None, help="the --zmq endpoint is a CURVE server with this key pair (a .key_secret file from `zinfer keygen`)")
     serve.add_argument("--zmq-curve-clients", default=None, help="a directory of client public keys (*.key): the only ZeroMQ clients CURVE lets in")

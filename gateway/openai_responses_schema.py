@@ -95,7 +95,8 @@ def check_stateless(req: ResponsesRequest) -> None:
     if req.store:
         raise ApiError(400, "store: true is not supported: zinfer is stateless and keeps no responses; send store: false (or leave it out)", param="store", code="invalid_value")
     if req.previous_response_id is not None:
-        raise ApiError(400, "previous_response_id is not supported: zinfer is stateless and keeps no responses; send the whole conversation as input items", param="previous_response_id", code="invalid_value")
+        raise ApiError(400, "previous_response_id is not supported: zinfer is stateless and keeps no responses; send the whole conversation as input items",
+                       param="previous_response_id", code="invalid_value")
 
 
 def chat_request(req: ResponsesRequest) -> ChatRequest:

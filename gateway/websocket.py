@@ -139,10 +139,10 @@ class ChatSocket:
             mid = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else None
             kind = raw.get("type") if isinstance(raw, dict) else None
             if kind not in ("generate", "cancel", "ping"):
-                raise BadMessage("bad_message", f"unknown message type {kind!r} (generate, cancel, ping)", mid)
-            raise BadMessage("bad_message", str(exc), mid)
+                raise BadMessage("bad_message", f"unknown message type {kind!r} (generate, cancel, ping)", mid) from None
+            raise BadMessage("bad_message", str(exc), mid) from None
         except msgspec.DecodeError as exc:
-            raise BadMessage("bad_json", f"not a JSON message: {exc}")
+            raise BadMessage("bad_json", f"not a JSON message: {exc}") from None
         if isinstance(msg, WsGenerate):
             if (msg.prompt is None) == (msg.messages is None):
                 raise BadMessage("bad_message", "give exactly one of prompt and messages", msg.id)
@@ -151,7 +151,7 @@ class ChatSocket:
                 if msg.params.constraint is not None:  # compiles, or is refused before it is queued
                     compile_grammar(msg.params.constraint)
             except ValueError as exc:
-                raise BadMessage("bad_request", str(exc), msg.id)
+                raise BadMessage("bad_request", str(exc), msg.id) from None
         return msg
 
     def handle(self, nursery: trio.Nursery, msg: WsRequest) -> None:

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import gguf
-import numpy as np
 
 from zinfer.devices.tensor import TensorData
 from zinfer.models.spec import ModelError

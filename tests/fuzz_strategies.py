@@ -270,7 +270,8 @@ def engine_request(wire: str) -> st.SearchStrategy[dict]:
         ),
     )
     cancel = st.fixed_dictionaries({"type": st.just("cancel"), "request_id": rid})
-    text = st.one_of(st.fixed_dictionaries({"text": strings(wire)}), st.fixed_dictionaries({"messages": chat_messages(wire)}), st.fixed_dictionaries({}, optional={"text": strings(wire), "messages": chat_messages(wire)}))
+    text = st.one_of(st.fixed_dictionaries({"text": strings(wire)}), st.fixed_dictionaries({"messages": chat_messages(wire)}),
+                     st.fixed_dictionaries({}, optional={"text": strings(wire), "messages": chat_messages(wire)}))
     tokenize = st.builds(lambda t, rest: {**rest, **t}, text, st.fixed_dictionaries({"type": st.just("tokenize"), "request_id": rid}, optional={"add_special": st.booleans()}))
     detokenize = st.fixed_dictionaries({"type": st.just("detokenize"), "request_id": rid, "token_ids": st.lists(TOKEN, max_size=5)})
     stats = st.fixed_dictionaries({"type": st.just("stats"), "request_id": rid})

@@ -203,7 +203,8 @@ def test_a_required_tool_call_round_trip(oai, server):
 
 def test_a_named_tool_choice_calls_that_function(oai, server):
     other = {**WEATHER, "name": "get_time", "description": "The time in a city"}
-    r = oai.responses.create(model=server.model, input="Hi", tools=[WEATHER, other], tool_choice={"type": "function", "name": "get_time"}, parallel_tool_calls=False, temperature=0.7, max_output_tokens=120)
+    r = oai.responses.create(model=server.model, input="Hi", tools=[WEATHER, other], tool_choice={"type": "function", "name": "get_time"},
+                             parallel_tool_calls=False, temperature=0.7, max_output_tokens=120)
     assert [item.name for item in r.output if item.type == "function_call"] == ["get_time"]
 
 

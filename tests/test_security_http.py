@@ -108,7 +108,8 @@ def test_allowed_hosts_flag_and_non_loopback_bind():
 
 @pytest.mark.slow
 def test_a_bad_allowed_origin_is_one_line_error(smollm2_path):
-    r = subprocess.run([sys.executable, "-m", "zinfer.gateway.cli", "serve", "--model", str(smollm2_path), "--port", "1", "--allowed-origins", "app.example"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "zinfer.gateway.cli", "serve", "--model", str(smollm2_path), "--port", "1", "--allowed-origins", "app.example"],
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and r.stderr.strip().startswith("zinfer: error: --allowed-origins: 'app.example'"), r.stderr
     assert "Traceback" not in r.stderr
 

@@ -116,6 +116,6 @@ def test_qwen2_attention_biases_are_used(tmp_path):
     """Zeroing the q/k/v biases of a tiny qwen2 changes its logits."""
     with_bias = Loaded(write_tiny_hf(tmp_path / "hf", "qwen2"))
     base = with_bias.logits(PROMPT)
-    for i, layer in enumerate(with_bias.w.layers):
+    for layer in with_bias.w.layers:
         layer.bq, layer.bk, layer.bv = (np.zeros_like(b) for b in (layer.bq, layer.bk, layer.bv))
     assert rel_err(with_bias.logits(PROMPT), base) > 1e-3

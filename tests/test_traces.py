@@ -37,7 +37,7 @@ async def run_requests(engine, prompts=PROMPTS, params=GREEDY) -> list[str]:
         async def one(i: int, prompt: str) -> None:
             rid = f"req-{i}"
             ids.append(rid)
-            async for ev in client.generate(prompt, params=params, request_id=rid):
+            async for ev in client.generate(prompt, params=params, request_id=rid):  # noqa: B007 (the loop keeps the last event)
                 pass
             assert isinstance(ev, Finished)
 

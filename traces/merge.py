@@ -136,7 +136,7 @@ def _layout(slices: list[Slice]) -> dict[tuple[int, str], int]:
         group.sort(key=lambda sl: (sl.start, -sl.end))
         lanes: list[tuple[int, list[int]]] = []  # (tid, stack of open end times)
         for sl in group:
-            for tid, stack in lanes:
+            for tid, stack in lanes:  # noqa: B007 (after the break, tid is the lane found)
                 while stack and stack[-1] <= sl.start:
                     stack.pop()
                 if not stack or sl.end <= stack[-1]:

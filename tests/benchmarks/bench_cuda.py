@@ -19,7 +19,6 @@ import time
 import types
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 PEAK_GBS = 4300.0  # H200 HBM3e, GB/s
