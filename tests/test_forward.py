@@ -211,3 +211,19 @@ def test_an_executor_round_builds_one_ctx_that_every_layer_reads(tiny_paths, tmp
     kv = oracle.kv()
     np.testing.assert_array_equal(first.logits, oracle.round(kv, [(ids, 0, [3], True)]))
     np.testing.assert_array_equal(second.logits, oracle.round(kv, [([11], len(ids), [3], True)]))
+
+
+def test_devices_import_neither_models_nor_traces():
+    """The dependency direction models -> devices: importing every devices module (cuda's
+    too: cupy is imported only when a CudaDevice is made) loads no zinfer.models module,
+    and no zinfer.traces one (CudaDevice.kernel_clock imports it when asked)."""
+    import pkgutil
+    import subprocess
+    import sys
+
+    import zinfer.devices
+
+    names = [f"zinfer.devices.{m.name}" for m in pkgutil.iter_modules(zinfer.devices.__path__)]
+    code = f"import sys\nfor n in {names!r}: __import__(n)\nprint(sorted(m for m in sys.modules if m.startswith(('zinfer.models', 'zinfer.traces'))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "zinfer.devices.round" in names and out.strip() == "[]"
