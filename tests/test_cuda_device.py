@@ -210,7 +210,7 @@ def test_traced_rounds_read_cuda_events_and_keep_graphs(tmp_path, graphs):
     prompt = [5, 40, 77, 120, 9, 33]
     plain = round_logits(spec, w, gpu, kv, ForwardBatch.build([(prompt, 0, table, True)], 8))
     got = round_logits(spec, w, traced, kv, ForwardBatch.build([(prompt, 0, table, True)], 8), marks=rec)
-    np.testing.assert_array_equal(got, plain)
+    assert rel_err(got, plain) < 1e-6
     offset, events = rec.take()
     assert offset > 0 and {"embed", "attention", "layer 0"} <= {name for name, _, _ in events}
     assert all(0 <= a <= b for _, a, b in events)
