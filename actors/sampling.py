@@ -110,6 +110,11 @@ class RequestSampler:
             token = int(np.argmax(z))
             if z[token] == -np.inf:
                 raise ValueError("every token is banned (all processed logits are -inf)")
+        elif token is None and self.grammar is not None:  # draw among the allowed only: a mostly -inf row slows top_p's probe
+            allowed = np.flatnonzero(z != -np.inf)  # [n_allowed] ids, ascending
+            if not allowed.size:
+                raise ValueError("every token is banned (all processed logits are -inf)")
+            token = int(allowed[_draw(z[allowed], p.temperature, p.top_k, p.top_p, p.min_p, u)])
         elif token is None:
             token = _draw(z, p.temperature, p.top_k, p.top_p, p.min_p, u)
         return self._report(logits, raw_max, token)
