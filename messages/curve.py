@@ -24,11 +24,15 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Self
 
 import msgspec
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+
+if TYPE_CHECKING:
+    from zmq.sugar.socket import _SocketContext  # what Socket.bind / connect return
 
 ACTORS_DOMAIN = b"zinfer-actors"
 """ZAP domain of the tcp topology's actor sockets: only the engine's own key."""
@@ -57,7 +61,7 @@ class KeyPair(msgspec.Struct, frozen=True):
         return KeyPair(public, secret)
 
     @staticmethod
-    def load(secret_file: str | os.PathLike) -> "KeyPair":
+    def load(secret_file: str | os.PathLike[str]) -> "KeyPair":
         """Read a `NAME.key_secret` certificate (as `zinfer keygen` writes); ValueError if unusable."""
         public, secret = _read_certificate(secret_file)
         if secret is None:
@@ -73,19 +77,19 @@ class ClientKeys(msgspec.Struct, frozen=True):
     secret: bytes
 
     @staticmethod
-    def load(secret_file: str | os.PathLike, server_public_file: str | os.PathLike) -> "ClientKeys":
+    def load(secret_file: str | os.PathLike[str], server_public_file: str | os.PathLike[str]) -> "ClientKeys":
         """The client's `.key_secret` file and the server's public `.key` file."""
         own = KeyPair.load(secret_file)
         return ClientKeys(_read_certificate(server_public_file)[0], own.public, own.secret)
 
-    def apply(self, sock: zmq.Socket) -> None:
+    def apply(self, sock: zmq.Socket[object]) -> None:
         """Make sock a CURVE client for the endpoints it connects to from now on."""
         sock.setsockopt(zmq.CURVE_SERVERKEY, self.server_public)
         sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public)
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret)
 
 
-def _read_certificate(path: str | os.PathLike) -> tuple[bytes, bytes | None]:
+def _read_certificate(path: str | os.PathLike[str]) -> tuple[bytes, bytes | None]:
     try:
         public, secret = zmq.auth.load_certificate(path)
     except (OSError, ValueError) as exc:
@@ -95,7 +99,7 @@ def _read_certificate(path: str | os.PathLike) -> tuple[bytes, bytes | None]:
     return public, secret
 
 
-def write_keypairs(directory: str | os.PathLike, names: tuple[str, ...] = ("server", "client")) -> list[Path]:
+def write_keypairs(directory: str | os.PathLike[str], names: tuple[str, ...] = ("server", "client")) -> list[Path]:
     """Write NAME.key (public) and NAME.key_secret (mode 0600) per name into directory.
 
     Creates the directory (mode 0700) if needed; refuses (FileExistsError) to overwrite
@@ -114,7 +118,7 @@ def write_keypairs(directory: str | os.PathLike, names: tuple[str, ...] = ("serv
     return written
 
 
-def load_public_keys(directory: str | os.PathLike) -> frozenset[bytes]:
+def load_public_keys(directory: str | os.PathLike[str]) -> frozenset[bytes]:
     """The public keys of every `*.key` file in directory: the clients to let in.
 
     ValueError when the directory is missing or holds no key (an allowlist that
@@ -127,7 +131,7 @@ def load_public_keys(directory: str | os.PathLike) -> frozenset[bytes]:
     return keys
 
 
-def serve_curve(sock: zmq.Socket, keys: KeyPair, domain: bytes) -> None:
+def serve_curve(sock: zmq.Socket[object], keys: KeyPair, domain: bytes) -> None:
     """Make sock a CURVE server under keys, checked in ZAP domain, for the endpoints it binds from now on."""
     sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
     sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
@@ -135,7 +139,7 @@ def serve_curve(sock: zmq.Socket, keys: KeyPair, domain: bytes) -> None:
     sock.setsockopt(zmq.ZAP_DOMAIN, domain)
 
 
-def bind_public(sock: zmq.Socket, endpoints: Iterable[str], keys: KeyPair | None) -> None:
+def bind_public(sock: zmq.Socket[object], endpoints: Iterable[str], keys: KeyPair | None) -> None:
     """Bind the front door's public endpoints: CURVE servers under keys, or plain when None.
 
     With keys, sock's context must be a CurveContext with a client allowlist: without
@@ -165,16 +169,18 @@ class _Allowlist:
         return key in self.keys
 
 
-class CurveSocket(zmq.Socket):
+class CurveSocket(zmq.Socket[bytes]):
     """A socket of a CurveContext: CURVE on every bind or connect to an actor endpoint."""
 
-    def bind(self, addr: str):
+    context: CurveContext  # the context that made it (CurveContext._socket_class)
+
+    def bind(self, addr: str) -> _SocketContext[Self]:  # type: ignore[override]  # as zmq.Socket.bind's own (the backend's returns None)
         ctx = self.context
         if ctx.actor_keys is not None and addr in ctx.actor_endpoints:
             serve_curve(self, ctx.actor_keys, ACTORS_DOMAIN)
         return super().bind(addr)
 
-    def connect(self, addr: str):
+    def connect(self, addr: str) -> _SocketContext[Self]:  # type: ignore[override]  # as zmq.Socket.connect's own (the backend's returns None)
         ctx = self.context
         if ctx.actor_keys is not None and addr in ctx.actor_endpoints:
             keys = ctx.actor_keys
@@ -182,7 +188,7 @@ class CurveSocket(zmq.Socket):
         return super().connect(addr)
 
 
-class CurveContext(zmq.Context):
+class CurveContext(zmq.Context[CurveSocket]):
     """A zmq.Context that secures the engine's sockets; a plain context when given nothing.
 
     actor_keys / actor_endpoints: sockets made here that bind or connect one of
