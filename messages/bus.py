@@ -93,7 +93,7 @@ class AsyncSocket:
 
     def __init__(
         self,
-        ctx: zmq.Context,
+        ctx: zmq.Context[zmq.Socket[bytes]],
         socket_type: int,
         *,
         bind: str | None = None,
@@ -119,7 +119,7 @@ class AsyncSocket:
             sock.close(linger=0)
             raise
         self._sock = sock
-        self._fd: int = sock.getsockopt(zmq.FD)
+        self._fd: int = sock.getsockopt(zmq.FD)  # type: ignore[assignment]  # an int option (pyzmq types every option int | bytes)
         self._closed = False
         self._wanted = 0  # zmq.POLLIN / POLLOUT bits of the directions now waiting
         self._fd_holder = 0  # the direction whose task sits in wait_readable, or 0
@@ -130,14 +130,14 @@ class AsyncSocket:
     # ----------------------------------------------------------------- properties
 
     @property
-    def socket(self) -> zmq.Socket:
+    def socket(self) -> zmq.Socket[bytes]:
         """The wrapped zmq.Socket, for options; never send or recv on it directly."""
         return self._sock
 
     @property
     def endpoint(self) -> str:
         """The last endpoint bound (zmq.LAST_ENDPOINT), e.g. with the port chosen for '*'."""
-        return self._sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        return self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
     @property
     def closed(self) -> bool:
@@ -247,7 +247,7 @@ class AsyncSocket:
 
     # ----------------------------------------------------------------- waiting
 
-    def _live(self) -> zmq.Socket:
+    def _live(self) -> zmq.Socket[bytes]:
         if self._closed:
             raise trio.ClosedResourceError("socket was closed")
         return self._sock
@@ -277,7 +277,7 @@ class AsyncSocket:
 
     def _check(self) -> int:
         """Read zmq.EVENTS (consuming pending edges) and wake waiters now ready."""
-        events: int = self._sock.getsockopt(_EVENTS)
+        events: int = self._sock.getsockopt(_EVENTS)  # type: ignore[assignment]  # an int option; no cast() call in this hot path
         ready = events & self._wanted
         if ready:
             for flag in (_POLLIN, _POLLOUT):

@@ -23,8 +23,8 @@ log = structlog.get_logger("zinfer.bus")
 class Inbox(Generic[T]):
     """The receiving end of an actor (PULL): one task receives."""
 
-    def __init__(self, ctx: zmq.Context, address: str, type_: Any, *, bind: bool = True):
-        self.sock = AsyncSocket(ctx, zmq.PULL, **({"bind": address} if bind else {"connect": address}))
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str, type_: Any, *, bind: bool = True):
+        self.sock = AsyncSocket(ctx, zmq.PULL, bind=address if bind else None, connect=None if bind else address)
         self.codec: Codec[T] = Codec(type_)
 
     async def recv(self) -> T:
@@ -42,7 +42,7 @@ class Inbox(Generic[T]):
 class Outbox(Generic[T]):
     """A sending end (PUSH) connected to another actor's inbox: one task sends."""
 
-    def __init__(self, ctx: zmq.Context, address: str, type_: Any):
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str, type_: Any):
         self.sock = AsyncSocket(ctx, zmq.PUSH, connect=address)
         self.codec: Codec[T] = Codec(type_)
 

@@ -201,7 +201,8 @@ class _RequestIdOnly(msgspec.Struct):
     request_id: str = ""
 
 
-REQUEST_ID_DECODERS = {"msgpack": msgspec.msgpack.Decoder(_RequestIdOnly), "json": msgspec.json.Decoder(_RequestIdOnly)}
+REQUEST_ID_DECODERS: dict[str, msgspec.msgpack.Decoder[_RequestIdOnly] | msgspec.json.Decoder[_RequestIdOnly]] = {
+    "msgpack": msgspec.msgpack.Decoder(_RequestIdOnly), "json": msgspec.json.Decoder(_RequestIdOnly)}
 
 
 def request_id_of(data: bytes, encoding: str) -> str:

@@ -52,7 +52,7 @@ class Codec(Generic[T]):
     def __init__(self, type_: Any) -> None:
         self.type = type_
         self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
-        self._decoder = msgspec.msgpack.Decoder(type_, dec_hook=self._dec_hook)
+        self._decoder: msgspec.msgpack.Decoder[T] = msgspec.msgpack.Decoder(type_, dec_hook=self._dec_hook)
         self._out: list[memoryview] = []  # array frames of the encode in progress
         self._in: Sequence[Any] = ()  # frames of the decode in progress
         self._used = 0  # array frames referenced by the decode in progress
