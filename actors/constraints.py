@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import trio
@@ -28,7 +28,12 @@ from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from zinfer.messages.params import Constraint
 
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # in llguidance's stub only
+
+    from zinfer.models.loader import ModelSource
+
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """How JSON-schema output is laid out: one space after ',' and ':', no other whitespace, so a
 model cannot spend its tokens on whitespace (a schema's "x-guidance" may say otherwise)."""
 
@@ -60,7 +65,7 @@ def compile_grammar(constraint: Constraint) -> str:
     return grammar
 
 
-def _json(text: str, what: str):
+def _json(text: str, what: str) -> object:
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:
@@ -75,7 +80,7 @@ def _first_line(message: str) -> str:
     return text if len(text) <= 500 else text[:497] + "..."
 
 
-def grammar_tokenizer(source) -> LLTokenizer:
+def grammar_tokenizer(source: ModelSource) -> LLTokenizer:
     """The vocabulary of source (a models.loader.ModelSource) for llguidance, its EOS tokens
     those the tokenizer actor gives the scheduler (Tokenizer.eos_ids), so "grammar complete"
     is a token that ends the sequence. Slow (seconds for a large vocabulary): build once."""

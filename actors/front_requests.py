@@ -3,9 +3,13 @@ when one ends."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.trace import Span
 
 from zinfer.messages.client import Usage
+from zinfer.messages.params import SamplingParams
 from zinfer.models.detokenize import IncrementalDetokenizer, StopMatcher
 
 
@@ -27,17 +31,17 @@ class Request:
     cached_tokens: int = 0
     logprobs: bool = False
     top_n: int = 0
-    params: object = None  # SamplingParams, for the request's log line
+    params: SamplingParams = field(default_factory=SamplingParams)  # for the request's log line
     started: float = 0.0  # perf_counter at arrival
     first_token: float = 0.0  # perf_counter at the first delta
-    span: object = None  # its "request" span while tracing
+    span: Span | None = None  # its "request" span while tracing
 
     def usage(self) -> Usage:
         return Usage(len(self.prompt_ids), sum(c.tokens for c in self.choices), self.cached_tokens)
 
 
 
-def request_fields(r: Request, outcome: str, reasons: list[str], now: float) -> dict:
+def request_fields(r: Request, outcome: str, reasons: list[str], now: float) -> dict[str, Any]:
     """The request's log line (and its span's attributes): tokens, timing, sampling."""
     completion = sum(c.tokens for c in r.choices)
     decode_s = now - r.first_token if r.first_token else 0.0

@@ -15,17 +15,19 @@ from zinfer.actors.kv_allocator import KVAllocator
 from zinfer.messages.bus import AsyncSocket
 from zinfer.messages.codec import Codec
 from zinfer.messages.engine import KvGrant, KvInbox, KvReply, KvStats, KvUpdate, Shutdown
+from zinfer.traces.setup import Tracing
 
 
 class KvActor:
-    def __init__(self, ctx: zmq.Context, address: str, num_blocks: int, block_size: int, prefix_caching: bool = True, tracing=None):
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str, num_blocks: int, block_size: int, prefix_caching: bool = True,
+                 tracing: Tracing | None = None):
         self.allocator = KVAllocator(num_blocks, block_size, prefix_caching)
         self.tracing = tracing  # None: tracing off
         self.sock = AsyncSocket(ctx, zmq.ROUTER, bind=address)
-        self.inbox = Codec(KvInbox)
-        self.outbox = Codec(KvReply)
+        self.inbox: Codec[KvInbox] = Codec(KvInbox)
+        self.outbox: Codec[KvReply] = Codec(KvReply)
 
-    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         try:
             while True:
@@ -36,7 +38,7 @@ class KvActor:
                 t0 = time.time_ns()
                 reply = self.apply(msg)
                 if self.tracing is not None and msg.traceparents:
-                    self._trace(msg, reply, t0)
+                    self._trace(self.tracing, msg, reply, t0)
                 await self.sock.send([peer, *self.outbox.encode(reply)])
         finally:
             self.sock.close()
@@ -45,7 +47,7 @@ class KvActor:
         """Apply one update to the allocator (see apply_update); reply with its grants."""
         return KvReply(apply_update(self.allocator, update), self.stats())
 
-    def _trace(self, update: KvUpdate, reply: KvReply, t0: int) -> None:
+    def _trace(self, tracing: Tracing, update: KvUpdate, reply: KvReply, t0: int) -> None:
         """One span per update, under the first request it serves and linked to the rest."""
         attrs = {
             "frees": len(update.free),
@@ -56,7 +58,7 @@ class KvActor:
             "kv.cached_blocks": reply.stats.cached_blocks,
         }
         parents = update.traceparents
-        self.tracing.record("kv_update", parents[0], attrs, parents[1:], t0)
+        tracing.record("kv_update", parents[0], attrs, parents[1:], t0)
 
     def stats(self) -> KvStats:
         a = self.allocator
@@ -96,10 +98,10 @@ def apply_update(allocator: KVAllocator, update: KvUpdate) -> list[KvGrant]:
 class KvClient:
     """The scheduler's end: one request in flight at a time."""
 
-    def __init__(self, ctx: zmq.Context, address: str):
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str):
         self.sock = AsyncSocket(ctx, zmq.DEALER, connect=address)
-        self.out = Codec(KvInbox)
-        self.inp = Codec(KvReply)
+        self.out: Codec[KvInbox] = Codec(KvInbox)
+        self.inp: Codec[KvReply] = Codec(KvReply)
 
     async def call(self, update: KvUpdate) -> KvReply:
         await self.sock.send(self.out.encode(update))

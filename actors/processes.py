@@ -23,7 +23,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-from typing import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 import structlog
@@ -35,6 +36,9 @@ from zinfer.messages.channel import Outbox
 from zinfer.messages.curve import CurveContext, KeyPair
 from zinfer.messages.engine import ActorFailed, TokenizerInbox
 
+if TYPE_CHECKING:
+    from zinfer.actors.engine import Engine, EngineConfig
+
 log = structlog.get_logger("zinfer.processes")
 
 CHILD_ACTORS = ("kv", "sampler", "executor", "scheduler")
@@ -44,7 +48,13 @@ class EngineFailure(RuntimeError):
     """An actor process died; the engine stopped."""
 
 
-def child_command(name: str, config, addrs: Addresses) -> list[str]:
+class _Actor(Protocol):
+    """What a child process runs: an actor (engine.build_actor)."""
+
+    async def run(self, task_status: trio.TaskStatus[None] = ...) -> None: ...
+
+
+def child_command(name: str, config: EngineConfig, addrs: Addresses) -> list[str]:
     return [
         sys.executable, "-m", "zinfer.actors.processes", name,
         msgspec.json.encode(config).decode(), msgspec.json.encode(addrs).decode(), str(os.getpid()),
@@ -56,9 +66,10 @@ def actor_endpoints(addrs: Addresses) -> tuple[str, ...]:
     return msgspec.structs.astuple(addrs)
 
 
-async def _start_child(name: str, config, addrs: Addresses, keys: KeyPair | None) -> trio.Process:
+async def _start_child(name: str, config: EngineConfig, addrs: Addresses, keys: KeyPair | None) -> trio.Process:
     """Start one actor process, give it the engine's keys on stdin, wait for its "ready" line."""
     proc = await trio.lowlevel.open_process(child_command(name, config, addrs), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None  # both opened as pipes
     async with proc.stdin:
         await proc.stdin.send_all(msgspec.json.encode(keys) + b"\n")
     buf = b""
@@ -72,7 +83,7 @@ async def _start_child(name: str, config, addrs: Addresses, keys: KeyPair | None
 
 
 @contextlib.asynccontextmanager
-async def open_process_engine(config, transport: str = "ipc") -> AsyncIterator:
+async def open_process_engine(config: EngineConfig, transport: str = "ipc") -> AsyncIterator[Engine]:
     """Start kv, sampler, executor and scheduler as processes; the tokenizer here."""
     from zinfer.actors.engine import Engine, build_actor, engine_context
     from zinfer.models.loader import open_model
@@ -102,7 +113,7 @@ async def open_process_engine(config, transport: str = "ipc") -> AsyncIterator:
             ctx.destroy(linger=0)
 
 
-async def _stop_children(procs) -> None:
+async def _stop_children(procs: Iterable[trio.Process]) -> None:
     """SIGTERM (a child's tracer flushes), then SIGKILL whatever is left after 5 s."""
     live = [p for p in procs if p.returncode is None]
     for proc in live:
@@ -116,12 +127,12 @@ async def _stop_children(procs) -> None:
             await proc.wait()
 
 
-async def _watch(name: str, proc: trio.Process, ctx: zmq.Context, addrs: Addresses) -> None:
+async def _watch(name: str, proc: trio.Process, ctx: zmq.Context[zmq.Socket[bytes]], addrs: Addresses) -> None:
     """Wait for a child's exit: an exit while the engine runs fails every open request."""
     code = await proc.wait()
     log.error("actor process exited", actor=name, pid=proc.pid, code=code)
     with trio.CancelScope(shield=True):  # even if the engine is closing right now
-        out = Outbox(ctx, addrs.tokenizer, TokenizerInbox)
+        out: Outbox[TokenizerInbox] = Outbox(ctx, addrs.tokenizer, TokenizerInbox)
         try:
             await out.send(ActorFailed(name, f"process {proc.pid} exited with code {code}"))
             await trio.sleep(0.2)  # let the tokenizer send the failures before we tear down
@@ -154,7 +165,7 @@ def _free_port_base(n: int) -> int:
 
 # ---- the child side ------------------------------------------------------------------
 
-async def _serve_child(actor, parent_pid: int) -> None:
+async def _serve_child(actor: _Actor, parent_pid: int) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(actor.run)
         print("ready", flush=True)

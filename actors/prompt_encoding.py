@@ -26,7 +26,7 @@ from typing import Callable, TypeVar
 import msgspec
 import trio
 
-from zinfer.messages.client import Generate, Tokenize
+from zinfer.messages.client import Generate, Messages, Tokenize, Tools
 from zinfer.models.prompt import PromptBuilder
 from zinfer.models.tokenizer import Tokenizer
 
@@ -84,8 +84,8 @@ def input_size(req: Generate | Tokenize) -> int:
     return len(ids or ())
 
 
-def encode_text_or_chat(prompts: PromptBuilder, limits: PromptLimits, text: str | None, messages: list | None,
-                        add_special: bool, tools: list | None = None) -> list[int]:
+def encode_text_or_chat(prompts: PromptBuilder, limits: PromptLimits, text: str | None, messages: Messages | None,
+                        add_special: bool, tools: Tools | None = None) -> list[int]:
     """Token ids of text, or of chat messages (and tools) rendered through the template (may be empty).
 
     A text (or rendered chat) longer than limits.max_chars raises PromptTooLong
@@ -94,6 +94,7 @@ def encode_text_or_chat(prompts: PromptBuilder, limits: PromptLimits, text: str 
         raise ValueError("give exactly one of text or messages")
     if messages is not None:
         text, add_special = prompts.render(messages, tools), False  # the template writes BOS itself
+    assert text is not None  # exactly one of text and messages (checked above)
     limits.check_text(len(text))
     return prompts.tokenizer.encode(text, add_special)
 
@@ -121,7 +122,7 @@ class Worker:
     def __init__(self, threads: int = 1) -> None:
         self.limiter = trio.CapacityLimiter(threads)
 
-    async def run(self, size: int, fn: Callable[..., T], *args) -> T:
+    async def run(self, size: int, fn: Callable[..., T], *args: object) -> T:
         """fn(*args), in a worker thread when size > INLINE_MAX. Cancelling abandons the thread."""
         if size <= INLINE_MAX:
             return fn(*args)

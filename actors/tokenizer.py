@@ -26,6 +26,7 @@ import msgspec
 import structlog
 import trio
 import zmq
+from opentelemetry.trace import Span
 
 from zinfer.actors.front_requests import Choice, Request, request_fields
 from zinfer.actors.prompt_encoding import PromptLimits, PromptTooLong, Worker, encode_prompt, encode_text_or_chat, input_size
@@ -57,6 +58,7 @@ from zinfer.messages.engine import Abort, ActorFailed, Admit, SchedulerInbox, Sc
 from zinfer.models.detokenize import IncrementalDetokenizer, StopMatcher
 from zinfer.models.prompt import PromptBuilder
 from zinfer.traces.config import REQUEST, TOKENIZE
+from zinfer.messages.params import SamplingParams
 from zinfer.traces.setup import Tracing
 
 log = structlog.get_logger("zinfer.tokenizer")
@@ -72,7 +74,7 @@ SEED_RANGE = 2**64
 
 @dataclass
 class TokenizerActor:
-    ctx: zmq.Context
+    ctx: zmq.Context[zmq.Socket[bytes]]
     addrs: Addresses
     prompts: PromptBuilder
     max_model_len: int
@@ -87,18 +89,18 @@ class TokenizerActor:
         self.front = AsyncSocket(self.ctx, zmq.ROUTER, bind=self.addrs.frontend)
         self.front.socket.setsockopt(zmq.MAXMSGSIZE, MAX_PUBLIC_MESSAGE)  # bound endpoints keep the options of their bind
         bind_public(self.front.socket, self.public, self.public_curve)
-        self.inbox: Inbox = Inbox(self.ctx, self.addrs.tokenizer, TokenizerInbox)
-        self.to_scheduler: Outbox = Outbox(self.ctx, self.addrs.scheduler, SchedulerInbox)
-        self.requests_codec = Codec(ClientRequest)
-        self.events_codec = Codec(ClientEvent)
+        self.inbox: Inbox[TokenizerInbox] = Inbox(self.ctx, self.addrs.tokenizer, TokenizerInbox)
+        self.to_scheduler: Outbox[SchedulerInbox] = Outbox(self.ctx, self.addrs.scheduler, SchedulerInbox)
+        self.requests_codec: Codec[ClientRequest] = Codec(ClientRequest)
+        self.events_codec: Codec[ClientEvent] = Codec(ClientEvent)
         self.seq_ids = itertools.count(1)
         self.client_tx, self.client_rx = trio.open_memory_channel[tuple[bytes, ClientEvent]](float("inf"))
-        self.sched_tx, self.sched_rx = trio.open_memory_channel[object](float("inf"))
+        self.sched_tx, self.sched_rx = trio.open_memory_channel[SchedulerInbox](float("inf"))
         self.limits = PromptLimits.for_tokenizer(self.prompts.tokenizer, self.max_model_len)
         self.worker = Worker()
         self.down: str | None = None  # why new generations fail at once (an actor died, shutdown)
 
-    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 self.tasks = nursery  # one task per request being encoded
@@ -127,7 +129,8 @@ class TokenizerActor:
 
     async def _from_clients(self) -> None:
         while True:
-            peer, *frames = await self.front.recv()
+            routing_id, *frames = await self.front.recv()
+            peer = bytes(routing_id)  # a ROUTER's routing id: a few bytes, so already bytes (no copy)
             try:
                 req = self.requests_codec.decode(frames)
             except msgspec.MsgspecError as exc:
@@ -215,12 +218,12 @@ class TokenizerActor:
         self.requests[(peer, rid)] = r
         self.tasks.start_soon(self._encode_and_admit, r, req, tok_span)
 
-    async def _encode_and_admit(self, r: Request, req: Generate, tok_span) -> None:
+    async def _encode_and_admit(self, r: Request, req: Generate, tok_span: Span | None) -> None:
         """Encode r's prompt (off the loop when large), then admit a sequence per choice.
 
         If r ended meanwhile (cancelled, failed, its client gone), its terminal event is
         already out: the result is dropped."""
-        refusal = None
+        refusal: Rejected | Failed | None = None
         try:
             r.prompt_ids = await self.worker.run(input_size(req), encode_prompt, self.prompts, self.limits, req)
         except ValueError as exc:
@@ -243,11 +246,11 @@ class TokenizerActor:
             return Rejected(r.request_id, "too_long", str(exc), n_prompt_tokens=exc.n_tokens, n_ctx=self.max_model_len)
         return Rejected(r.request_id, "bad_request", str(exc))
 
-    def _admit(self, r: Request, p, client_traceparent: str | None) -> None:
+    def _admit(self, r: Request, p: SamplingParams, client_traceparent: str | None) -> None:
         """Send Started and one Admit per choice (seeded choice i samples with seed + i)."""
         ids = r.prompt_ids
         r.logprobs, r.top_n = p.logprobs is not None, p.logprobs or 0
-        traceparent = self.tracing.traceparent(r.span) if r.span is not None else client_traceparent
+        traceparent = Tracing.traceparent(r.span) if r.span is not None else client_traceparent
         self._emit(r.peer, Started(r.request_id, len(ids)))
         eos = sorted(self.prompts.tokenizer.eos_ids)
         for i in range(p.n):
@@ -294,8 +297,9 @@ class TokenizerActor:
         if reason:
             choice.finish_reason = reason
             self.by_seq.pop(out.seq_id, None)
-            if all(c.finish_reason for c in r.choices):
-                self._finish(r, Finished(r.request_id, [c.finish_reason for c in r.choices], r.usage(), r.prompt_ids))
+            reasons = [c.finish_reason for c in r.choices if c.finish_reason]
+            if len(reasons) == len(r.choices):  # every choice finished
+                self._finish(r, Finished(r.request_id, reasons, r.usage(), r.prompt_ids))
 
     def handle_rejected(self, msg: SeqRejected) -> None:
         r = self.by_seq.get(msg.seq_id)
@@ -318,7 +322,7 @@ class TokenizerActor:
                 self.sched_tx.send_nowait(Abort(c.seq_id, abort))
         self._close(r, terminal)
 
-    def _close(self, r: Request, terminal: ClientEvent | None, *open_spans) -> None:
+    def _close(self, r: Request, terminal: ClientEvent | None, *open_spans: Span | None) -> None:
         """Send r's terminal event (None: its client is gone), log its line, end its spans."""
         if terminal is not None:
             self._emit(r.peer, terminal)

@@ -205,7 +205,7 @@ REQUEST_ID_DECODERS: dict[str, msgspec.msgpack.Decoder[_RequestIdOnly] | msgspec
     "msgpack": msgspec.msgpack.Decoder(_RequestIdOnly), "json": msgspec.json.Decoder(_RequestIdOnly)}
 
 
-def request_id_of(data: bytes, encoding: str) -> str:
+def request_id_of(data: bytes | memoryview, encoding: str) -> str:
     """The string request_id of a malformed request (msgpack or JSON) that is a map holding
     one of at most MAX_REQUEST_ID characters, so its rejection can name it; else ""."""
     try:
