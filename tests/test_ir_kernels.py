@@ -34,11 +34,10 @@ def functions_of(assembly: str, names: list[str]) -> dict[str, str]:
     return bodies
 
 
-@pytest.mark.parametrize("cpu", ["sapphirerapids", "icelake-server"])
-def test_every_int8_kernel_compiles_to_vpdpbusd(cpu):
+def test_every_int8_kernel_compiles_to_vpdpbusd():
     names = [int8_ir.kernel_name(*key) for key in int8_ir.KEYS]
     assert len(names) == 32
-    bodies = functions_of(llvm_host.compile_for_target(int8_ir.module_ir(), cpu, VNNI_FEATURES), names)
+    bodies = functions_of(llvm_host.compile_for_target(int8_ir.module_ir(), "sapphirerapids", VNNI_FEATURES), names)
     for (kind, *_), name in zip(int8_ir.KEYS, names):
         assert "vpdpbusd" in bodies[name], name
         if kind != "u4":  # |w| times a * sign(w)
