@@ -266,49 +266,73 @@ def pair(request):
     model, _, int8 = request.param.partition("-")
     if int8 and not int8_ir.available():
         pytest.skip("the int8 kernels need AVX512-VNNI")
-    return Pair(request.getfixturevalue(f"{model}_path"), bool(int8))
+    pair = Pair(request.getfixturevalue(f"{model}_path"), bool(int8))
+    pair.name = model  # for INT8_TOL
+    return pair
 
 
-def same_top1(fast: np.ndarray, ref: np.ndarray, tol: float) -> None:
-    """Equal argmax per row, except where the oracle's logits of the two choices lie
-    within `tol` of its largest logit (a near-tie that int8 rounding may take otherwise)."""
-    a, b = fast.argmax(axis=1), ref.argmax(axis=1)
-    rows = np.arange(len(b))
-    gap = ref[rows, b] - ref[rows, a]
-    assert (gap <= tol * np.abs(ref).max(axis=1)).all(), (a, b, gap)
+INT8_TOL = {"smollm2": (0.3, 0.25), "gemma3": (0.3, 0.5)}
+"""Per model, with int8 activations: (largest total variation distance between cpu-fast's
+and the oracle's next-token distributions, oracle top-2 logit margin under which cpu-fast
+may pick the runner-up). Both round each activation to int8 the same way, but float noise
+flips a rounding now and then (one quantum: 1/127 of the row's largest |x|) and the flips
+add up over the layers. Measured on these prompts: SmolLM2 TV at most 0.07 decoding and
+0.23 after the 40-token chunk, every id the same (margins down to 0.11); Gemma 3 TV at
+most 0.15 / 0.19, the runner-up picked at margins 0.08, 0.15, 0.18, 0.43 (greedy) and
+0.34 (mixed round), and its first prompt's logits shifted by ~2.4 as a whole."""
+
+
+def logit_tol(pair) -> tuple[float, float, float]:
+    """(relative logit error, TV distance, near-tie margin): f16 KV without int8
+    gives the oracle's logits to 1e-3 of their range and always its argmax."""
+    return (0.0, *INT8_TOL[pair.name]) if pair.int8 else (1e-3, 0.0, 0.0)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """[rows, vocab] log-probabilities, in float64."""
+    x = logits.astype(np.float64)
+    x -= x.max(axis=1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+
+
+def check_logits(fast: np.ndarray, ref: np.ndarray, pair) -> None:
+    """Logits [rows, vocab] (int8: their distributions) within the pair's tolerance, and
+    the same argmax in every row (int8: except where the oracle's top two lie within the
+    near-tie margin)."""
+    rel, err, near_tie = logit_tol(pair)
+    if rel:
+        close(fast, ref, rel)
+    else:  # what sampling sees: a shift of a whole row changes no probability
+        tv = 0.5 * np.abs(np.exp(log_softmax(fast)) - np.exp(log_softmax(ref))).sum(axis=1)  # [rows]
+        assert (tv < err).all(), tv
+    top2 = np.sort(ref, axis=1)[:, -2:]  # [rows, 2]
+    tie = top2[:, 1] - top2[:, 0] < near_tie
+    agree = fast.argmax(axis=1) == ref.argmax(axis=1)
+    assert (agree | tie).all(), (fast.argmax(axis=1), ref.argmax(axis=1), top2)
 
 
 def test_greedy_ids_and_logits_match_oracle(pair):
-    """16 greedy tokens on two prompts (decoded together): same ids, logits close.
-    int8: every rounding of an activation that float noise flips moves the logits by a
-    little: 6-11% of their range after the whole model in our runs, as in llama.cpp; the
-    int8 products themselves are checked to 1e-5 above."""
-    tol = 2e-1 if pair.int8 else 1e-3
+    """16 greedy tokens on two prompts (decoded together, each fed the oracle's choice):
+    cpu-fast picks the oracle's id at every step, with logits within logit_tol. The int8
+    products themselves are checked to 1e-5 above."""
     prompts = [[1, 504, 3458, 282, 4649, 314], [2, 17, 1000, 42, 7, 99, 3, 250, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
     kvs = pair.kvs()
     tables = [list(range(0, 16)), list(range(16, 32))]
     ref_l, fast_l = pair.round(kvs, [(p, 0, t, True) for p, t in zip(prompts, tables)])
-    ids = [[], []]
-    worst = close(fast_l, ref_l, tol)
     for step in range(16):
-        same_top1(fast_l, ref_l, tol if pair.int8 else 0.0)
+        check_logits(fast_l, ref_l, pair)
         nxt = ref_l.argmax(axis=1)
-        for i in range(2):
-            ids[i].append(int(nxt[i]))
         ref_l, fast_l = pair.round(kvs, [([int(n)], len(p) + step, t, True) for n, p, t in zip(nxt, prompts, tables)])
-        worst = max(worst, close(fast_l, ref_l, tol))
-    print(f"max relative logit error {worst:.2e}; ids {ids}")
+    check_logits(fast_l, ref_l, pair)
 
 
 def test_mixed_round_matches_oracle(pair):
     """A prefill chunk of 40 tokens (long path) next to decodes and a short append."""
-    tol = 2e-1 if pair.int8 else 1e-3
     kvs = pair.kvs()
     pair.round(kvs, [([5, 6, 7, 8], 0, [0], False), ([9] * 20, 0, [1, 2], False)])
     chunks = [(list(range(100, 140)), 0, [3, 4, 5], True), ([11], 4, [0], True), ([12, 13, 14], 20, [1, 2], True)]
     ref_l, fast_l = pair.round(kvs, chunks)
-    close(fast_l, ref_l, tol)
-    same_top1(fast_l, ref_l, tol if pair.int8 else 0.0)
+    check_logits(fast_l, ref_l, pair)
 
 
 # ---- the kernel each weight gets at upload (devices/cpu_fast_linears.py) ----
