@@ -1,4 +1,10 @@
-"""A small KV pool: sequences are preempted, recomputed and still finish; the impossible is rejected."""
+"""A small KV pool: sequences are preempted, recomputed and still finish with the greedy
+text they have alone; the impossible is rejected.
+
+On a tiny random f32 llama, where a batched or recomputed round gives the same greedy ids
+as the sequence alone. On SmolLM2 the float32 products of a batch of 6 differ from one's
+in the last bits, and over 80 greedy tokens a near-tie flips in some sequences (this test
+accepted 1 of 2 there); test_engine_kv_deltas.py covers preemption on SmolLM2."""
 
 from __future__ import annotations
 
@@ -9,15 +15,16 @@ from zinfer.gateway.api import EngineConfig, EngineThread
 from zinfer.gateway.client import AsyncClient
 from zinfer.messages.client import Delta, Finished, Rejected
 from zinfer.messages.params import SamplingParams
-
-pytestmark = pytest.mark.slow  # every test here loads a real model
+from tiny import write_tiny_gguf
 
 BLOCKS = 24  # of 16 tokens: 384 token slots for 6 sequences that grow to ~100 tokens each
 
 
 @pytest.fixture(scope="module")
-def small_engine(smollm2_path):
-    with EngineThread(EngineConfig(model=str(smollm2_path), device="cpu", max_running=8, num_blocks=BLOCKS, prefix_caching=False)) as e:
+def small_engine(tmp_path_factory):
+    # a context longer than the pool, so "cannot fit" is about blocks
+    path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf", "llama", max_position_embeddings=4096)
+    with EngineThread(EngineConfig(model=str(path), device="cpu", max_running=8, num_blocks=BLOCKS, prefix_caching=False)) as e:
         yield e
 
 
@@ -46,7 +53,7 @@ async def test_preempted_sequences_resume_and_finish(small_engine):
                     n.start_soon(one, p)
         assert small_engine.engine.actors["scheduler"].preemptions > before, "the pool was never exhausted"
         assert all(len(ids) == 80 for ids in results.values())
-        assert sum(results[p] == alone[p] for p in alone) >= 1  # recompute gives the same greedy text
+        assert {p: results[p] for p in alone} == alone  # recompute gives the same greedy text
         small_engine.engine.kv_allocator.check_invariants()
 
 
