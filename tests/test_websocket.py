@@ -12,16 +12,21 @@ from zinfer.gateway.client import Client
 from zinfer.messages.client import Delta, EngineStats, Finished, GetStats
 from zinfer.messages.params import SamplingParams
 from http_server import running_server
+from tiny import write_tiny_gguf
 
-pytestmark = pytest.mark.slow  # every test here loads a real model
 
 TERMINAL = ("done", "cancelled", "error")
 HI = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(scope="module")
-def server(smollm2_path):
-    with running_server(smollm2_path, "--max-running", "8") as s:
+@pytest.fixture(scope="module", params=["tiny", pytest.param("smollm2", marks=pytest.mark.slow)])
+def server(request, tmp_path_factory):
+    """The protocol on a tiny random llama (fast tier) and on SmolLM2 (slow tier)."""
+    if request.param == "tiny":
+        path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf", "llama", max_position_embeddings=1024)
+    else:
+        path = request.getfixturevalue("smollm2_path")
+    with running_server(path, "--max-running", "8") as s:
         yield s
 
 
