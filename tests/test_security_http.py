@@ -1,5 +1,6 @@
 """What a web page on another site can make a local `zinfer serve` do, and the API key's
-browser path, against a real server (SmolLM2) with httpx and a real websocket client.
+browser path, against a real server (a tiny random llama in the fast tier, SmolLM2 in
+the slow) with httpx and a real websocket client.
 
 A browser sends `Origin` on every websocket handshake and cross-origin POST, and after
 DNS rebinding it sends the attacker's name as `Host`: these tests send what such a
@@ -19,6 +20,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from http_server import running_server
+from tiny import write_tiny_gguf
 
 KEY = "sk-local-test"
 APP = "http://app.example"
@@ -26,16 +28,29 @@ HI = [{"role": "user", "content": "Hi"}]
 CHAT = {"messages": HI, "max_tokens": 1, "temperature": 0}
 
 
+MODELS = ["tiny", pytest.param("smollm2", marks=pytest.mark.slow)]  # tiny: the fast tier
+
+
 @pytest.fixture(scope="module")
-def server(smollm2_path):
+def tiny_path(tmp_path_factory):
+    return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf", "llama")
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def model_path(request):
+    return request.getfixturevalue(f"{request.param}_path")
+
+
+@pytest.fixture(scope="module")
+def server(model_path):
     """No API key (the case a hostile page can exploit), one extra allowed origin."""
-    with running_server(smollm2_path, "--max-running", "4", "--allowed-origins", APP) as s:
+    with running_server(model_path, "--max-running", "4", "--allowed-origins", APP) as s:
         yield s
 
 
 @pytest.fixture(scope="module")
-def keyed(smollm2_path):
-    with running_server(smollm2_path, "--max-running", "4", api_key=KEY) as s:
+def keyed(model_path):
+    with running_server(model_path, "--max-running", "4", api_key=KEY) as s:
         yield s
 
 
@@ -66,14 +81,12 @@ def ping(url: str, **kw) -> dict:
 # ---- Origin on the websocket ------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_websocket_from_another_site_is_refused_before_accept(server):
     assert refused_status(server.ws, origin="http://evil.example") == 403
     assert refused_status(server.ws, origin="null") == 403  # sandboxed frames, file:// pages
     assert refused_status(server.ws, origin=f"http://127.0.0.1.evil.example:{port(server)}") == 403
 
 
-@pytest.mark.slow
 def test_websocket_from_the_page_loopback_and_allowed_origins_is_served(server):
     for origin in (f"http://127.0.0.1:{port(server)}", f"http://localhost:{port(server)}", "http://localhost:3000", APP):
         assert ping(server.ws, origin=origin) == {"type": "pong"}, origin
@@ -83,7 +96,6 @@ def test_websocket_from_the_page_loopback_and_allowed_origins_is_served(server):
 # ---- Host (DNS rebinding) ---------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_foreign_host_header_is_refused_and_runs_nothing(server):
     before = generations(server)
     r = httpx.get(server.url + "/v1/models", headers={"Host": "evil.example"})
@@ -117,7 +129,6 @@ def test_a_bad_allowed_origin_is_one_line_error(smollm2_path):
 # ---- simple cross-origin POSTs and CORS -------------------------------------------------
 
 
-@pytest.mark.slow
 def test_text_plain_post_gets_415_and_runs_nothing(server):
     before = generations(server)
     body = json.dumps(CHAT).encode()
@@ -134,7 +145,6 @@ def test_text_plain_post_gets_415_and_runs_nothing(server):
         assert client.chat.completions.create(model=server.model, messages=HI, max_tokens=1).usage.completion_tokens == 1
 
 
-@pytest.mark.slow
 def test_post_from_another_site_is_refused_and_runs_nothing(server):
     before = generations(server)
     r = httpx.post(server.url + "/v1/chat/completions", headers={"Origin": "http://evil.example"}, json=CHAT)
@@ -143,7 +153,6 @@ def test_post_from_another_site_is_refused_and_runs_nothing(server):
     assert generations(server) == before
 
 
-@pytest.mark.slow
 def test_allowed_origin_gets_cors_headers(server):
     r = httpx.post(server.url + "/v1/chat/completions", headers={"Origin": APP}, json=CHAT, timeout=120)
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == APP and "Origin" in r.headers["vary"]
@@ -151,7 +160,6 @@ def test_allowed_origin_gets_cors_headers(server):
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://localhost:5173"
 
 
-@pytest.mark.slow
 def test_preflight_is_answered_for_allowed_origins_only(server):
     asks = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization, content-type, x-stainless-lang"}
     r = httpx.options(server.url + "/v1/chat/completions", headers={"Origin": APP, **asks})
@@ -167,7 +175,6 @@ def test_preflight_is_answered_for_allowed_origins_only(server):
 # ---- the API key's browser path ---------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_page_takes_the_key_in_its_query(keyed):
     r = httpx.get(keyed.url + f"/?api_key={KEY}")
     assert r.status_code == 200 and "<title>zinfer chat</title>" in r.text
@@ -181,7 +188,6 @@ def test_page_takes_the_key_in_its_query(keyed):
     assert httpx.get(keyed.url + "/v1/models", headers=keyed.headers).status_code == 200
 
 
-@pytest.mark.slow
 def test_websocket_takes_the_key_in_its_query_end_to_end(keyed):
     origin = f"http://127.0.0.1:{port(keyed)}"  # as the page opened from this server sends it
     with connect(keyed.ws + f"?api_key={KEY}", origin=origin) as ws:
@@ -196,7 +202,6 @@ def test_websocket_takes_the_key_in_its_query_end_to_end(keyed):
     assert ping(keyed.ws, additional_headers=keyed.headers) == {"type": "pong"}  # non-browser clients: the header
 
 
-@pytest.mark.slow
 def test_preflight_needs_no_key_and_the_header_still_works(keyed):
     asks = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}
     assert httpx.options(keyed.url + "/v1/chat/completions", headers=asks).status_code == 204  # browsers send no key here
