@@ -99,6 +99,7 @@ async def test_pair_both_directions(ctx, ipc_dir, transport):
 # ----------------------------------------------------------------------- wake-ups
 
 
+@pytest.mark.slow  # 5-8 s a transport
 @pytest.mark.parametrize("transport", ["inproc", "tcp"])
 async def test_10k_messages_each_way_with_sender_and_receiver_task_per_socket(ctx, ipc_dir, transport):
     """A pipelines numbers to B, B echoes each one back through its own sender task.

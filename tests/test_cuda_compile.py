@@ -15,7 +15,10 @@ from zinfer.kernels import cuda_modules
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
 SOURCES = sorted(p.stem for p in cuda_modules.SOURCE_DIR.glob("*.cu"))
 
-pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not found (no CUDA toolkit): CUDA sources not compile-checked")
+pytestmark = [
+    pytest.mark.slow,  # nvcc takes 2-9 s a source
+    pytest.mark.skipif(NVCC is None, reason="nvcc not found (no CUDA toolkit): CUDA sources not compile-checked"),
+]
 
 
 def _nvcc(path: Path, out: Path) -> None:

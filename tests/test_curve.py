@@ -66,6 +66,7 @@ def generate_text(client: Client) -> list:
     return list(client.generate("hello there", params=GREEDY))
 
 
+@pytest.mark.slow  # a refused client is seen only by its timeouts: ~15 s
 def test_curve_front_door_serves_only_listed_clients(tiny_model, keys):
     kdir, allowed = keys
     authorized = ClientKeys.load(kdir / "client.key_secret", kdir / "server.key")
@@ -128,6 +129,7 @@ def plain_client_generates(address: str) -> bool:
         return isinstance(generate_text(c)[-1], Finished)
 
 
+@pytest.mark.slow  # an actor per process: ~5 s
 async def test_tcp_topology_lets_no_foreign_socket_reach_an_actor(tiny_model):
     async def generate(client: AsyncClient) -> object:
         async for ev in client.generate("hello there", params=GREEDY):  # noqa: B007 (the loop keeps the last event)
