@@ -82,8 +82,36 @@ def response_format_constraint(fmt: Any, param: str = "response_format") -> Cons
         if "name" in inner and not isinstance(inner["name"], str):
             raise ApiError(400, f"{param}.json_schema.name must be a string", param=param, code="invalid_value")
         schema = inner.get("schema")
+        if inner.get("strict") is True and isinstance(schema, Mapping):
+            schema = closed_objects(schema)
         return Constraint("json_schema", ANY_OBJECT if schema is None else _schema_text(schema, param))
     raise ApiError(400, f"{param}.type must be one of text, json_object, json_schema; got {_short(kind)}", param=param, code="invalid_value")
+
+
+SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+
+
+def closed_objects(schema: Any, depth: int = 0) -> Any:
+    """schema with `additionalProperties: false` on every object schema that does not say,
+    as OpenAI's strict mode reads it (its clients send strict: true; a pydantic schema leaves
+    objects open, and a small model then invents keys until max_tokens). A copy."""
+    if not isinstance(schema, Mapping) or depth > 64:
+        return schema
+    out = dict(schema)
+    for key in SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = {k: closed_objects(v, depth + 1) for k, v in out[key].items()}
+    for key in SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(v, depth + 1) for v in out[key]]
+    for key in SUBSCHEMAS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = closed_objects(out[key], depth + 1)
+    if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def _schema_text(schema: Any, param: str, text_ok: bool = False) -> str:

@@ -12,12 +12,16 @@ import json
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
 import trio
+from conftest import _model
 from http_server import running_server
+from pydantic import BaseModel, Field
+from structured_schemas import models as schema_models
 from tiny import write_tiny_gguf
 
 from zinfer.actors.constraints import compile_grammar, grammar_tokenizer
@@ -131,6 +135,14 @@ def test_a_json_schema_yields_json_it_admits(oai, server, field):
         r = oai.chat.completions.create(model=server.model, messages=HI, max_tokens=200, seed=seed, extra_body=body)
         assert r.choices[0].finish_reason == "stop"
         check_person(r.choices[0].message.content)
+
+
+def test_strict_closes_every_object_a_schema_leaves_open(oai, server):
+    open_schema = {"type": "object", "properties": {"a": {"enum": ["x"]}, "b": {"type": "object", "properties": {"c": {"type": "boolean"}}, "required": ["c"]}}, "required": ["a", "b"]}
+    for seed in range(3):
+        r = oai.chat.completions.create(model=server.model, messages=HI, max_tokens=60, seed=seed, response_format={"type": "json_schema", "json_schema": {"name": "o", "schema": open_schema, "strict": True}})
+        out = json.loads(r.choices[0].message.content)
+        assert set(out) == {"a", "b"} and set(out["b"]) == {"c"}, out  # no invented keys
 
 
 def test_json_object_starts_an_object_and_text_is_free(oai, server):
@@ -269,3 +281,66 @@ def test_stdio_passes_a_constraint_through_and_refuses_a_bad_kind(tiny_model):
     assert [e["type"] for e in events if e.get("request_id") == "c"][-1] == "finished"
     refused = [e for e in events if e.get("request_id") == "k"]
     assert refused[-1]["type"] == "rejected" and refused[-1]["code"] == "bad_request" and "constraint" in refused[-1]["message"]
+
+
+# ---- slow tier: real models, the official client's parse(), varied schemas --------------------
+
+SLOW_MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b"]
+SCHEMA_RUN = 12  # of tests/structured_schemas.py's models; the benchmark runs 50
+SCHEMA_MAX_TOKENS = 800
+
+
+class City(BaseModel):
+    name: str = Field(max_length=40)
+    country: str = Field(max_length=40)
+    population: int = Field(ge=0)
+    coastal: bool
+
+
+@pytest.fixture(scope="module", params=SLOW_MODELS)
+def real_server(request):
+    path = _model(request.param)
+    with running_server(path, "--device", "cpu-fast", "--max-running", "8", timeout=300) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def real_oai(real_server):
+    with openai.OpenAI(base_url=real_server.url + "/v1", api_key="unused", max_retries=0, timeout=600) as client:
+        yield client
+
+
+@pytest.mark.slow
+def test_the_openai_client_parses_into_a_pydantic_model(real_oai, real_server):
+    r = real_oai.chat.completions.parse(model=real_server.model, messages=[{"role": "user", "content": "Describe Lisbon as a city record."}], response_format=City, temperature=0, max_tokens=200)
+    city = r.choices[0].message.parsed
+    assert isinstance(city, City) and city.name and city.population >= 0
+
+
+@pytest.mark.slow
+def test_varied_schemas_at_temperature_0_8_all_parse_and_validate(real_oai, real_server):
+    drawn = schema_models(SCHEMA_RUN)
+
+    def ask(i: int):
+        m = drawn[i]
+        schema = m.model_json_schema()
+        r = real_oai.chat.completions.create(
+            model=real_server.model, temperature=0.8, seed=i, max_tokens=SCHEMA_MAX_TOKENS,
+            messages=[{"role": "user", "content": f"Give an example of a {m.__name__} as JSON matching this schema: {json.dumps(schema)}"}],
+            response_format={"type": "json_schema", "json_schema": {"name": m.__name__, "schema": schema, "strict": True}},
+        )
+        return m, r.choices[0]
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(ask, range(SCHEMA_RUN)))
+    assert [c.finish_reason for _, c in results] == ["stop"] * SCHEMA_RUN  # max_tokens is big enough
+    for m, c in results:
+        m.model_validate_json(c.message.content)  # raises on any output the schema does not admit
+
+
+@pytest.mark.slow
+def test_a_constraint_holds_when_the_sampler_is_its_own_process(tiny_model):
+    with EngineThread(EngineConfig(model=str(tiny_model), topology="ipc")) as e:
+        events = list(e.client().generate("x", params=SamplingParams(max_tokens=16, seed=1, constraint=Constraint("choice", '["alpha", "beta"]'))))
+    assert "".join(ev.text for ev in events if isinstance(ev, Delta)) in ("alpha", "beta")
+    assert isinstance(events[-1], Finished) and events[-1].finish_reasons == ["stop"]

@@ -7,7 +7,8 @@ prefetch turned off (every mask computed after the logits arrive). Decode tok/s 
 streams (first token to last, so prefill is left out), median of --runs.
 
 schemas: --count varied pydantic models (tests/structured_schemas.py) asked for at
-temperature 0.8 through response_format json_schema; every output must parse and validate
+temperature 0.8 as response_format json_schema with strict: true takes them (objects
+closed: gateway/openai_constraints.py closed_objects); every output must parse and validate
 (pydantic's model_validate_json); outputs cut by max_tokens are counted apart.
 
     python tests/benchmarks/bench_constrained.py speed [--models smollm2-135m qwen2.5-coder-0.5b] [--runs 3]
@@ -27,6 +28,7 @@ import trio
 
 from zinfer.actors.engine import EngineConfig, open_engine
 from zinfer.gateway.client import AsyncClient
+from zinfer.gateway.openai_constraints import closed_objects
 from zinfer.messages.client import Delta, Finished
 from zinfer.messages.params import Constraint, SamplingParams
 from zinfer.traces.logs import configure_logging
@@ -101,7 +103,7 @@ async def schemas(model: str, count: int, max_tokens: int, concurrency: int) -> 
         limit = trio.Semaphore(concurrency)
 
         async def one(i: int, m) -> None:
-            schema = json.dumps(m.model_json_schema())
+            schema = json.dumps(closed_objects(m.model_json_schema()))  # as the gateway takes it with strict: true
             ask = [{"role": "user", "content": f"Give an example of a {m.__name__} as JSON matching this schema: {schema}"}]
             params = SamplingParams(temperature=0.8, max_tokens=max_tokens, seed=i, constraint=Constraint("json_schema", schema))
             async with limit:
