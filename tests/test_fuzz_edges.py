@@ -49,6 +49,7 @@ def zmq_ctx():
     ctx.destroy(linger=0)
 
 
+@pytest.mark.slow  # hundreds of fuzzed requests: 6-50 s
 @settings(max_examples=400, **FUZZ)
 @given(request=st.sampled_from(POST_ROUTES).flatmap(lambda route: st.tuples(st.just(route), fs.http_body(route))))
 @example(request=("/v1/completions", fs.to_json({"prompt": fs.Deep(100_000, "dict"), "max_tokens": 3})))  # found: 500
@@ -107,6 +108,7 @@ def test_raw_bytes_on_the_http_port(sut, raw):
     sut.check_healthy(raw)
 
 
+@pytest.mark.slow  # hundreds of fuzzed requests: 6-50 s
 @settings(max_examples=150, **FUZZ)
 @given(messages=fs.ws_messages())
 @example(messages=["0\x00"])  # found: a typed-decode error, then a raw decode that raises on the trailing byte
@@ -125,6 +127,7 @@ def test_websocket_binary_frames(sut, messages):
     sut.check_healthy(messages)
 
 
+@pytest.mark.slow  # hundreds of fuzzed requests: 6-50 s
 @settings(max_examples=200, **FUZZ)
 @given(case=fs.engine_requests("msgpack"), multipart=st.lists(st.lists(st.binary(max_size=16), min_size=2, max_size=3), max_size=1))
 @example(case=[{"extra": 1, "request_id": fs.Deep(100_000), "type": "cancel"}], multipart=[])  # found: killed the engine
@@ -150,6 +153,7 @@ def stdio(tiny_model):
     z.close()
 
 
+@pytest.mark.slow  # hundreds of fuzzed requests: 6-50 s
 @settings(max_examples=150, **FUZZ)
 @given(case=fs.engine_requests("json"))
 @example(case=[{"type": fs.Deep(1000), "request_id": "a", "params": {"max_tokens": 1}, "prompt": ""}])  # found: killed stdio
