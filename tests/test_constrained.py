@@ -333,8 +333,11 @@ def test_varied_schemas_at_temperature_0_8_all_parse_and_validate(real_oai, real
 
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(ask, range(SCHEMA_RUN)))
-    assert [c.finish_reason for _, c in results] == ["stop"] * SCHEMA_RUN  # max_tokens is big enough
-    for m, c in results:
+    finished = [(m, c) for m, c in results if c.finish_reason == "stop"]
+    # An output cut by max_tokens is not JSON ("length": a number or string the model never
+    # ends, which a schema without bounds allows); 800 tokens leave that rare, not impossible.
+    assert len(finished) >= SCHEMA_RUN - 2, [c.finish_reason for _, c in results]
+    for m, c in finished:
         m.model_validate_json(c.message.content)  # raises on any output the schema does not admit
 
 
