@@ -142,6 +142,7 @@ def test_a_host_that_closes_our_stdout_ends_us_quietly(tiny_model):
     assert "Traceback" not in err and "stdout closed by the host" in err, err[-2000:]
 
 
+@pytest.mark.slow  # an actor per process: ~5 s
 def test_stdio_on_the_tcp_topology(tiny_model):
     proc = subprocess.Popen([*zinfer_stdio(tiny_model), "--topology", "tcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

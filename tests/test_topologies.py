@@ -109,6 +109,7 @@ def test_serve_on_ipc_answers_a_chat_completion(tiny_model):
         assert httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["max_model_len"] == 256
 
 
+@pytest.mark.slow  # an actor per process, twice: ~6 s each (test_serve_on_ipc_answers_a_chat_completion keeps one in the fast tier)
 @pytest.mark.parametrize("topology", ["ipc", "tcp"])
 def test_run_on_process_topologies(tiny_model, topology):
     cmd = [sys.executable, "-m", "zinfer.gateway.cli", "run", "--model", str(tiny_model), "--topology", topology,
