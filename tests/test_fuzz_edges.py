@@ -64,6 +64,7 @@ def test_http_routes_never_5xx(sut, request):
 @settings(max_examples=40, **FUZZ)
 @given(route=st.sampled_from(POST_ROUTES[:2]), body=st.fixed_dictionaries({"prompt": st.sampled_from(["the cat", "a" * 300])},
                                                                            optional={"max_tokens": st.sampled_from([1, 200]), "ignore_eos": st.booleans(), "n": st.integers(1, 3)}))
+@pytest.mark.slow  # 40-150 fuzzed requests against a server: 3-8 s
 def test_http_client_leaving_a_stream_holds_nothing(sut, route, body):
     body = {**body, "stream": True}
     if route == "/v1/chat/completions":
@@ -73,6 +74,7 @@ def test_http_client_leaving_a_stream_holds_nothing(sut, route, body):
     sut.check_healthy((route, body))
 
 
+@pytest.mark.slow  # 40-150 fuzzed requests against a server: 3-8 s
 @settings(max_examples=40, **FUZZ)
 @given(messages=fs.ws_messages())
 def test_websocket_closed_mid_generation_holds_nothing(sut, messages):
@@ -83,6 +85,7 @@ def test_websocket_closed_mid_generation_holds_nothing(sut, messages):
 @settings(max_examples=60, **FUZZ)
 @given(path=st.one_of(st.sampled_from(["/v1/models", "/health", "/metrics", "/", "/v1/ws"]), st.text(max_size=30).map(lambda t: "/v1/models/" + quote(t))),
        method=st.sampled_from(["GET", "POST", "PUT", "DELETE"]), body=fs.garbage_bytes())
+@pytest.mark.slow  # 40-150 fuzzed requests against a server: 3-8 s
 def test_other_routes_and_methods_never_5xx(sut, path, method, body):
     sut.ensure_alive()
     http_case(sut, method, path, body)
@@ -92,6 +95,7 @@ def test_other_routes_and_methods_never_5xx(sut, path, method, body):
 @settings(max_examples=60, **FUZZ)
 @given(raw=st.one_of(st.binary(min_size=1, max_size=200),
                     st.sampled_from([b"GET / HTTP/1.1\r\n\r\n", b"POST /v1/completions HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n{", b"\r\n" * 100])))
+@pytest.mark.slow  # 40-150 fuzzed requests against a server: 3-8 s
 def test_raw_bytes_on_the_http_port(sut, raw):
     server = sut.ensure_alive()
     port = int(server.url.rsplit(":", 1)[1])
