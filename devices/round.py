@@ -16,7 +16,9 @@ The lifecycle, in one place:
    RoPE tables), so no op rebuilds it per layer.
 5. `layers(ctx)` runs the forward over the ctx: every layer's rope, write_kv and
    attention read it. It returns logits [S, vocab] as a device array.
-6. The executor brings them to the host (`device.to_numpy`) and sends them to the
+6. The executor reduces them on the device to what the sampler needs
+   (devices/reductions.py: the argmax or top-k candidates of greedy and top-k rows, full
+   rows only where a row needs them), brings that to the host and sends it to the
    sampler, which turns each row into a token.
 
 A RoundCtx lives for one round: nothing keeps it after run_round returns, except a
