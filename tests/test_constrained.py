@@ -140,7 +140,8 @@ def test_a_json_schema_yields_json_it_admits(oai, server, field):
 def test_strict_closes_every_object_a_schema_leaves_open(oai, server):
     open_schema = {"type": "object", "properties": {"a": {"enum": ["x"]}, "b": {"type": "object", "properties": {"c": {"type": "boolean"}}, "required": ["c"]}}, "required": ["a", "b"]}
     for seed in range(3):
-        r = oai.chat.completions.create(model=server.model, messages=HI, max_tokens=60, seed=seed, response_format={"type": "json_schema", "json_schema": {"name": "o", "schema": open_schema, "strict": True}})
+        strict = {"type": "json_schema", "json_schema": {"name": "o", "schema": open_schema, "strict": True}}
+        r = oai.chat.completions.create(model=server.model, messages=HI, max_tokens=60, seed=seed, response_format=strict)
         out = json.loads(r.choices[0].message.content)
         assert set(out) == {"a", "b"} and set(out["b"]) == {"c"}, out  # no invented keys
 
