@@ -16,6 +16,7 @@ import trio
 import zmq
 
 from zinfer.actors.kv import KvActor
+from zinfer.actors.kv_allocator import KVAllocator
 from zinfer.actors.sampler import SamplerActor
 from zinfer.actors.scheduler import SchedulerActor
 from zinfer.actors.scheduler_policy import SchedulerConfig
@@ -51,7 +52,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     zmq_curve_clients: str = ""  # a directory of client .key files: the only clients CURVE lets in
     trace: TraceConfig = msgspec.field(default_factory=TraceConfig)  # off unless a trace dir or OTLP endpoint is set
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         kind_of(self.device)  # ValueError naming the known devices
 
     def with_resolved_device(self) -> "EngineConfig":
@@ -88,7 +89,7 @@ def open_process_tracing(config: EngineConfig, source: ModelSource, role: str) -
     return open_tracing(config.trace, role, {"zinfer.model": source.name, "zinfer.model.file": str(source.path), "zinfer.device": config.device})
 
 
-def build_actor(name: str, ctx: zmq.Context, addrs: Addresses, config: EngineConfig, source: ModelSource, tracing: Tracing | None = None) -> Any:
+def build_actor(name: str, ctx: zmq.Context[zmq.Socket[bytes]], addrs: Addresses, config: EngineConfig, source: ModelSource, tracing: Tracing | None = None) -> Any:
     """Construct one actor of the topology (the executor loads its weights here).
 
     tracing: the process's Tracing; when None and the config traces, the actor gets a
@@ -125,7 +126,7 @@ class Engine:
     this process differs per topology (inproc: all five; ipc/tcp: the tokenizer and the
     child processes under "processes")."""
 
-    def __init__(self, ctx: zmq.Context, addrs: Addresses, source: ModelSource, actors: dict[str, Any], config: EngineConfig):
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], addrs: Addresses, source: ModelSource, actors: dict[str, Any], config: EngineConfig):
         self.ctx, self.addrs, self.source, self.actors, self.config = ctx, addrs, source, actors, config
 
     @property
@@ -136,12 +137,14 @@ class Engine:
     @property
     def tracing(self) -> Tracing | None:
         """This process's Tracing (the front door's), None when tracing is off."""
-        return self.actors["tokenizer"].tracing
+        tokenizer: TokenizerActor = self.actors["tokenizer"]
+        return tokenizer.tracing
 
     @property
-    def kv_allocator(self):
+    def kv_allocator(self) -> KVAllocator:
         """The KV allocator, inproc topology only (tests check its invariants)."""
-        return self.actors["kv"].allocator
+        kv: KvActor = self.actors["kv"]
+        return kv.allocator
 
 
 @contextlib.asynccontextmanager
