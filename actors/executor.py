@@ -34,20 +34,20 @@ log = structlog.get_logger("zinfer.executor")
 
 
 class ExecutorActor:
-    def __init__(self, ctx: zmq.Context, addrs: Addresses, source: ModelSource, device: Device, num_blocks: int, block_size: int, tracing: Tracing | None = None):
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], addrs: Addresses, source: ModelSource, device: Device, num_blocks: int, block_size: int, tracing: Tracing | None = None):
         spec = source.spec
         started = time.perf_counter()
         self.spec, self.device, self.block_size = spec, device, block_size
         self.weights = build_weights(spec, source.tensors, device.upload)
         self.kv = device.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, num_blocks, block_size)
         log.info("executor ready", device=device.name, seconds=round(time.perf_counter() - started, 2))
-        self.inbox: Inbox = Inbox(ctx, addrs.executor, ExecutorInbox)
-        self.to_sampler: Outbox = Outbox(ctx, addrs.sampler, SamplerInbox)
+        self.inbox: Inbox[ExecutorInbox] = Inbox(ctx, addrs.executor, ExecutorInbox)
+        self.to_sampler: Outbox[SamplerInbox] = Outbox(ctx, addrs.sampler, SamplerInbox)
         self.busy_seconds = 0.0  # time inside rounds, for the bus-overhead figure
         self.round_tracer = RoundTracer(tracing, device, device.kernel_clock()) if tracing is not None else None  # None: tracing off
         self.tables = BlockTables()
 
-    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         try:
             while True:
@@ -74,7 +74,7 @@ class ExecutorActor:
         self.busy_seconds += time.perf_counter() - t0
         return RoundLogits(r.round_id, seq_ids, logits, r.sampler_updates, r.traceparents, candidates)
 
-    def compute(self, batch: ForwardBatch, wanting: list[RoundSeq], marks=None) -> tuple[list[int], np.ndarray, Candidates | None]:
+    def compute(self, batch: ForwardBatch, wanting: list[RoundSeq], marks: object = None) -> tuple[list[int], np.ndarray, Candidates | None]:
         """One round on the device (worker thread), its logits cut on the device to what the
         sampler needs of each of wanting's rows (devices/reductions.py): (seq ids of the full
         rows, those rows [S_full, vocab] on the host, the others' candidates or None). With
@@ -126,7 +126,7 @@ def round_name(r: Round) -> str:
     return "+".join(k for k in ("prefill", "append", "decode") if k in kinds)
 
 
-def round_attributes(r: Round, batch: ForwardBatch) -> dict:
+def round_attributes(r: Round, batch: ForwardBatch) -> dict[str, object]:
     """The round span's attributes: batch size, token counts, sequence ids, KV blocks."""
     return {
         "round_id": r.round_id,
