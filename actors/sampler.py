@@ -23,12 +23,15 @@ import numpy as np
 import structlog
 import trio
 import zmq
+from llguidance import LLTokenizer
 
 from zinfer.actors.constraints import GrammarMask, MaskPrefetch, grammar_tokenizer
 from zinfer.actors.sampling import RequestSampler
 from zinfer.actors.topology import Addresses
 from zinfer.messages.channel import Inbox, Outbox
 from zinfer.messages.engine import RoundLogits, SamplerAdd, SamplerInbox, Sampled, SchedulerInbox, Shutdown, TokenSample
+from zinfer.models.loader import ModelSource
+from zinfer.traces.setup import Tracing
 
 log = structlog.get_logger("zinfer.sampler")
 
@@ -40,17 +43,17 @@ class SamplerActor:
     # prompts). Never set in production.
     fault_hook: Callable[[list[int], np.ndarray], np.ndarray] | None = None
 
-    def __init__(self, ctx: zmq.Context, addrs: Addresses, vocab_size: int, tracing=None, source=None):
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], addrs: Addresses, vocab_size: int, tracing: Tracing | None = None, source: ModelSource | None = None):
         self.vocab_size = vocab_size
         self.tracing = tracing  # None: tracing off
         self.source = source  # the ModelSource whose vocabulary constraints are compiled for; None: constraints fail
-        self.grammar_tokenizer = None  # llguidance's LLTokenizer (or the exception building it raised), once needed
+        self.grammar_tokenizer: LLTokenizer | Exception | None = None  # llguidance's LLTokenizer (or the exception building it raised), once needed
         self.prefetch = MaskPrefetch()
         self.samplers: dict[int, RequestSampler] = {}
-        self.inbox: Inbox = Inbox(ctx, addrs.sampler, SamplerInbox)
-        self.to_scheduler: Outbox = Outbox(ctx, addrs.scheduler, SchedulerInbox)
+        self.inbox: Inbox[SamplerInbox] = Inbox(ctx, addrs.sampler, SamplerInbox)
+        self.to_scheduler: Outbox[SchedulerInbox] = Outbox(ctx, addrs.scheduler, SchedulerInbox)
 
-    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         try:
             async with trio.open_nursery() as nursery:  # holds the mask prefetch's worker
@@ -102,6 +105,7 @@ class SamplerActor:
         for row, seq_id in enumerate(c.seq_ids if c is not None else ()):
             if seq_id in failed:
                 continue
+            assert c is not None  # only candidates have these rows
             try:
                 tokens.append(self._sample_candidates(seq_id, c.ids[row], c.values[row], float(c.row_max[row])))  # [K] each
             except Exception as e:
@@ -123,7 +127,7 @@ class SamplerActor:
             return
         log.info("grammar tokenizer built", vocab=self.grammar_tokenizer.vocab_size, eos_ids=self.grammar_tokenizer.eos_tokens, ms=round((time.perf_counter() - t0) * 1e3))
 
-    def _grammar_tokenizer(self):
+    def _grammar_tokenizer(self) -> LLTokenizer:
         """The LLTokenizer constraints compile against; raises why there is none."""
         tok = self.grammar_tokenizer
         if tok is None:

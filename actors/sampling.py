@@ -23,7 +23,7 @@ processing above. They are computed only for requests that ask for them
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import msgspec
 import numpy as np
@@ -31,6 +31,9 @@ import numpy as np
 from zinfer.actors.logits_need import logits_needed
 from zinfer.devices.reductions import numpy_topk
 from zinfer.messages.params import SamplingParams
+
+if TYPE_CHECKING:
+    from zinfer.actors.constraints import GrammarMask
 
 # top_p first looks for the nucleus among this many most likely tokens (then 8x more at a
 # time), and sorts the whole vocabulary only when none of those sets holds top_p of the mass.
@@ -69,7 +72,7 @@ class RequestSampler:
         self._bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))  # [n_bias]
         self._bias_vals = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))  # [n_bias]
         self._check_ids(self._bias_ids, "logit_bias token id")
-        self.grammar = None  # a GrammarMask (actors/constraints.py) for params.constraint: masked(z), accept(token)
+        self.grammar: GrammarMask | None = None  # for params.constraint (actors/constraints.py): masked(z), accept(token)
 
     def _check_ids(self, ids: np.ndarray, what: str) -> None:
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
