@@ -15,6 +15,7 @@ import time
 import structlog
 import trio
 import zmq
+from opentelemetry.trace import Span
 
 from zinfer.actors.kv import KvClient
 from zinfer.actors.logits_need import logits_needed
@@ -42,6 +43,7 @@ from zinfer.messages.engine import (
     SeqRejected,
     Shutdown,
     TokenizerInbox,
+    TokenSample,
 )
 from zinfer.traces.config import QUEUE, SCHEDULE
 from zinfer.traces.setup import Tracing
@@ -54,13 +56,13 @@ class SchedulerActor:
     logits row (actors/logits_need.py), so greedy and top-k rows leave the device as a few
     candidates; False ships every row whole (the same tokens, more bytes)."""
 
-    def __init__(self, ctx: zmq.Context, addrs: Addresses, config: SchedulerConfig, tracing: Tracing | None = None, device_reductions: bool = True):
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], addrs: Addresses, config: SchedulerConfig, tracing: Tracing | None = None, device_reductions: bool = True):
         config.validate()
         self.device_reductions = device_reductions
         self.policy = SchedulerPolicy(config)
-        self.inbox: Inbox = Inbox(ctx, addrs.scheduler, SchedulerInbox)
-        self.to_tokenizer: Outbox = Outbox(ctx, addrs.tokenizer, TokenizerInbox)
-        self.to_executor: Outbox = Outbox(ctx, addrs.executor, ExecutorInbox)
+        self.inbox: Inbox[SchedulerInbox] = Inbox(ctx, addrs.scheduler, SchedulerInbox)
+        self.to_tokenizer: Outbox[TokenizerInbox] = Outbox(ctx, addrs.tokenizer, TokenizerInbox)
+        self.to_executor: Outbox[ExecutorInbox] = Outbox(ctx, addrs.executor, ExecutorInbox)
         self.kv = KvClient(ctx, addrs.kv)
         self.kv_stats = KvStats(config.num_blocks, 0, 0)
         self.round_id = 0
@@ -71,9 +73,9 @@ class SchedulerActor:
         self.forget: list[int] = []  # seq ids whose block tables the executor may drop
         self.sampler_updates: list[SamplerUpdate] = []
         self.tracing = tracing  # None: tracing off
-        self.queue_spans: dict[int, object] = {}  # seq_id -> its open "queue" span
+        self.queue_spans: dict[int, Span] = {}  # seq_id -> its open "queue" span
 
-    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         try:
             while True:
@@ -162,6 +164,7 @@ class SchedulerActor:
 
     def _trace_round(self, t0: int, accepted: list[Chunk], parents: list[str]) -> None:
         """End the queue spans of the round's newcomers; record the planning as a span."""
+        assert self.tracing is not None  # called only while tracing
         for c in accepted:
             span = self.queue_spans.pop(c.seq.seq_id, None)
             if span is not None:
@@ -185,7 +188,9 @@ class SchedulerActor:
         """A round's samples came back: end the sequences whose sampling failed (theirs
         alone: KV, sampler state and table freed, an "error:" finish sent), advance the rest."""
         chunks, self.in_flight = self.in_flight or [], None
-        samples, failed = {}, []
+        samples: dict[int, TokenSample] = {}
+        failed: list[SeqOutput] = []
+        t: TokenSample | None  # each sample below, then each chunk's (None: it has none)
         for t in msg.tokens:
             if t.error is None:
                 samples[t.seq_id] = t
