@@ -18,14 +18,6 @@ from numba.extending import intrinsic
 _GELU_C = np.float32(math.sqrt(2.0 / math.pi))
 PARALLEL_ROWS = 8  # rows from which the elementwise kernels run on every thread
 
-# Fast-math flags that cannot change a finite result. Numba runs a parallel kernel's body,
-# and any njit function it calls, from that body's own module in the process that compiles
-# it, but from the caller's copy, optimized a second time, in every process that loads the
-# cache; "reassoc" lets that second pass re-vectorize a sum in another order (so a first run
-# and later ones gave different greedy ids), and "contract" / "arcp" can fuse differently.
-# The attention kernels use these, with sums in a fixed order that vectorizes (sum_lanes).
-EXACT_MATH = {"nnan", "ninf", "nsz"}  # numba wants a set (not frozenset); do not mutate
-
 
 def compile_twice(body, **flags):
     """body compiled for every thread (its prange loops parallel) and, as body_one, for
@@ -110,51 +102,18 @@ def fast_exp(x):
     return (p * r * r + r + np.float32(1)) * _f32_from_bits((np.int32(k) + np.int32(127)) << np.int32(23))
 
 
-@njit(fastmath=EXACT_MATH, inline="always")
-def _fold_lanes(lanes):
-    """lanes [16] f32 summed in halves (8 + 8, 4 + 4, ...); lanes is overwritten."""
-    for w in (8, 4, 2, 1):
-        for k in range(w):
-            lanes[k] += lanes[k + w]
-    return lanes[0]
-
-
-@njit(fastmath=EXACT_MATH, inline="always")
-def dot_lanes(a, b, lanes):
-    """sum of a[i] * b[i] over a, b [n] f32 in sum_lanes' fixed order. lanes [16] f32 scratch."""
-    n = a.shape[0]
-    lanes[:] = 0
-    for i0 in range(0, n - 15, 16):
-        for k in range(16):
-            lanes[k] += a[i0 + k] * b[i0 + k]
-    for i in range(n - n % 16, n):
-        lanes[i % 16] += a[i] * b[i]
-    return _fold_lanes(lanes)
-
-
-@njit(fastmath=EXACT_MATH, inline="always")
-def sum_lanes(a, lanes):
-    """sum of a [n] f32 in a fixed order: 16 partial sums (lane i % 16), then folded;
-    vectorizes without "reassoc" (EXACT_MATH). lanes [16] f32 scratch."""
-    n = a.shape[0]
-    lanes[:] = 0
-    for i0 in range(0, n - 15, 16):
-        for k in range(16):
-            lanes[k] += a[i0 + k]
-    for i in range(n - n % 16, n):
-        lanes[i % 16] += a[i]
-    return _fold_lanes(lanes)
-
-
-@njit(fastmath=EXACT_MATH, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def softmax_(row, scale):
     """row [n] f32 (n >= 1), in place: softmax(scale * row)."""
     mx = row[0]
     for j in range(row.shape[0]):
         mx = max(mx, row[j])
+    tot = np.float32(0)
     for j in range(row.shape[0]):
-        row[j] = fast_exp((row[j] - mx) * scale)
-    inv = np.float32(1) / sum_lanes(row, np.empty(16, np.float32))
+        e = fast_exp((row[j] - mx) * scale)
+        row[j] = e
+        tot += e
+    inv = np.float32(1) / tot
     for j in range(row.shape[0]):
         row[j] *= inv
 
@@ -254,7 +213,7 @@ def _glu(gate, up, gelu, out):
 glu, glu_one = compile_twice(_glu, fastmath=True)
 
 
-@njit(parallel=True, fastmath=EXACT_MATH, cache=True, nogil=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def paged_attention(q, k_pool, v_pool, rows, positions, row_seq, tables, block_size, scale, window, out):
     """Causal attention of the token rows `rows` over each one's paged KV, in one kernel.
 
@@ -277,7 +236,6 @@ def paged_attention(q, k_pool, v_pool, rows, positions, row_seq, tables, block_s
         sc = np.empty((grp, n), np.float32)
         slots = np.empty(n, np.int64)  # KV pool slot of each visible key
         row = np.empty(hd, np.float32)  # one key or value in f32
-        lanes = np.empty(16, np.float32)  # dot_lanes' partial sums
         for j in range(n):
             key = lo + j
             slots[j] = table[key // block_size] * block_size + key % block_size
@@ -286,9 +244,13 @@ def paged_attention(q, k_pool, v_pool, rows, positions, row_seq, tables, block_s
             for i in range(hd):
                 row[i] = as_f32(kv[i])
             for h in range(grp):
-                sc[h, j] = dot_lanes(q[t, g * grp + h], row, lanes)
+                qh = q[t, g * grp + h]
+                s = np.float32(0)
+                for i in range(hd):
+                    s += qh[i] * row[i]
+                sc[h, j] = s * scale
         for h in range(grp):
-            softmax_(sc[h], scale)
+            softmax_(sc[h], np.float32(1))
             out[t, g * grp + h] = 0
         for j in range(n):
             vv = v_pool[slots[j], g]

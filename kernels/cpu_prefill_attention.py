@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit, prange
 
 from zinfer.kernels import gemm_ir
-from zinfer.kernels.cpu_ops import EXACT_MATH, as_f32, softmax_
+from zinfer.kernels.cpu_ops import as_f32, softmax_
 from zinfer.kernels.gemm_ir import MR as GEMM_MR
 from zinfer.kernels.gemm_ir import NR as GEMM_NR
 from zinfer.kernels.gemm_ir import GemmArgs
@@ -37,7 +37,7 @@ def gather_keys_values(k_pool, v_pool, table, block_size, k0, kt, v):
                 v[g, j, i] = as_f32(v_pool[slot, g, i])
 
 
-@njit(parallel=True, fastmath=EXACT_MATH, cache=True, nogil=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def chunk_attention(gemm, q, kt, v, q_pos, k0, scale, window, out):
     """out [n, H, hd] = attention of q [n, H, hd] (positions q_pos [n], increasing) over
     the keys at positions k0 + j held in kt [Hkv, hd, nk + GEMM_NR], v [Hkv, nk + GEMM_NR, hd]
