@@ -14,7 +14,7 @@ from __future__ import annotations
 import uuid
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
-from typing import AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import msgspec
 import trio
@@ -41,7 +41,7 @@ from zinfer.gateway.openai_tools import ToolPlan, tool_constraint, tool_plan
 from zinfer.gateway.sse import SSEResponse, until_disconnect
 from zinfer.gateway.state import GatewayState
 from zinfer.messages.client import Cancelled, ClientEvent, Delta, Failed, Finished, Rejected, Started, Text, TokenIds, Usage
-from zinfer.messages.params import SamplingParams
+from zinfer.messages.params import Constraint, SamplingParams
 
 
 def routes(state: GatewayState) -> list[Route]:
@@ -121,27 +121,49 @@ async def generate(state: GatewayState, request: Request, kind: type, answer: Ca
 async def respond(state: GatewayState, request: Request, kind: type[ChatRequest] | type[CompletionRequest], record: RequestRecord) -> Response:
     """generate()'s work: validate, then answer whole, or hand back a LiveStream to send."""
     try:
-        if not state.ready:
-            raise ApiError(503, "the model is loading", type="unavailable_error", code="loading")
-        req = parse(await read_body(request, state.max_body_bytes), kind)
-        if not state.serves(req.model):
-            raise unknown_model(req.model)
+        req = await read_request(state, request, kind)
         params = sampling_params(req, state.max_model_len)
-        constraint = constraint_from_request(req)  # response_format, guided_*, ...: one checked Constraint or None
-        plan = tool_plan(req, state.extra.get("tool_syntax", "hermes")) if isinstance(req, ChatRequest) else None
-        if plan is not None and plan.forced:  # "required" or a named function: the grammar allows only calls
-            constraint = tool_constraint(plan, constraint)
-        if constraint is not None:
-            params = msgspec.structs.replace(params, constraint=constraint)
+        plan = tool_plan(req, tool_syntax(state)) if isinstance(req, ChatRequest) else None
+        params = constrained(params, constraint_from_request(req), plan)  # response_format, guided_*, ...
         forms = [chat_form(req, plan)] if isinstance(req, ChatRequest) else completion_prompts(req)
     except ApiError as exc:
         record.finish("rejected")
         return exc.response()
     rid = uuid.uuid4().hex
-    shaper = Shaper(state, isinstance(req, ChatRequest), rid, plan)
     open_events = partial(engine_events, state.client, forms, params, rid, record)
-    if req.stream:
-        return LiveStream(request, open_events, shaper, include_usage(req), record)
+    return await answer(request, Shaper(state, isinstance(req, ChatRequest), rid, plan), open_events, req.stream, include_usage(req), record)
+
+
+async def read_request(state: GatewayState, request: Request, kind: type) -> Any:
+    """The body parsed as `kind`, once the model is loaded and if the request names it;
+    ApiError (503, 4xx) otherwise."""
+    if not state.ready:
+        raise ApiError(503, "the model is loading", type="unavailable_error", code="loading")
+    req = parse(await read_body(request, state.max_body_bytes), kind)
+    if not state.serves(req.model):
+        raise unknown_model(req.model)
+    return req
+
+
+def tool_syntax(state: GatewayState) -> str:
+    """How the served model writes tool calls ("hermes" or "llama3"), read from its template at start."""
+    return state.extra.get("tool_syntax", "hermes")
+
+
+def constrained(params: SamplingParams, constraint: Constraint | None, plan: ToolPlan | None) -> SamplingParams:
+    """params with the request's one constraint: a forced tool call's grammar ("required"
+    or a named function: only calls allowed; it refuses a response format beside it), else
+    the request's own constraint, if any."""
+    if plan is not None and plan.forced:
+        constraint = tool_constraint(plan, constraint)
+    return params if constraint is None else msgspec.structs.replace(params, constraint=constraint)
+
+
+async def answer(request: Request, shaper: Any, open_events: Callable[[], Any], stream: bool, usage: bool, record: RequestRecord) -> Response:
+    """The generation's reply: a LiveStream to send (stream), else the shaper's whole
+    answer once the engine finishes (499 when the client left first)."""
+    if stream:
+        return LiveStream(request, open_events, shaper, usage, record)
     async with open_events() as events:
         done, result = await until_disconnect(request, shaper.collect, events)
     if isinstance(result, ApiError):

@@ -30,18 +30,17 @@ from functools import partial
 from itertools import count
 from typing import AsyncIterator
 
-import msgspec
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from zinfer.gateway.metrics import RequestRecord
-from zinfer.gateway.openai_api import LiveStream, chat_form, engine_events, generate, read_body, unknown_model
+from zinfer.gateway.openai_api import answer, chat_form, constrained, engine_events, generate, read_request, tool_syntax
 from zinfer.gateway.openai_responses_schema import ResponsesRequest, chat_request, echo, text_constraint
-from zinfer.gateway.openai_schema import ApiError, parse, sampling_params
+from zinfer.gateway.openai_schema import ApiError, sampling_params
 from zinfer.gateway.openai_shaper import engine_error
-from zinfer.gateway.openai_tools import Call, ToolCallParser, new_call_id, tool_constraint, tool_plan
-from zinfer.gateway.sse import frame, until_disconnect
+from zinfer.gateway.openai_tools import Call, ToolCallParser, new_call_id, tool_plan
+from zinfer.gateway.sse import frame
 from zinfer.gateway.state import GatewayState
 from zinfer.messages.client import Cancelled, ClientEvent, Delta, Failed, Finished, Rejected, Usage
 
@@ -67,19 +66,10 @@ def renamed(exc: ApiError) -> ApiError:
 async def respond(state: GatewayState, request: Request, kind: type[ResponsesRequest], record: RequestRecord) -> Response:
     """Validate, then answer whole, or hand back a LiveStream to send (as chat does)."""
     try:
-        if not state.ready:
-            raise ApiError(503, "the model is loading", type="unavailable_error", code="loading")
-        req = parse(await read_body(request, state.max_body_bytes), kind)
-        if not state.serves(req.model):
-            raise unknown_model(req.model)
+        req = await read_request(state, request, kind)
         chat = chat_request(req)
-        params = sampling_params(chat, state.max_model_len)
-        plan = tool_plan(chat)
-        constraint = text_constraint(req.text)
-        if plan is not None and plan.forced:
-            constraint = tool_constraint(plan, constraint)
-        if constraint is not None:
-            params = msgspec.structs.replace(params, constraint=constraint)
+        plan = tool_plan(chat, tool_syntax(state))
+        params = constrained(sampling_params(chat, state.max_model_len), text_constraint(req.text), plan)
         forms = [chat_form(chat, plan)]
     except ApiError as exc:
         record.finish("rejected")
@@ -87,13 +77,7 @@ async def respond(state: GatewayState, request: Request, kind: type[ResponsesReq
     rid = uuid.uuid4().hex
     shaper = ResponsesShaper(state, req, rid, plan.names if plan else None)
     open_events = partial(engine_events, state.client, forms, params, rid, record)
-    if req.stream:
-        return LiveStream(request, open_events, shaper, True, record)
-    async with open_events() as events:
-        done, result = await until_disconnect(request, shaper.collect, events)
-    if isinstance(result, ApiError):
-        return result.response()
-    return JSONResponse(result) if done else Response(status_code=499)
+    return await answer(request, shaper, open_events, req.stream, True, record)
 
 
 def event_frame(event: dict) -> bytes:
