@@ -33,23 +33,6 @@ def compile_twice(body, **flags):
 
 
 @intrinsic
-def call_native(typingctx, address, args):
-    """Call the machine code at `address` (a void function of n int64 arguments) with the
-    n-tuple of integers `args`: how numba kernels drive the llvmlite-compiled ones."""
-    if not (isinstance(args, nt.BaseTuple) and all(isinstance(a, nt.Integer) and a.bitwidth == 64 for a in args)):
-        return None
-    n = len(args)
-
-    def codegen(context, builder, signature, llargs):
-        fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64)] * n)
-        fn = builder.inttoptr(llargs[0], fnty.as_pointer())
-        builder.call(fn, [builder.extract_value(llargs[1], i) for i in range(n)])
-        return context.get_dummy_value()
-
-    return nt.void(address, args), codegen
-
-
-@intrinsic
 def _f32_from_bits(typingctx, bits):
     """The float32 whose bit pattern is the int32 `bits`."""
     sig = nt.float32(nt.int32)
