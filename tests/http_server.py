@@ -8,6 +8,7 @@ output for the same request.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import socket
@@ -79,7 +80,9 @@ def running_server(model: Path | str, *args: str, api_key: str | None = None, ma
     if max_waiting is not None:
         serve_args += ["--max-waiting", str(max_waiting)]
     cmd = [sys.executable, "-m", "zinfer.gateway.cli", *serve_args]
-    log = Path(tempfile.mkstemp(prefix="zinfer-serve-", suffix=".log")[1])
+    fd, log_name = tempfile.mkstemp(prefix="zinfer-serve-", suffix=".log")
+    os.close(fd)
+    log = Path(log_name)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     server = Server(f"http://127.0.0.1:{port}", f"tcp://127.0.0.1:{zmq_port}", str(model), api_key, log, headers=headers)
     with open(log, "wb") as out:
@@ -94,6 +97,7 @@ def running_server(model: Path | str, *args: str, api_key: str | None = None, ma
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        log.unlink(missing_ok=True)  # a test that needs the log reads it inside the with block
 
 
 def _wait_ready(server: Server, proc: subprocess.Popen, timeout: float) -> None:
