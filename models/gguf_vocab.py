@@ -1,7 +1,7 @@
 """Build a HuggingFace `tokenizers.Tokenizer` from GGUF tokenizer metadata.
 
 `meta` is a plain mapping of decoded GGUF values (str, int, float, bool, lists), as
-`gguf.GGUFReader(path).fields[key].contents()` gives them. Two kinds are supported,
+`GGUFFile(path).metadata` (and `gguf.GGUFReader(path).fields[key].contents()`) gives them. Two kinds are supported,
 named by `tokenizer.ggml.model`, and both are built to tokenize as llama.cpp does:
 
 - ``gpt2``: byte-level BPE from tokens + merges; the text is split by the regexes
@@ -103,11 +103,9 @@ def specials_from_gguf(meta: Mapping[str, Any]) -> GGUFSpecials:
 
 def read_tokenizer_metadata(path: str) -> dict[str, Any]:
     """The `tokenizer.*` and `general.*` metadata of a GGUF file, decoded to plain values."""
-    import gguf
+    from zinfer.models.gguf_file import GGUFFile
 
-    reader = gguf.GGUFReader(path)
-    return {k: f.contents() for k, f in reader.fields.items()
-            if k.startswith(("tokenizer.", "general."))}
+    return {k: v for k, v in GGUFFile(path).metadata.items() if k.startswith(("tokenizer.", "general."))}
 
 
 def tokenizer_json_from_gguf(meta: Mapping[str, Any]) -> str:
@@ -116,7 +114,12 @@ def tokenizer_json_from_gguf(meta: Mapping[str, Any]) -> str:
     It includes a post-processor that adds BOS/EOS where the model says so, so that
     HuggingFace users get the same ids with add_special_tokens=True.
     """
-    return json.dumps(_tokenizer_dict(meta), ensure_ascii=False)
+    return json.dumps(tokenizer_dict_from_gguf(meta), ensure_ascii=False)
+
+
+def tokenizer_dict_from_gguf(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """tokenizer_json_from_gguf's object before serialization (a fresh dict per call)."""
+    return _tokenizer_dict(meta)
 
 
 def tokenizer_from_gguf(meta: Mapping[str, Any]) -> tokenizers.Tokenizer:
