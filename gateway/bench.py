@@ -1,33 +1,87 @@
-"""`zinfer bench`: throughput and latency of the engine, optionally side by side with llama.cpp.
+"""`zinfer bench`: the engine's throughput and latency, optionally side by side with llama.cpp.
 
-Two phases on distinct synthetic prompts of exactly --prompt-len tokens (no prefix
-cache hits): prefill (each request asks for one token) and generation (--output-len
-tokens each, EOS ignored), in groups of --concurrency requests started together.
+One command measures every workload, each on distinct synthetic prompts (no prefix
+cache hits), greedy with EOS ignored:
+
+- prefill: --prefill-requests prompts of --prefill-len tokens one at a time, one
+  output token each: prompt tokens per second.
+- decode, batch 1: --decode-requests prompts of --prompt-len tokens one at a time,
+  --output-len tokens each: the decode-window rate (gateway/bench_figures.py).
+- streams: for each N in --streams, N such requests arriving together: the end-to-end
+  rate (first arrival to last completion) and the decode-window rate.
+- GB/s at batch 1: bytes each decoded token reads (gateway/bench_roofline.py) times the
+  batch-1 rate, against this machine's read bandwidth measured at the end.
+
+With --compare-llama-cpp, llama.cpp runs the same prompts on the same thread count
+(gateway/bench_llama.py), each sequence in its own KV stream, and once more at the
+largest stream count with one unified KV pool; the table prints zinfer / llama.cpp.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
+from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import trio
 
 from zinfer.actors.engine import EngineConfig, open_engine
+from zinfer.gateway.bench_figures import Stream, summarize
 from zinfer.gateway.client import AsyncClient
 from zinfer.messages.client import Delta, Finished
 from zinfer.messages.params import SamplingParams
 
 
 def bench_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--requests", type=int, default=16)
-    p.add_argument("--concurrency", type=int, default=1)
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=32)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--prefill-len", type=int, default=512, help="tokens per prompt of the prefill row")
+    p.add_argument("--prefill-requests", type=int, default=4)
+    p.add_argument("--prompt-len", type=int, default=128, help="tokens per prompt of the decode and stream rows")
+    p.add_argument("--output-len", type=int, default=32, help="tokens generated per request of the decode and stream rows (at least 2)")
+    p.add_argument("--decode-requests", type=int, default=4, help="requests of the batch-1 decode row, one at a time")
+    p.add_argument("--streams", default="16,64", help="comma-separated stream counts: N requests arriving together for each")
+    p.add_argument("--bandwidth-mib", type=int, default=1024, help="array read to measure this machine's bandwidth (0: skip)")
+    p.add_argument("--json", action="store_true", help="print one JSON object with every number")
     p.add_argument("--compare-llama-cpp", action="store_true", help="run llama.cpp (llama-cpp-python) on the same model, prompts and threads")
+    p.add_argument("--unified-pool", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --compare-llama-cpp: also run llama.cpp's largest stream count with one unified KV pool")
     # --threads (engine_args) sets llama.cpp's threads and cpu-fast's: one count for both
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The workloads of one bench run (validated sizes from the command line)."""
+
+    prefill_len: int
+    prefill_requests: int
+    prompt_len: int
+    output_len: int
+    decode_requests: int
+    streams: tuple[int, ...]
+
+    @staticmethod
+    def from_args(args: argparse.Namespace) -> "Plan":
+        try:
+            streams = tuple(int(s) for s in str(args.streams).split(",") if s.strip())
+        except ValueError:
+            raise ValueError(f"--streams takes comma-separated counts, got {args.streams!r}") from None
+        plan = Plan(args.prefill_len, args.prefill_requests, args.prompt_len, args.output_len, args.decode_requests, streams)
+        for name in ("prefill_len", "prefill_requests", "prompt_len", "decode_requests"):
+            if getattr(plan, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if plan.output_len < 2:
+            raise ValueError("--output-len must be at least 2 (decode is the tokens after the first)")
+        if any(n < 1 or n > 256 for n in streams):
+            raise ValueError("--streams counts must be between 1 and 256")
+        return plan
+
+    @property
+    def max_len(self) -> int:
+        """The longest sequence any workload builds."""
+        return max(self.prefill_len + 1, self.prompt_len + self.output_len)
 
 
 def synthetic_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -37,109 +91,93 @@ def synthetic_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[li
     return [rng.integers(lo, hi, size=length).tolist() for _ in range(n)]
 
 
-def percentiles(xs: list[float]) -> dict[str, float]:
-    if not xs:
-        return {}
-    a = np.asarray(xs) * 1000
-    return {"p50_ms": float(np.percentile(a, 50)), "p90_ms": float(np.percentile(a, 90)), "p99_ms": float(np.percentile(a, 99))}
+def workload_prompts(plan: Plan, vocab: int) -> dict[str, list[list[int]]]:
+    """Each workload's prompts, by its key (prefill, decode_b1, streams_N): distinct seeds,
+    the same on both engines."""
+    out = {"prefill": synthetic_prompts(plan.prefill_requests, plan.prefill_len, vocab, seed=1)}
+    out["decode_b1"] = synthetic_prompts(plan.decode_requests, plan.prompt_len, vocab, seed=2)
+    for i, n in enumerate(plan.streams):
+        out[f"streams_{n}"] = synthetic_prompts(n, plan.prompt_len, vocab, seed=10 + i)
+    return out
 
 
-async def _phase(client: AsyncClient, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
-    """Run the prompts in groups of `concurrency` started together, as llama.cpp's side does.
-
-    Aggregate decode rate: in each group, the tokens that arrive while every member is
-    past its first token and none has finished, over that window's length.
-    """
-    ttfts: list[float] = []
-    itls: list[float] = []
-    window_tokens, window_s = 0, 0.0
+async def _group(client: AsyncClient, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[Stream]]:
+    """Send every prompt at once; (arrival time, each request's token arrival times)."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    streams: list[Stream] = [[] for _ in prompts]
 
-    async def one(ids: list[int], times: list[float]) -> None:
-        t0 = time.perf_counter()
+    async def one(ids: list[int], times: Stream) -> None:
         async for ev in client.generate(prompt_ids=ids, params=params):
             if isinstance(ev, Delta):
                 times.extend([time.perf_counter()] * len(ev.token_ids))
             elif not isinstance(ev, Finished) and hasattr(ev, "message"):
                 raise RuntimeError(f"bench request failed: {ev.message}")
-        ttfts.append(times[0] - t0)
-        itls.extend(np.diff(times).tolist())
 
     start = time.perf_counter()
-    for g in range(0, len(prompts), concurrency):
-        group = [[] for _ in prompts[g : g + concurrency]]
-        async with trio.open_nursery() as n:
-            for ids, times in zip(prompts[g : g + concurrency], group):
-                n.start_soon(one, ids, times)
-        lo, hi = max(t[0] for t in group), min(t[-1] for t in group)
-        if hi > lo:
-            window_tokens += sum(lo < x <= hi for t in group for x in t)
-            window_s += hi - lo
-    return {"wall_s": time.perf_counter() - start, "ttft": percentiles(ttfts), "itl": percentiles(itls), "decode_tokens": window_tokens, "decode_time_s": window_s}
+    async with trio.open_nursery() as n:
+        for ids, times in zip(prompts, streams):
+            n.start_soon(one, ids, times)
+    return start, streams
 
 
-async def bench_engine(config: EngineConfig, args: argparse.Namespace) -> dict:
+async def bench_engine(config: EngineConfig, plan: Plan) -> dict:
+    """Every workload on zinfer; its figures by workload key, plus the model's bytes."""
+    from zinfer.gateway.bench_roofline import file_weight_bytes, kv_bytes_per_token, kv_itemsize, resident_weight_bytes
+
     async with open_engine(config) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
-        prompts = synthetic_prompts(args.requests, args.prompt_len, engine.source.spec.vocab_size)
-        await _phase(client, prompts[:1], 1, 2)  # warm-up (JIT, caches)
+        vocab = engine.source.spec.vocab_size
+        prompts = workload_prompts(plan, vocab)
+        await _group(client, synthetic_prompts(2, plan.prompt_len, vocab, seed=0), 2)  # warm-up (JIT, caches)
         executor = engine.actors.get("executor")
-        busy0 = executor.busy_seconds if executor else 0.0
-        rounds0 = engine.actors["scheduler"].round_id if "scheduler" in engine.actors else 0
-        pre = await _phase(client, synthetic_prompts(args.requests, args.prompt_len, engine.source.spec.vocab_size, seed=1), args.concurrency, 1)
-        gen = await _phase(client, prompts, args.concurrency, args.output_len)
-        result = {
-            "model": engine.source.name,
-            "device": engine.config.device,  # the resolved one (auto -> cuda, cpu-fast or cpu)
-            "requests": args.requests,
-            "concurrency": args.concurrency,
-            "prompt_len": args.prompt_len,
-            "output_len": args.output_len,
-            "prefill_tok_s": args.requests * args.prompt_len / pre["wall_s"],
-            "decode_tok_s": gen["decode_tokens"] / gen["decode_time_s"] if gen["decode_time_s"] > 0 else 0.0,
-            "ttft": gen["ttft"],
-            "itl": gen["itl"],
-        }
-        if executor:
-            rounds = engine.actors["scheduler"].round_id - rounds0
-            busy = executor.busy_seconds - busy0
-            wall = pre["wall_s"] + gen["wall_s"]
+        scheduler = engine.actors.get("scheduler")
+        busy0, rounds0, t0 = getattr(executor, "busy_seconds", 0.0), getattr(scheduler, "round_id", 0), time.perf_counter()
+        one_at_a_time = [await _group(client, [ids], 1) for ids in prompts["prefill"]]
+        result: dict = {"prefill": {"prefill_tok_s": plan.prefill_requests * plan.prefill_len / sum(s[0][-1] - t for t, s in one_at_a_time)}}
+        result["decode_b1"] = summarize([await _group(client, [ids], plan.output_len) for ids in prompts["decode_b1"]])
+        for n in plan.streams:
+            result[f"streams_{n}"] = summarize([await _group(client, prompts[f"streams_{n}"], plan.output_len)])
+        spec = engine.source.spec
+        result["model"], result["device"] = engine.source.name, engine.config.device  # the resolved device (auto -> ...)
+        result["weight_file_bytes"] = file_weight_bytes(engine.source)
+        result["kv_context"] = plan.prompt_len + plan.output_len // 2  # the mean context of the batch-1 decode steps
+        result["kv_bytes_per_token_f16"] = kv_bytes_per_token(spec, result["kv_context"], 2)  # llama.cpp's default KV
+        if executor is not None:  # in this process (the inproc topology): what the device holds
+            rounds = scheduler.round_id - rounds0
             result["rounds"] = rounds
-            result["bus_overhead_ms_per_round"] = 1000 * (wall - busy) / max(rounds, 1)
+            result["bus_overhead_ms_per_round"] = 1000 * (time.perf_counter() - t0 - (executor.busy_seconds - busy0)) / max(rounds, 1)
+            result["weight_resident_bytes"] = resident_weight_bytes(executor.weights)
+            result["kv_bytes_per_token"] = kv_bytes_per_token(spec, result["kv_context"], kv_itemsize(executor.kv, 4))
         return result
 
 
+def bench_config(config: EngineConfig, plan: Plan) -> EngineConfig:
+    """config sized for the plan: --max-running raised to the largest stream count (so
+    every stream of a group runs at once), and, where left at 0, the context and KV
+    blocks to what the longest sequence needs."""
+    running = max((config.max_running, *plan.streams))
+    ctx = config.max_model_len or plan.max_len
+    blocks = config.num_blocks or running * -(-ctx // config.block_size)
+    return msgspec.structs.replace(config, max_running=running, max_model_len=ctx, num_blocks=blocks)
+
+
 def bench_main(args: argparse.Namespace, config: EngineConfig) -> int:
-    ours = trio.run(bench_engine, config, args)
-    report = {"zinfer": ours}
+    from zinfer.gateway.bench_report import print_table, report_of
+    from zinfer.gateway.bench_roofline import read_bandwidth
+
+    plan = Plan.from_args(args)
+    threads = args.threads or os.cpu_count() or 1
+    ours = trio.run(bench_engine, bench_config(config, plan), plan)
+    theirs = unified = None
     if args.compare_llama_cpp:
         from zinfer.gateway.bench_llama import bench_llama_cpp
         from zinfer.models.loader import resolve
 
-        theirs = bench_llama_cpp(str(resolve(config.model)), args, ours)
-        report["llama_cpp"] = theirs
-        report["ratio"] = {k: ours[k] / theirs[k] for k in ("prefill_tok_s", "decode_tok_s") if theirs.get(k)}
+        theirs, unified = bench_llama_cpp(str(resolve(config.model)), plan, threads, args.unified_pool)
+    peak = read_bandwidth(threads, args.bandwidth_mib << 20) if args.bandwidth_mib > 0 else None
+    report = report_of(plan, threads, ours, theirs, unified, peak)
     if args.json:
         print(json.dumps(report))
     else:
         print_table(report)
     return 0
 
-
-def print_table(report: dict) -> None:
-    ours = report["zinfer"]
-    theirs = report.get("llama_cpp", {})
-    print(f"model {ours['model']}  device {ours['device']}  {ours['requests']} requests, concurrency {ours['concurrency']}, prompt {ours['prompt_len']}, output {ours['output_len']}")
-    print(f"{'':28}{'zinfer':>12}{'llama.cpp':>12}{'ratio':>8}")
-    for key, label in (("prefill_tok_s", "prefill tok/s"), ("decode_tok_s", "decode tok/s (aggregate)")):
-        other = theirs.get(key)
-        ratio = report.get("ratio", {}).get(key)
-        other_s = f"{other:12.1f}" if other else f"{'-':>12}"
-        ratio_s = f"{ratio:8.2f}" if ratio else f"{'-':>8}"
-        print(f"{label:28}{ours[key]:12.1f}{other_s}{ratio_s}")
-    for key in ("ttft", "itl"):
-        p = ours[key]
-        if p:
-            print(f"{key + ' ms p50/p90/p99':28}{p['p50_ms']:8.1f} / {p['p90_ms']:.1f} / {p['p99_ms']:.1f}")
-    if "bus_overhead_ms_per_round" in ours:
-        print(f"{'rounds':28}{ours['rounds']:12d}")
-        print(f"{'time outside forward/round':28}{ours['bus_overhead_ms_per_round']:10.2f}ms")

@@ -1,24 +1,34 @@
 """llama.cpp's side of `zinfer bench --compare-llama-cpp` (needs llama-cpp-python).
 
-The same model file, prompts, lengths, concurrency and thread count, run through
-llama.cpp's batch API: several sequences decode together in one llama_decode, as
-llama-server does. llama.cpp keeps its defaults (f16 KV cache, flash attention auto).
+The same model file, prompts, lengths and thread count, through llama.cpp's batch API
+as llama-server drives it: the prompts of a group go in batches of up to 512 tokens
+across sequences, then every sequence decodes one token per llama_decode. llama.cpp
+keeps its defaults (weight repacking on, flash attention auto, f16 KV).
+
+KV: by default each sequence gets its own KV stream (`kv_unified = False`), llama.cpp at
+its best for unrelated prompts: llama.cpp gives each stream n_ctx / n_seq_max cells
+(padded to 256), so n_ctx is n_seq_max times the longest sequence. The unified pool
+(`kv_unified = True`, one pool of n_ctx cells) makes every token attend over every
+sequence's cells; it is measured apart, at the largest stream count.
 """
 
 from __future__ import annotations
 
-import argparse
 import ctypes
-import os
 import time
 
 import numpy as np
 
-from zinfer.gateway.bench import synthetic_prompts
+from zinfer.gateway.bench import Plan, workload_prompts
+from zinfer.gateway.bench_figures import Stream, summarize
+
+N_BATCH = 512  # llama.cpp's default n_batch and n_ubatch
 
 
-class LlamaCpp:
-    def __init__(self, path: str, threads: int, n_seq: int, n_ctx: int):
+class LlamaModel:
+    """A GGUF model loaded by llama.cpp with its default model params (repacking on)."""
+
+    def __init__(self, path: str):
         try:
             import llama_cpp as L
         except ImportError:
@@ -27,18 +37,38 @@ class LlamaCpp:
         self._quiet = L.llama_log_callback(lambda level, text, data: None)  # keep a reference: C holds it
         L.llama_log_set(self._quiet, ctypes.c_void_p())
         L.llama_backend_init()
-        mp = L.llama_model_default_params()
-        self.model = L.llama_model_load_from_file(path.encode(), mp)
+        self.model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
+        if not self.model:
+            raise ValueError(f"llama.cpp could not load {path}")
+        self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+
+    def close(self) -> None:
+        self.L.llama_model_free(self.model)
+
+
+class LlamaContext:
+    """One llama.cpp context: n_seq sequences of up to seq_len tokens each, in their own KV
+    streams or (unified) one shared pool; `threads` for decode and batches alike."""
+
+    def __init__(self, model: LlamaModel, n_seq: int, seq_len: int, threads: int, unified: bool):
+        L = self.L = model.L
+        self.n_vocab = model.n_vocab
         cp = L.llama_context_default_params()
-        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, 512, 512, n_seq
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_seq * seq_len, N_BATCH, N_BATCH, n_seq
         cp.n_threads = cp.n_threads_batch = threads
         cp.no_perf = True
-        cp.kv_unified = True  # one KV pool shared by all sequences, as llama-server runs
-        self.ctx = L.llama_init_from_model(self.model, cp)
-        self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
-        self.batch = L.llama_batch_init(max(512, n_seq), 0, n_seq)
+        cp.kv_unified = unified
+        self.ctx = L.llama_init_from_model(model.model, cp)
+        if not self.ctx:
+            raise RuntimeError(f"llama.cpp could not make a context of {n_seq} x {seq_len} tokens")
+        self.batch = L.llama_batch_init(max(N_BATCH, n_seq), 0, 1)
+
+    def close(self) -> None:
+        self.L.llama_batch_free(self.batch)
+        self.L.llama_free(self.ctx)
 
     def clear(self) -> None:
+        """Forget every sequence's KV."""
         self.L.llama_memory_clear(self.L.llama_get_memory(self.ctx), True)
 
     def decode(self, entries: list[tuple[int, int, int, bool]]) -> None:
@@ -52,51 +82,61 @@ class LlamaCpp:
             raise RuntimeError("llama_decode failed")
 
     def argmax(self, i: int) -> int:
+        """The greedy token of the last decode's batch entry i."""
         ptr = self.L.llama_get_logits_ith(self.ctx, i)
         return int(np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,)).argmax())
 
-    def prefill(self, prompts: list[list[int]]) -> float:
-        """Seconds to prefill each prompt (one sequence at a time, 512-token batches)."""
-        t0 = time.perf_counter()
-        for ids in prompts:
-            self.clear()
-            for s in range(0, len(ids), 512):
-                chunk = ids[s : s + 512]
-                self.decode([(t, s + j, 0, s + j == len(ids) - 1) for j, t in enumerate(chunk)])
-        return time.perf_counter() - t0
-
-    def generate(self, prompts: list[list[int]], output_len: int) -> tuple[int, float]:
-        """Greedy decode of a group of prompts together; (tokens after the first, seconds)."""
+    def generate(self, prompts: list[list[int]], output_len: int) -> tuple[float, list[Stream]]:
+        """Greedy decode of a group of prompts arriving together, from an empty KV:
+        (arrival time, each sequence's token arrival times)."""
         self.clear()
-        last = []
-        for seq, ids in enumerate(prompts):
-            self.decode([(t, j, seq, j == len(ids) - 1) for j, t in enumerate(ids)])
-            last.append(self.argmax(len(ids) - 1))
-        t0 = time.perf_counter()
+        start = time.perf_counter()
+        streams: list[Stream] = [[] for _ in prompts]
+        last = [0] * len(prompts)
+        entries = [(t, j, seq, j == len(ids) - 1) for seq, ids in enumerate(prompts) for j, t in enumerate(ids)]
+        for s in range(0, len(entries), N_BATCH):
+            chunk = entries[s : s + N_BATCH]
+            self.decode(chunk)
+            done = [(i, seq) for i, (_, _, seq, wants) in enumerate(chunk) if wants]
+            for i, seq in done:
+                last[seq] = self.argmax(i)
+            now = time.perf_counter()
+            for _, seq in done:
+                streams[seq].append(now)
         for step in range(output_len - 1):
             self.decode([(last[s], len(prompts[s]) + step, s, True) for s in range(len(prompts))])
             last = [self.argmax(s) for s in range(len(prompts))]
-        return len(prompts) * (output_len - 1), time.perf_counter() - t0
-
-    def close(self) -> None:
-        L = self.L
-        L.llama_batch_free(self.batch)
-        L.llama_free(self.ctx)
-        L.llama_model_free(self.model)
+            now = time.perf_counter()
+            for s in streams:
+                s.append(now)
+        return start, streams
 
 
-def bench_llama_cpp(path: str, args: argparse.Namespace, ours: dict) -> dict:
-    c = args.concurrency
-    llm = LlamaCpp(path, args.threads or os.cpu_count() or 1, c, n_ctx=c * (args.prompt_len + args.output_len) + 64)
+def bench_llama_cpp(path: str, plan: Plan, threads: int, unified_pool: bool) -> tuple[dict, dict | None]:
+    """Every workload of the plan on llama.cpp, in separate KV streams: figures by workload
+    key as bench_engine's; and (unified_pool) the largest stream count in one unified pool."""
+    model = LlamaModel(path)
     try:
-        vocab = llm.n_vocab
-        prompts = synthetic_prompts(args.requests, args.prompt_len, vocab)
-        llm.prefill(prompts[:1])  # warm-up
-        pre = llm.prefill(synthetic_prompts(args.requests, args.prompt_len, vocab, seed=1))
-        tokens, seconds = 0, 0.0
-        for g in range(0, len(prompts), c):
-            n, s = llm.generate(prompts[g : g + c], args.output_len)
-            tokens, seconds = tokens + n, seconds + s
-        return {"prefill_tok_s": args.requests * args.prompt_len / pre, "decode_tok_s": tokens / seconds if seconds else 0.0}
+        prompts = workload_prompts(plan, model.n_vocab)
+        seq_len = plan.prompt_len + plan.output_len
+
+        def run(n_seq: int, length: int, unified: bool, groups: list[list[list[int]]], output_len: int) -> list[tuple[float, list[Stream]]]:
+            ctx = LlamaContext(model, n_seq, length, threads, unified)
+            try:
+                ctx.generate(groups[0][:1], 2)  # warm-up: the first decode of a context sets its buffers up
+                return [ctx.generate(g, output_len) for g in groups]
+            finally:
+                ctx.close()
+
+        pre = run(1, plan.prefill_len + 1, False, [[p] for p in prompts["prefill"]], 1)
+        ours: dict = {"prefill": {"prefill_tok_s": plan.prefill_requests * plan.prefill_len / sum(s[0][-1] - t for t, s in pre)}}
+        ours["decode_b1"] = summarize(run(1, seq_len, False, [[p] for p in prompts["decode_b1"]], plan.output_len))
+        for n in plan.streams:
+            ours[f"streams_{n}"] = summarize(run(n, seq_len, False, [prompts[f"streams_{n}"]], plan.output_len))
+        unified = None
+        if unified_pool and plan.streams:
+            n = max(plan.streams)
+            unified = {f"streams_{n}": summarize(run(n, seq_len, True, [prompts[f"streams_{n}"]], plan.output_len))}
+        return ours, unified
     finally:
-        llm.close()
+        model.close()

@@ -1,0 +1,110 @@
+"""`zinfer bench`'s report: every number as one JSON-ready dict, and the printed table.
+
+Rows put zinfer and llama.cpp side by side with zinfer / llama.cpp as the ratio: prefill,
+batch-1 decode, each stream count end to end and in the decode window, the largest
+stream count against llama.cpp's unified KV pool, and batch-1 GB/s against the
+machine's measured read bandwidth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from zinfer.gateway.bench import Plan
+
+
+def _gb_s(bytes_per_token: int | None, tok_s: float | None) -> float | None:
+    return bytes_per_token * tok_s / 1e9 if bytes_per_token and tok_s else None
+
+
+def roofline(ours: dict, theirs: dict | None, peak: float | None) -> dict:
+    """Batch-1 bytes per token and GB/s: zinfer's from the bytes its device holds (and from
+    the file's, for comparison), llama.cpp's from the file's with f16 KV; % of peak."""
+    tok_s = ours["decode_b1"]["decode_tok_s"]
+    file_b, resident_b = ours["weight_file_bytes"], ours.get("weight_resident_bytes")
+    kv, kv16 = ours.get("kv_bytes_per_token"), ours["kv_bytes_per_token_f16"]
+    out = {
+        "weight_file_bytes": file_b,
+        "weight_resident_bytes": resident_b,
+        "kv_context": ours["kv_context"],
+        "kv_bytes_per_token": kv,
+        "kv_bytes_per_token_f16": kv16,
+        "peak_read_gb_s": peak,
+        "zinfer_gb_s": _gb_s(resident_b + kv if resident_b and kv is not None else None, tok_s),
+        "zinfer_gb_s_file_bytes": _gb_s(file_b + (kv if kv is not None else kv16), tok_s),
+        "llama_cpp_gb_s": _gb_s(file_b + kv16, theirs["decode_b1"]["decode_tok_s"]) if theirs else None,
+    }
+    for who in ("zinfer", "llama_cpp"):
+        gb = out[f"{who}_gb_s"]
+        out[f"{who}_peak_pct"] = 100 * gb / peak if gb and peak else None
+    return out
+
+
+def rows(plan: Plan, ours: dict, theirs: dict | None, unified: dict | None, roof: dict) -> list[dict]:
+    """The table's rows: label, unit, zinfer, llama_cpp, ratio (None where absent)."""
+    theirs = theirs or {}
+    spec = [("prefill", "prefill_tok_s", f"prefill, {plan.prefill_len}-token prompts", theirs)]
+    spec.append(("decode_b1", "decode_tok_s", f"decode, batch 1, {plan.prompt_len}-token prompts", theirs))
+    for n in plan.streams:
+        spec.append((f"streams_{n}", "e2e_tok_s", f"{n} streams, end to end", theirs))
+        spec.append((f"streams_{n}", "decode_tok_s", f"{n} streams, decode window", theirs))
+    if unified:
+        n = max(plan.streams)
+        spec.append((f"streams_{n}", "e2e_tok_s", f"{n} streams, end to end, llama.cpp unified KV", unified))
+        spec.append((f"streams_{n}", "decode_tok_s", f"{n} streams, decode window, llama.cpp unified KV", unified))
+    out = []
+    for key, metric, label, other in spec:
+        a, b = ours[key][metric], other.get(key, {}).get(metric)
+        out.append({"label": label, "unit": "tok/s", "workload": key, "metric": metric, "zinfer": a, "llama_cpp": b, "ratio": a / b if a and b else None})
+    a, b = roof["zinfer_gb_s"], roof["llama_cpp_gb_s"]
+    out.append({"label": "decode, batch 1, GB/s read", "unit": "GB/s", "workload": "decode_b1", "metric": "gb_s", "zinfer": a, "llama_cpp": b, "ratio": a / b if a and b else None})
+    a, b = roof["zinfer_peak_pct"], roof["llama_cpp_peak_pct"]
+    out.append({"label": "decode, batch 1, % of read bandwidth", "unit": "%", "workload": "decode_b1", "metric": "peak_pct", "zinfer": a, "llama_cpp": b, "ratio": None})
+    return out
+
+
+def report_of(plan: Plan, threads: int, ours: dict, theirs: dict | None, unified: dict | None, peak: float | None) -> dict:
+    """Every number of the run as one JSON-ready dict (see the module docstring)."""
+    roof = roofline(ours, theirs, peak)
+    return {
+        "model": ours["model"],
+        "device": ours["device"],
+        "threads": threads,
+        "plan": asdict(plan),
+        "rows": rows(plan, ours, theirs, unified, roof),
+        "roofline": roof,
+        "zinfer": ours,
+        "llama_cpp": theirs,
+        "llama_cpp_unified": unified,
+    }
+
+
+def _cell(x: float | None, width: int, digits: int = 1) -> str:
+    return f"{x:{width}.{digits}f}" if x is not None else f"{'-':>{width}}"
+
+
+def print_table(report: dict) -> None:
+    p, ours, roof = report["plan"], report["zinfer"], report["roofline"]
+    print(f"model {report['model']}  device {report['device']}  threads {report['threads']}  "
+          f"decode/stream prompts {p['prompt_len']} tokens, {p['output_len']} out")
+    print(f"{'':50}{'zinfer':>10}{'llama.cpp':>11}{'ratio':>8}")
+    for r in report["rows"]:
+        print(f"{r['label'] + ' (' + r['unit'] + ')':50}{_cell(r['zinfer'], 10)}{_cell(r['llama_cpp'], 11)}{_cell(r['ratio'], 8, 2)}")
+    mb = 1e6
+    resident = roof["weight_resident_bytes"]
+    kv = roof["kv_bytes_per_token"] if roof["kv_bytes_per_token"] is not None else roof["kv_bytes_per_token_f16"]
+    print(f"batch-1 bytes per token: weights {roof['weight_file_bytes'] / mb:.1f} MB in the file, "
+          + (f"{resident / mb:.1f} MB as the device holds them" if resident else "unknown as the device holds them")
+          + f"; KV {kv / mb:.2f} MB at context {roof['kv_context']} (llama.cpp f16: {roof['kv_bytes_per_token_f16'] / mb:.2f} MB)")
+    if roof["zinfer_gb_s_file_bytes"] is not None:
+        print(f"zinfer batch-1 GB/s counting the file's bytes: {roof['zinfer_gb_s_file_bytes']:.1f}")
+    if roof["peak_read_gb_s"]:
+        print(f"this machine's read bandwidth: {roof['peak_read_gb_s']:.1f} GB/s ({report['threads']} threads)")
+    for n in p["streams"]:
+        s = ours[f"streams_{n}"]
+        if s["ttft"]:
+            print(f"zinfer {n} streams: ttft p50/p99 {s['ttft']['p50_ms']:.0f}/{s['ttft']['p99_ms']:.0f} ms, "
+                  f"itl p50/p99 {s['itl']['p50_ms']:.1f}/{s['itl']['p99_ms']:.1f} ms, first completion {s['first_completion_s']:.2f} s, "
+                  f"last first token {s['last_first_token_s']:.2f} s")
+    if "rounds" in ours:
+        print(f"zinfer rounds {ours['rounds']}, time outside the forward {ours['bus_overhead_ms_per_round']:.2f} ms/round")
