@@ -41,7 +41,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     device_options: DeviceConfig | None = None  # the device's typed options (devices/config.py); None: its defaults
     max_model_len: int = 0  # 0: the model's context, capped at 4096
     block_size: int = 16
-    num_blocks: int = 0  # 0: enough for max_running sequences of 1024 tokens
+    num_blocks: int = 0  # 0: default_kv_blocks (max_running sequences of up to 1024 tokens, one of max_model_len)
     max_running: int = 32
     max_waiting: int = 256
     token_budget: int = 512
@@ -66,10 +66,21 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         ctx = self.max_model_len or min(source.spec.context_length, 4096)
         if ctx > source.spec.context_length:
             raise ValueError(f"max_model_len {ctx} exceeds the model's context of {source.spec.context_length}")
-        blocks = self.num_blocks or self.max_running * -(-1024 // self.block_size)
+        blocks = self.num_blocks or default_kv_blocks(self.max_running, ctx, self.block_size)
         cfg = SchedulerConfig(self.max_running, self.max_waiting, self.token_budget, ctx, self.block_size, blocks)
         cfg.validate()
         return cfg
+
+
+def default_kv_blocks(max_running: int, max_model_len: int, block_size: int) -> int:
+    """The KV pool's blocks when --num-blocks is not given: max_running sequences of
+    min(max_model_len, 1024) tokens, and never less than one sequence of max_model_len
+    (so any prompt the context admits can run). `zinfer run` serves one request
+    (max_running 1): a 4096-token pool, 112 MiB of f16 KV on Qwen2.5-Coder-1.5B, where
+    32 x 1024 tokens reserved 896 MiB. A request the pool cannot hold is rejected
+    (`cannot_fit`, naming the pool) and the engine serves on."""
+    per_seq = -(-min(max_model_len, 1024) // block_size)
+    return max(max_running * per_seq, -(-max_model_len // block_size))
 
 
 def public_curve_keys(config: EngineConfig) -> KeyPair | None:

@@ -53,7 +53,7 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-running", type=int, default=32)
     p.add_argument("--topology", default="inproc", choices=("inproc", "ipc", "tcp"), help="inproc: all actors in this process; ipc/tcp: kv, sampler, executor and scheduler as processes")
     p.add_argument("--max-waiting", type=int, default=256, help="queued requests before new ones are rejected (HTTP 429)")
-    p.add_argument("--num-blocks", type=int, default=0, help="KV blocks of 16 tokens (default: enough for --max-running x 1024 tokens)")
+    p.add_argument("--num-blocks", type=int, default=0, help="KV blocks of 16 tokens (default: --max-running sequences of up to 1024 tokens, at least one of --max-model-len)")
     p.add_argument("--log-json", action="store_true", help="JSON log lines on stderr")
     p.add_argument("--log-level", default="warning")
     p.add_argument("--otlp-endpoint", default=None, help="also export trace spans over OTLP/HTTP (needs opentelemetry-exporter-otlp-proto-http)")
@@ -68,6 +68,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="generate from a prompt, streaming to the terminal")
     engine_args(p)
+    p.set_defaults(max_running=1)  # one request: the KV pool holds one sequence of --max-model-len (actors/engine.py default_kv_blocks)
     sampling_args(p)
     p.add_argument("--raw", action="store_true", help="complete the text as is, no chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object: prompt_ids, token_ids, text")

@@ -9,7 +9,14 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from tiny import write_tiny_gguf
+from zinfer.gateway.api import EngineConfig, EngineThread
+from zinfer.gateway.cli import parser
+from zinfer.gateway.client import AsyncClient
+from zinfer.gateway.run_command import engine_config
+from zinfer.messages.client import Delta, Finished, Rejected
+from zinfer.messages.params import SamplingParams
 from zinfer.models.gguf_file import GGUFFile
+from zinfer.models.loader import open_model
 from zinfer.models.tokenizer import Tokenizer
 
 
@@ -75,3 +82,50 @@ def test_tiny_model_vocabulary_encodes_token_for_token_as_before(tmp_path):
 def test_real_vocabulary_reads_as_gguf_py_reads_it(smollm2_path):
     f = assert_same_as_reader(smollm2_path)
     assert len(f.metadata["tokenizer.ggml.tokens"]) == 49152
+
+
+# ---- the KV pool ----------------------------------------------------------------------
+
+def pool_bytes(engine) -> int:
+    """Bytes of K and V the executor allocated (every layer)."""
+    kv = engine.engine.actors["executor"].kv
+    return sum(a.nbytes for a in (*kv.k, *kv.v))
+
+
+@pytest.fixture(scope="module")
+def tiny_long_context(tmp_path_factory):
+    """A tiny llama with a 4096-token context (its KV: 2 layers x 2 heads x 16 dims)."""
+    return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf", "llama", max_position_embeddings=4096)
+
+
+@pytest.mark.parametrize(("max_running", "max_model_len", "blocks"), [(1, 4096, 256), (4, 512, 128), (3, 4096, 256), (32, 0, 2048)])
+def test_pool_is_sized_from_max_running_and_max_model_len(tiny_long_context, max_running, max_model_len, blocks):
+    with EngineThread(EngineConfig(model=str(tiny_long_context), device="cpu", max_running=max_running, max_model_len=max_model_len)) as e:
+        assert e.engine.kv_allocator.num_blocks == blocks
+        assert pool_bytes(e) == 2 * 2 * blocks * 16 * 2 * 16 * 4  # K and V, layers, slots, heads, dims, f32
+
+
+def test_zinfer_run_reserves_one_sequence_not_thirty_two(tiny_long_context):
+    args = parser().parse_args(["run", "--model", str(tiny_long_context), "hi"])
+    assert args.max_running == 1
+    sched = engine_config(args).scheduler_config(open_model(tiny_long_context))
+    assert sched.num_blocks * sched.block_size == 4096  # was 32 x 1024 tokens
+    assert parser().parse_args(["serve"]).max_running == 32
+
+
+@pytest.fixture
+def four_block_engine(tiny_long_context):
+    """An engine whose pool (--num-blocks 4: 64 tokens) is far shorter than its 4096-token context."""
+    with EngineThread(EngineConfig(model=str(tiny_long_context), device="cpu", max_running=2, num_blocks=4)) as e:
+        yield e
+
+
+async def test_request_too_long_for_the_pool_is_refused_and_the_engine_serves_on(four_block_engine):
+    e = four_block_engine
+    async with AsyncClient(e.ctx, e.address) as client:
+        long = [ev async for ev in client.generate("word " * 100, params=SamplingParams(max_tokens=2))]
+        assert isinstance(long[-1], Rejected) and long[-1].code == "cannot_fit"
+        assert "4 of 16" in long[-1].message
+        short = [ev async for ev in client.generate("hi", params=SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))]
+        assert isinstance(short[-1], Finished) and sum(len(ev.token_ids) for ev in short if isinstance(ev, Delta)) == 3
+    e.engine.kv_allocator.check_invariants()
