@@ -42,7 +42,7 @@ def bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-len", type=int, default=128, help="tokens per prompt of the decode and stream rows")
     p.add_argument("--output-len", type=int, default=32, help="tokens generated per request of the decode and stream rows (at least 2)")
     p.add_argument("--decode-requests", type=int, default=4, help="requests of the batch-1 decode row, one at a time")
-    p.add_argument("--streams", default="16,64", help="comma-separated stream counts: N requests arriving together for each")
+    p.add_argument("--streams", default="16,64", help="comma-separated stream counts: N requests arriving together for each (--max-running is raised to the largest)")
     p.add_argument("--bandwidth-mib", type=int, default=1024, help="array read to measure this machine's bandwidth (0: skip)")
     p.add_argument("--json", action="store_true", help="print one JSON object with every number")
     p.add_argument("--compare-llama-cpp", action="store_true", help="run llama.cpp (llama-cpp-python) on the same model, prompts and threads")
