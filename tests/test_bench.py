@@ -71,9 +71,9 @@ def test_bench_refuses_sizes_with_nothing_to_decode(capsys, tiny_path):
 
 def test_llama_cpp_side_by_side_in_separate_and_unified_kv(capsys, tiny_path):
     pytest.importorskip("llama_cpp")
-    report = bench_json(capsys, "--model", str(tiny_path), "--device", "cpu", *SMALL, "--streams", "4,24", "--bandwidth-mib", "0", "--compare-llama-cpp")
+    report = bench_json(capsys, "--model", str(tiny_path), "--device", "cpu", *SMALL, "--bandwidth-mib", "0", "--compare-llama-cpp")
     labels = {r["label"]: r for r in report["rows"]}
-    for label in ("prefill, 32-token prompts", "decode, batch 1, 64-token prompts", "4 streams, end to end", "24 streams, decode window",
+    for label in ("prefill, 32-token prompts", "decode, batch 1, 64-token prompts", "24 streams, end to end", "24 streams, decode window",
                   "24 streams, end to end, llama.cpp unified KV", "24 streams, decode window, llama.cpp unified KV"):
         row = labels[label]
         assert row["llama_cpp"] > 0 and row["ratio"] == pytest.approx(row["zinfer"] / row["llama_cpp"])
