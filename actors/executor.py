@@ -38,7 +38,7 @@ class ExecutorActor:
         spec = source.spec
         started = time.perf_counter()
         self.spec, self.device, self.block_size = spec, device, block_size
-        self.weights = build_weights(spec, source.tensors, device.upload)
+        self.weights = build_weights(spec, source.tensors, source.uploader(device.upload))  # file pages the device copied leave RSS
         self.kv = device.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, num_blocks, block_size)
         log.info("executor ready", device=device.name, seconds=round(time.perf_counter() - started, 2))
         self.inbox: Inbox[ExecutorInbox] = Inbox(ctx, addrs.executor, ExecutorInbox)

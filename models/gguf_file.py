@@ -10,6 +10,7 @@ and tensors are the same memory-map views (`tests/test_startup.py` checks both).
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 from pathlib import Path
@@ -60,6 +61,22 @@ class GGUFFile:
     @property
     def architecture(self) -> str:
         return str(self.metadata.get("general.architecture", "unknown"))
+
+    def release(self, data: np.ndarray) -> None:
+        """Drop the pages of `data` (a view of this file's map) from the process's memory.
+
+        The map is read-only and file-backed, so this only unmaps: the next read of those
+        bytes faults them back in from the page cache, with the same contents. Called
+        once a device has copied a tensor into its own layout, so the file's copy stops
+        counting in RSS (Qwen2.5-Coder-1.5B: ~1.1 GB of the file stayed resident after
+        its weights were repacked)."""
+        offset = data.ctypes.data - self._map.ctypes.data
+        if not 0 <= offset <= self._map.size - data.nbytes:
+            raise ValueError("release: the array is not a view of this file")
+        start = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = (offset + data.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > start and hasattr(mmap, "MADV_DONTNEED"):
+            self._map._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def _tensor(self, name: str, dims: tuple[int, ...], raw_type: int, start: int) -> TensorData:
         """One tensor's view of the map: typed [*shape] for plain types, uint8 [rows, row_bytes] for quantized."""

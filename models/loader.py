@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
@@ -27,6 +27,23 @@ class ModelSource:
     tensors: dict[str, TensorData]
     gguf_metadata: dict[str, Any] = field(default_factory=dict)
     hf_config: dict[str, Any] = field(default_factory=dict)
+    release: Callable[[np.ndarray], None] | None = None  # drops a tensor's file pages from RSS (GGUFFile.release)
+
+    def uploader(self, upload: Callable[[str, TensorData], Any]) -> Callable[[str, TensorData], Any]:
+        """`upload` (a device's), then the tensor's file pages dropped from this process's
+        memory where the device's result does not read them in place (it copied or repacked
+        them): the peak RSS of a load is then the device's copies, not those plus the file."""
+        if self.release is None:
+            return upload
+        release = self.release
+
+        def upload_and_release(name: str, tensor: TensorData) -> Any:
+            result = upload(name, tensor)
+            if isinstance(tensor.data, np.ndarray) and not any(np.may_share_memory(a, tensor.data) for a in _arrays_in(result)):
+                release(tensor.data)
+            return result
+
+        return upload_and_release
 
     @property
     def quant_types(self) -> dict[str, int]:
@@ -64,7 +81,7 @@ def open_model(model: str | os.PathLike) -> ModelSource:
         return _open_hf_dir(path)
     f = GGUFFile(path)
     spec = spec_from_gguf(f.metadata)
-    return ModelSource(path, "gguf", spec, f.tensors, gguf_metadata=f.metadata)
+    return ModelSource(path, "gguf", spec, f.tensors, gguf_metadata=f.metadata, release=f.release)
 
 
 def _open_hf_dir(path: Path) -> ModelSource:
@@ -81,6 +98,21 @@ def _open_hf_dir(path: Path) -> ModelSource:
             t = TensorData(QT.F32, t.shape, _as_f32(t) + np.float32(1.0))  # HF Gemma norms are x * (1 + w)
         tensors[name] = t
     return ModelSource(path, "safetensors", spec, tensors, hf_config=d.config)
+
+
+def _arrays_in(value: Any, depth: int = 4) -> list[np.ndarray]:
+    """The numpy arrays a device's uploaded weight holds: itself, or in its fields, tuples and lists."""
+    if isinstance(value, np.ndarray):
+        return [value]
+    if depth == 0 or value is None or isinstance(value, (str, bytes, int, float)):
+        return []
+    if isinstance(value, (tuple, list)):
+        items: list[Any] = list(value)
+    elif hasattr(value, "__dict__"):
+        items = list(vars(value).values())
+    else:
+        items = [getattr(value, k) for k in getattr(type(value), "__slots__", ()) if hasattr(value, k)]
+    return [a for item in items for a in _arrays_in(item, depth - 1)]
 
 
 def _as_f32(t: TensorData) -> np.ndarray:

@@ -3,12 +3,16 @@ from --max-running and --max-model-len, and what a user sees when a request cann
 
 from __future__ import annotations
 
+import os
+import re
+
 import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
 from tiny import write_tiny_gguf
+from zinfer.devices.cpu import CpuDevice
 from zinfer.gateway.api import EngineConfig, EngineThread
 from zinfer.gateway.cli import parser
 from zinfer.gateway.client import AsyncClient
@@ -18,6 +22,7 @@ from zinfer.messages.params import SamplingParams
 from zinfer.models.gguf_file import GGUFFile
 from zinfer.models.loader import open_model
 from zinfer.models.tokenizer import Tokenizer
+from zinfer.models.weights import build_weights
 
 
 def reader_view(path) -> tuple[dict, dict]:
@@ -129,3 +134,30 @@ async def test_request_too_long_for_the_pool_is_refused_and_the_engine_serves_on
         short = [ev async for ev in client.generate("hi", params=SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))]
         assert isinstance(short[-1], Finished) and sum(len(ev.token_ids) for ev in short if isinstance(ev, Delta)) == 3
     e.engine.kv_allocator.check_invariants()
+
+
+# ---- file pages after upload ------------------------------------------------------------
+
+def mapped_rss_kib(path) -> int:
+    """KiB of `path`'s memory maps resident in this process (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):  # a mapping's header: address range ... path
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_file_pages_a_device_copied_leave_memory_and_its_weights_stay_right(tmp_path):
+    path = write_tiny_gguf(tmp_path / "m.gguf", "llama", qtype=QT.Q8_0, intermediate_size=8192)  # ~3 MiB of Q8_0 matrices
+    source = open_model(path)
+    for t in source.tensors.values():
+        np.asarray(t.data).sum()  # read every byte: all pages resident
+    before = mapped_rss_kib(path)
+    weights = build_weights(source.spec, source.tensors, source.uploader(CpuDevice().upload))
+    after = mapped_rss_kib(path)
+    assert before > 2048 and after < before / 4, (before, after)
+    fresh = build_weights(source.spec, open_model(path).tensors, CpuDevice().upload)
+    assert np.array_equal(weights.layers[1].w_up, fresh.layers[1].w_up)  # the released bytes read back the same
