@@ -27,7 +27,13 @@ class CpuConfig(_Options, tag="cpu"):
 
 
 class CpuLlamaConfig(_Options, tag="cpu-llama"):
-    """numpy with llama.cpp's CPU arithmetic (devices/cpu_llama.py, LlamaCpuDevice): no options yet."""
+    """numpy with llama.cpp's CPU arithmetic (devices/cpu_llama.py, LlamaCpuDevice).
+
+    repack: multiply the weights llama.cpp repacks on an x86 AVX2/AVX-512 host (Q4_K ...)
+    as its repacked kernels do, as llama.cpp runs by default; False: its plain kernels,
+    as llama.cpp with use_extra_bufts=False."""
+
+    repack: bool = True
 
 
 class CpuFastConfig(_Options, tag="cpu-fast"):

@@ -6,6 +6,12 @@ softmax, attention and activations follow the order of ggml's float kernels
 (kernels/llama_ops.py). Quantized products then equal llama.cpp's bit for bit, and
 greedy ids follow llama.cpp's through near-ties. About 8x slower than the oracle
 (devices/cpu.py), whose KV layout and round handling it shares.
+
+repack=True (the default, as llama.cpp runs by default) multiplies the weights llama.cpp
+repacks on an x86 AVX2/AVX-512 host by its repacked kernels' arithmetic
+(kernels/llama_repack.py); repack=False as llama.cpp with use_extra_bufts=False. As
+llama.cpp (inp_out_ids), the last layer's feed-forward runs on the rows whose logits the
+round returns only; the other rows of its output are left zero.
 """
 
 from __future__ import annotations
@@ -14,10 +20,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from zinfer.devices.cpu import CpuDevice
+from zinfer.devices.batch import ForwardBatch
+from zinfer.devices.cpu import CpuDevice, CpuKV
+from zinfer.devices.round import RoundCtx
 from zinfer.devices.tensor import TensorData
 from zinfer.kernels import llama_numerics as ln
 from zinfer.kernels import llama_ops as lo
+from zinfer.kernels import llama_repack as lr
 from zinfer.kernels import reference as ref
 from zinfer.kernels.quants import dequantize
 
@@ -31,6 +40,8 @@ class LlamaMatrix(NamedTuple):
     activation_type: str | None  # llama.cpp's rounding of activations, for types not in exact
     exact: ln.LlamaMatrix | None = None  # integer codes for llama.cpp's own summation order
     rounded: str | None = None  # LM head: the weight type whose int8 rounding to apply before BLAS
+    repacked: bool = False  # exact is multiplied by llama.cpp's repacked kernels
+    ffn_layer: int | None = None  # blk.N.ffn_*: N
 
 
 class LlamaCpuDevice(CpuDevice):
@@ -40,24 +51,62 @@ class LlamaCpuDevice(CpuDevice):
     name = "cpu-llama"
     ops = lo
 
+    def __init__(self, repack: bool = True):
+        self.repack = repack
+        self._last_layer: int | None = None  # the last layer's index, while a round runs it
+        self._out_rows: np.ndarray | None = None  # [S] that round's logits rows
+
     def upload(self, name: str, tensor: TensorData) -> np.ndarray | LlamaMatrix:
         w = np.ascontiguousarray(dequantize(tensor.data, tensor.qtype, tensor.shape), dtype=np.float32)
         if len(tensor.shape) == 1:
             return w
-        if tensor.qtype.name in ln.EXACT and name in LM_HEAD:
-            return LlamaMatrix(w, None, rounded=tensor.qtype.name)
-        if tensor.qtype.name in ln.EXACT and len(tensor.shape) == 2:
-            return LlamaMatrix(w, None, ln.split_weight(tensor.data, tensor.qtype, tensor.shape))
-        return LlamaMatrix(w, ln.ACTIVATION_TYPE.get(tensor.qtype.name))
+        kind = tensor.qtype.name
+        parts = name.split(".")
+        ffn_layer = int(parts[1]) if parts[0] == "blk" and parts[2].startswith("ffn_") else None
+        if kind in ln.EXACT and name in LM_HEAD:
+            return LlamaMatrix(w, None, rounded=kind)
+        repacked = self.repack and name != "token_embd.weight" and lr.repacks(kind, tensor.shape)
+        if repacked and kind not in lr.EXACT:  # not reproduced: its activation rounding only
+            return LlamaMatrix(w, ln.ACTIVATION_TYPE.get(kind), ffn_layer=ffn_layer)
+        if kind in ln.EXACT and len(tensor.shape) == 2:
+            return LlamaMatrix(w, None, ln.split_weight(tensor.data, tensor.qtype, tensor.shape), repacked=repacked, ffn_layer=ffn_layer)
+        return LlamaMatrix(w, ln.ACTIVATION_TYPE.get(kind), ffn_layer=ffn_layer)
 
     def embed(self, table: LlamaMatrix, token_ids: np.ndarray) -> np.ndarray:
         return table.w[token_ids]
 
+    def begin_round(self, batch: ForwardBatch) -> RoundCtx:
+        self._last_layer = self._out_rows = None
+        return super().begin_round(batch)
+
+    def attention(self, q: np.ndarray, kv: CpuKV, layer: int, ctx: RoundCtx, scale: float, window: int) -> np.ndarray:
+        """The oracle's attention; remembers whether this is the last layer and the round's
+        logits rows, for that layer's feed-forward (linear)."""
+        last = layer == len(kv.k) - 1
+        self._last_layer, self._out_rows = (layer, np.asarray(ctx.logits_rows)) if last else (None, None)
+        return super().attention(q, kv, layer, ctx, scale, window)
+
     def linear(self, x: np.ndarray, w: LlamaMatrix, b: np.ndarray | None = None) -> np.ndarray:
-        if w.exact is not None or w.rounded is not None:
-            y = ln.matmul(x, w.exact) if w.exact is not None else ln.matmul_rounded(x, w.w, w.rounded)
-            return y if b is None else y + b
-        return ref.linear(ln.round_activations(x, w.activation_type), w.w, b)
+        """x [T, in] @ w.T (+ b) -> [T, out] in llama.cpp's arithmetic. The last layer's
+        feed-forward multiplies only the logits rows (llama.cpp's inp_out_ids), whose count
+        picks llama.cpp's kernels; its other rows are zero."""
+        rows = self._out_rows
+        if w.ffn_layer is not None and w.ffn_layer == self._last_layer and rows is not None and len(rows) < len(x):
+            y = np.zeros((len(x), w.w.shape[0]), np.float32)
+            y[rows] = self._product(x[rows], w, b)
+            return y
+        return self._product(x, w, b)
+
+    def _product(self, x: np.ndarray, w: LlamaMatrix, b: np.ndarray | None) -> np.ndarray:
+        if w.exact is not None and w.repacked:
+            y = lr.matmul(x, w.exact)
+        elif w.exact is not None:
+            y = ln.matmul(x, w.exact)
+        elif w.rounded is not None:
+            y = ln.matmul_rounded(x, w.w, w.rounded)
+        else:
+            return ref.linear(ln.round_activations(x, w.activation_type), w.w, b)
+        return y if b is None else y + b
 
     def glu(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
         return (lo.gelu_fp16(gate) if act == "gelu_tanh" else lo.silu(gate)) * up

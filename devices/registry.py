@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import structlog
 
-from zinfer.devices.config import CONFIG_FOR_KIND, CpuFastConfig, CudaConfig, DeviceConfig, kind_of
+from zinfer.devices.config import CONFIG_FOR_KIND, CpuFastConfig, CpuLlamaConfig, CudaConfig, DeviceConfig, kind_of
 
 log = structlog.get_logger("zinfer.devices")
 
@@ -135,7 +135,7 @@ def make_device(name: str, options: DeviceConfig | None = None) -> Any:
     if kind == "cpu-llama":
         from zinfer.devices.cpu_llama import LlamaCpuDevice
 
-        return LlamaCpuDevice()
+        return LlamaCpuDevice(repack=(options or CpuLlamaConfig()).repack)
     if kind == "cpu-fast":
         from zinfer.devices.cpu_fast import FastCpuDevice
 

@@ -10,7 +10,7 @@ import tempfile
 import trio
 
 from zinfer.actors.engine import EngineConfig, open_engine
-from zinfer.devices.config import CpuFastConfig, CudaConfig, DeviceConfig
+from zinfer.devices.config import CpuFastConfig, CpuLlamaConfig, CudaConfig, DeviceConfig
 from zinfer.gateway.cli import UsageError
 from zinfer.gateway.client import AsyncClient
 from zinfer.messages.client import Delta, Failed, Finished, Rejected
@@ -30,10 +30,13 @@ def device_options(args: argparse.Namespace) -> DeviceConfig | None:
     --device resolves to are refused when the engine starts (EngineConfig.with_resolved_device)."""
     fast = {k: v for k, v in (("threads", args.threads), ("int8", False if args.no_int8 else None), ("kv_f16", False if args.kv_f32 else None)) if v is not None}
     cuda = {"cuda_graphs": args.cuda_graphs} if args.cuda_graphs is not None else {}
-    if fast and cuda:
-        raise UsageError("--threads, --no-int8 and --kv-f32 are cpu-fast options, --cuda-graphs a cuda one: give one device's")
+    llama = {"repack": False} if getattr(args, "no_repack", False) else {}
+    if sum(map(bool, (fast, cuda, llama))) > 1:
+        raise UsageError("--threads, --no-int8 and --kv-f32 are cpu-fast options, --cuda-graphs a cuda one, --no-repack a cpu-llama one: give one device's")
     if fast:
         return CpuFastConfig(**fast)
+    if llama:
+        return CpuLlamaConfig(**llama)
     return CudaConfig(**cuda) if cuda else None
 
 

@@ -99,15 +99,22 @@ class Activations(NamedTuple):
     s: np.ndarray | None  # Q8_1: [T, blocks] float32, fp16(d * sum(codes)); Q8_K: [T, blocks, 16] sums of 16
 
 
-def quantize_activations(x: np.ndarray, kind: str) -> Activations:
-    """x [T, n] float32 as ggml rounds it for a product with a weight of `kind`'s activation type."""
+def quantize_activations(x: np.ndarray, kind: str, interleaved: bool = False) -> Activations:
+    """x [T, n] float32 as ggml rounds it for a product with a weight of `kind`'s activation type.
+    interleaved (Q8_K): as ggml_quantize_mat_q8_K_4x8 rounds rows for the repacked gemm,
+    whose scale is negative where any value equals +max|x| (quantize_row_q8_K takes the
+    sign of the first value of largest magnitude)."""
     block = 256 if kind == "Q8_K" else 32
     T, n = x.shape
     xb = x.reshape(T, n // block, block)  # [T, blocks, block]
     with np.errstate(divide="ignore", invalid="ignore"):
-        if kind == "Q8_K":  # quantize_row_q8_K_ref: scale from the signed value of largest magnitude
+        if kind == "Q8_K" and interleaved:
+            amax = np.max(np.abs(xb), axis=-1, keepdims=True)
+            maxv = np.where(np.any(xb == amax, axis=-1, keepdims=True), amax, -amax)
+        elif kind == "Q8_K":  # quantize_row_q8_K_ref: scale from the signed value of largest magnitude
             idx = np.argmax(np.abs(xb), axis=-1)[..., None]
             maxv = np.take_along_axis(xb, idx, axis=-1)
+        if kind == "Q8_K":
             iscale = np.where(maxv != 0, np.float32(-127.0) / maxv, np.float32(0.0)).astype(np.float32)
             q = np.minimum(np.rint(iscale * xb), 127)
             d = np.where(iscale != 0, np.float32(1.0) / iscale, np.float32(0.0)).astype(np.float32)[..., 0]

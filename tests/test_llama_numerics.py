@@ -1,22 +1,93 @@
-"""llama.cpp's arithmetic (kernels/llama_numerics.py, llama_ops.py) checked against the oracle.
+"""llama.cpp's arithmetic (kernels/llama_numerics.py, llama_repack.py, llama_ops.py)
+checked against llama.cpp and the oracle.
 
-Bit-equality with llama.cpp itself is what tests/test_greedy_goldens.py measures; here
-each emulated kernel must stay within float rounding (or int8 rounding of activations)
-of the plain float32 reference, on real quantized tensors of both models.
+On a tiny all-Q4_K model (tests/goldens/tiny_q4k.py) cpu-llama's final hidden states
+must equal llama.cpp's bit for bit, with its weight repacking and without. Greedy parity
+on the real models is what tests/test_greedy_goldens.py measures; here each emulated
+kernel must also stay within float rounding (or int8 rounding of activations) of the
+plain float32 reference, on real quantized tensors of both models.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from zinfer.devices.batch import ForwardBatch
+from zinfer.devices.cpu_llama import LlamaCpuDevice
 from zinfer.kernels import llama_numerics as ln
 from zinfer.kernels import llama_ops as lo
+from zinfer.kernels import llama_repack as lr
 from zinfer.kernels import reference as ref
 from zinfer.kernels.quants import dequantize
+from zinfer.models.forward import round_logits
 from zinfer.models.loader import open_model
+from zinfer.models.weights import build_weights
+
+GOLDENS = Path(__file__).parent / "goldens"
+sys.path.insert(0, str(GOLDENS))
+from tiny_q4k import NEXT, PROMPT, write_tiny_q4k  # noqa: E402
+
+
+class HeadInputs(LlamaCpuDevice):
+    """cpu-llama that keeps what enters the output projection: the final hidden states."""
+
+    head = None
+
+    def linear(self, x, w, b=None):
+        if w is self.head:
+            self.hidden.append(np.array(x))
+        return super().linear(x, w, b)
+
+
+@pytest.fixture(scope="module")
+def tiny_q4k(tmp_path_factory):
+    return open_model(write_tiny_q4k(tmp_path_factory.mktemp("tiny") / "tiny_q4k.gguf"))
+
+
+@pytest.mark.parametrize("repack", [True, False])
+def test_tiny_q4k_hidden_states_equal_llama_cpps(tiny_q4k, repack):
+    """A 6-token prefill (one 4-row gemm group, two gemv rows when repacked) and one
+    decode step: every value as llama.cpp computes it, repacked or not."""
+    golden = json.loads((GOLDENS / "tiny_q4k.json").read_text())
+    spec = tiny_q4k.spec
+    dev = HeadInputs(repack=repack)
+    dev.hidden = []
+    weights = build_weights(spec, tiny_q4k.tensors, dev.upload)
+    dev.head = weights.output
+    kv = dev.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, 1, 16)
+    prefill = replace(ForwardBatch.build([(PROMPT, 0, [0], True)], 16), logits_rows=np.arange(len(PROMPT)))
+    round_logits(spec, weights, dev, kv, prefill)
+    round_logits(spec, weights, dev, kv, ForwardBatch.build([([NEXT], len(PROMPT), [0], True)], 16))
+    ours = np.concatenate(dev.hidden)  # [7, 256]
+    want = np.array(golden["repack" if repack else "norepack"], np.float32)
+    other = np.array(golden["norepack" if repack else "repack"], np.float32)
+    assert not np.array_equal(want, other)  # the two kernels round differently here
+    np.testing.assert_array_equal(ours, want)
+
+
+def test_repacking_follows_llama_cpps_rule():
+    """Q4_0, Q4_K, IQ4_NL, MXFP4 and Q2_K weights of a multiple of 8 rows (x86 AVX-512)."""
+    assert lr.repacks("Q4_K", (896, 4864)) and lr.repacks("Q4_0", (8, 32)) and lr.repacks("Q2_K", (16, 256))
+    assert not lr.repacks("Q4_K", (20, 256)) and not lr.repacks("Q6_K", (896, 4864)) and not lr.repacks("Q8_0", (896, 896))
+    assert not lr.repacks("Q4_K", (256,))
+
+
+def test_gemm_rows_round_ties_of_the_largest_magnitude_as_ggml():
+    """The 4-row quantizer takes the scale's sign from any value equal to +max|x|; the
+    row quantizer from the first value of largest magnitude."""
+    x = np.zeros((1, 256), np.float32)
+    x[0, 3], x[0, 7], x[0, 9] = -2.0, 2.0, 0.5
+    row = ln.quantize_activations(x, "Q8_K")
+    four = ln.quantize_activations(x, "Q8_K", interleaved=True)
+    assert row.d[0, 0] > 0 > four.d[0, 0]
+    np.testing.assert_array_equal(row.codes * row.d[0, 0], four.codes * four.d[0, 0])
 
 TENSORS = [  # (model fixture, tensor, its type)
     ("smollm2_path", "blk.0.attn_q.weight", "Q4_1"),
