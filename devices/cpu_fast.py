@@ -35,7 +35,6 @@ from zinfer.devices.round import RoundCtx
 from zinfer.kernels import cpu_int8 as ci
 from zinfer.kernels import cpu_ops as ops
 from zinfer.kernels import cpu_prefill_attention as prefill
-from zinfer.kernels import cpu_quant as cq
 from zinfer.kernels import gemm_ir, int8_ir
 from zinfer.devices.tensor import TensorData
 from zinfer.kernels.quants import dequantize
@@ -105,7 +104,7 @@ class FastCpuDevice(DeviceBase):
         if table.f32 is not None:
             return table.f32[ids]
         out = np.empty((ids.shape[0], table.shape[1]), np.float32)  # [T, d]
-        cq.dequantize_rows(table.packed, ids, out)
+        table.dequantize_rows(ids, out)  # packed blocks, or the int8 kernels' own layout (Q5_0, Q6_K)
         return out
 
     def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:

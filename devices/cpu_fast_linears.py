@@ -5,7 +5,8 @@
 - Int8Linear: a packed type with an int8 VNNI kernel (kernels/cpu_int8.py), where the
   CPU has one. Activations rounded to int8 per 32 values, as llama.cpp does; at 512 rows
   this beats BLAS on f32 copies (SmolLM2: ~150 vs ~90 GMAC/s on 2 cores), so no copy.
-  The device groups these by activation layout (one rounding of x, one launch).
+  The device groups these by activation layout (one rounding of x, one launch). Q5_0
+  and Q6_K keep only the int8 kernels' own layout, at the file's width (no packed).
 - QuantLinear: a packed type without int8 kernels (no VNNI, int8 off, or a shape the
   int8 kernels do not take). Its kernel switches by batch size, the one place it does:
   up to `small_rows` rows the float quantized kernel (kernels/cpu_quant.py), streaming
@@ -14,7 +15,8 @@
   the fly. The crossovers were measured on this project's 2-core host.
 - F32Linear: F32/F16/BF16 matrices and types with no packed kernel, as f32, through BLAS.
 
-Every class keeps `shape`, `packed` and `f32` (the device's embed reads rows from them).
+Every class keeps `shape`, `packed` and `f32`; `dequantize_rows` reads rows from whichever
+it holds (the device's embed).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ PACKED_TYPES = cq.U4_TYPES + cq.I8_TYPES
 
 @dataclass
 class FastWeight:
-    """A resident matrix [rows, cols]: packed blocks and/or an f32 copy (at least one)."""
+    """A resident matrix [rows, cols]: packed blocks, the int8 kernels' view and/or an f32 copy (at least one)."""
 
     shape: tuple[int, int]
     packed: cq.Packed | None
@@ -45,7 +47,19 @@ class FastWeight:
 
     @property
     def nbytes(self) -> int:
-        return (self.packed.nbytes if self.packed else 0) + (self.f32.nbytes if self.f32 is not None else 0)
+        """The resident bytes: every array held (the int8 view's where it is not packed's own)."""
+        arrays = [*(self.packed or ()), *((self.int8.qs, self.int8.d, self.int8.m) if self.int8 else ()), self.f32]
+        unique = {id(a): a for a in arrays if isinstance(a, np.ndarray)}
+        return sum(a.nbytes for a in unique.values())
+
+    def dequantize_rows(self, rows: np.ndarray, out: np.ndarray) -> None:
+        """out [n, cols] = the f32 values of rows [n] int64, from whichever form is held."""
+        if self.f32 is not None:
+            out[:] = self.f32[rows]
+        elif self.packed is not None:
+            cq.dequantize_rows(self.packed, rows, out)
+        else:
+            ci.dequantize_rows(self.int8, rows, out)
 
     def compute(self, x: np.ndarray) -> np.ndarray:
         """x [T, cols] float32 contiguous @ self.T -> a new [T, rows] array."""
@@ -85,7 +99,8 @@ class QuantLinear(FastWeight):
 
 
 class Int8Linear(FastWeight):
-    """Packed blocks with their int8 view: the int8 VNNI kernels at every batch size.
+    """The int8 kernels' view (and the packed blocks it was made from, unless it was read
+    from the file's blocks): the int8 VNNI kernels at every batch size.
     The device computes these in groups (one rounding of x per layout); this is one alone."""
 
     def compute(self, x: np.ndarray) -> np.ndarray:
@@ -115,6 +130,9 @@ def linear_for(qt: QT, data: np.ndarray, shape: tuple[int, int], int8: bool, bud
     else F32Linear. Raises what kernels.quants.dequantize raises for a type it cannot read."""
     if qt not in PACKED_TYPES:
         return F32Linear(shape, None, _f32(data, qt, shape))
+    own_width = ci.from_gguf(qt, data, shape) if int8 else None
+    if own_width is not None:
+        return Int8Linear(shape, None, None, own_width)
     packed = cq.repack(qt, data, shape)
     int8_view = ci.prepare(packed) if int8 else None
     if int8_view is not None:

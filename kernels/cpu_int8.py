@@ -4,7 +4,8 @@ llama.cpp's recipe: round each 32-block of activations to int8 with a float scal
 (d = amax / 127), multiply by the integer weight codes exactly, apply the scales in
 float. Our scales stay f32 (llama.cpp rounds them to fp16), so the rounding is never
 coarser than llama.cpp's. `prepare` adds what the kernels need to a packed matrix of
-kernels/cpu_quant.py, `matmul` computes out [T, rows] = x [T, cols] @ W.T.
+kernels/cpu_quant.py (or, for Q5_0 and Q6_K, `from_gguf` reads the file's blocks at their
+own width), `matmul` computes out [T, rows] = x [T, cols] @ W.T.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import functools
 from typing import NamedTuple
 
 import numpy as np
+from gguf import GGMLQuantizationType as QT
 from numba import njit, prange
 
+from zinfer.kernels import int8_bitplanes as bp
 from zinfer.kernels import int8_ir
 from zinfer.kernels.cpu_ops import PARALLEL_ROWS, compile_twice
 from zinfer.kernels.cpu_quant import Packed
@@ -28,11 +31,11 @@ ROWS_PER_BLOCK = 64  # activation rows per parallel task
 class Int8Weight(NamedTuple):
     """A packed matrix as the int8 kernels read it."""
 
-    kind: str  # "u4", "p8" or "i8" (kernels/int8_ir.py's layouts)
+    kind: str  # "u4", "p8", "i8", "u5" or "u6" (kernels/int8_ir.py's layouts)
     dps: int  # d numbers per 8-lane step
     half: bool  # d and m stored as f16 (exactly: GGUF's own scales), else f32
-    qs: np.ndarray  # [rows, cols/2] uint8 (u4) or [rows, cols] int8 (p8: in u4's order)
-    d: np.ndarray  # [rows, groups] scales
+    qs: np.ndarray  # [rows, cols/2] uint8 (u4), [rows, cols] int8 (p8: in u4's order), u5/u6: [rows, steps * step bytes] uint8
+    d: np.ndarray  # [rows, groups] scales (u6: [rows, cols/256], the super-block scales)
     m: np.ndarray  # [rows, blocks] u4 offsets, readable 8 values past the end; i8: d again (not read)
     nsteps: int  # 8-lane steps per row
 
@@ -53,6 +56,30 @@ def _as_f16_if_exact(*arrays: np.ndarray) -> tuple[bool, list[np.ndarray]]:
     if all(np.array_equal(h.astype(np.float32), a) for h, a in zip(halves, arrays)):
         return True, halves
     return False, list(arrays)
+
+
+def from_gguf(qt: QT, raw: np.ndarray, shape: tuple[int, int]) -> Int8Weight | None:
+    """The file's blocks of a Q5_0 (cols % 64 == 0) or Q6_K matrix [rows, cols] read at
+    their own width (u5: 5.5 bits per weight, u6: 6.5625), or None for other types and
+    shapes (then `prepare` on kernels/cpu_quant's repack)."""
+    rows, cols = shape
+    if qt == QT.Q5_0 and cols % 64 == 0:
+        qs, d = bp.u5_from_q5_0(raw, shape)
+        return Int8Weight("u5", 2, True, qs, d, d, cols // 64)
+    if qt == QT.Q6_K and cols % 256 == 0:
+        qs, d = bp.u6_from_q6_k(raw, shape)
+        return Int8Weight("u6", 2, True, qs, d, d, cols // 32)
+    return None
+
+
+def dequantize_rows(w: Int8Weight, rows: np.ndarray, out: np.ndarray) -> None:
+    """out [n, cols] = the f32 values of rows [n] int64 of a u5 or u6 matrix, as kernels.quants.dequantize gives them."""
+    if w.kind == "u5":
+        bp.dequantize_rows_u5(w.qs, w.d.view(np.uint16), rows, out)
+    elif w.kind == "u6":
+        bp.dequantize_rows_u6(w.qs, w.d.view(np.uint16), rows, out)
+    else:
+        raise ValueError(f"dequantize_rows reads u5 and u6, not {w.kind}")
 
 
 def prepare(p: Packed) -> Int8Weight | None:
@@ -132,18 +159,19 @@ _quantize_i8, _quantize_i8_one = compile_twice(_quantize_for_i8, fastmath=_REDUC
 # ---- the parallel driver ----
 
 
-# columns of a job row: one weight matrix, and where its product starts in `out`: at
-# T * first_row floats, as a C-contiguous [T, rows] block
-_W, _D, _M, _WSTRIDE, _DSTRIDE, _ROWS, _FIRST_ROW = range(7)
+# columns of a job row: one weight matrix, where its product starts in `out` (at
+# T * first_row floats, as a C-contiguous [T, rows] block), and the addresses of its
+# layout's kernels in int8_ir.SHAPES' order
+_W, _D, _M, _WSTRIDE, _DSTRIDE, _ROWS, _FIRST_ROW, _KERNELS = range(8)
 _KTILE, _KROWS = int8_ir.TILE, int8_ir.ROWS
 assert int8_ir.SHAPES == ((1, 1), (1, _KROWS), (_KTILE, 1), (_KTILE, _KROWS))
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _run(kernels, jobs, A, S, N, nsteps, nchunks, out):
+def _run(jobs, A, S, N, nsteps, nchunks, out):
     """Each job's product [T, rows] into its block of the flat buffer out, by tasks of
-    ROWS_PER_TASK weight rows x ROWS_PER_BLOCK activation rows; jobs [n, 7] int64;
-    kernels: the addresses of the (tile, rows) kernels in int8_ir.SHAPES' order."""
+    ROWS_PER_TASK weight rows x ROWS_PER_BLOCK activation rows; jobs [n, 7 + 4] int64
+    (the job columns above)."""
     T = A.shape[0]
     n_t = (T + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK
     first = np.zeros(jobs.shape[0] + 1, np.int64)  # first task of each job
@@ -165,7 +193,7 @@ def _run(kernels, jobs, A, S, N, nsteps, nchunks, out):
             wide = t + _KTILE <= t_end
             for k, a, b in ((2 * wide + 1, r0, r_even), (2 * wide, r_even, r1)):
                 if a < b:
-                    call_kernel(kernels[k], Int8Args(W=job[_W], D=job[_D], M=job[_M], A=A.ctypes.data, S=S.ctypes.data, N=N.ctypes.data,
+                    call_kernel(job[_KERNELS + k], Int8Args(W=job[_W], D=job[_D], M=job[_M], A=A.ctypes.data, S=S.ctypes.data, N=N.ctypes.data,
                                                      nsteps=nsteps, nchunks=nchunks, r0=a, r1=b, wstride=job[_WSTRIDE], dstride=job[_DSTRIDE],
                                                      t0=t, astride=A.strides[0], sstride=S.strides[0], nstride=N.strides[0], out=o, ostride=job[_ROWS]))
             t += _KTILE if wide else 1
@@ -182,18 +210,23 @@ def rounded(x: np.ndarray) -> np.ndarray:
     return (np.rint(xb * inv) * (amax / np.float32(127))).astype(np.float32).reshape(T, cols)
 
 
+def _u4_order(w: Int8Weight) -> bool:
+    """Whether w's kernels read activations in the u4 step order (else plain, 32 per step)."""
+    return w.kind in int8_ir.STEP64
+
+
 def same_layout(a: Int8Weight, b: Int8Weight) -> bool:
-    """Whether a and b read the same activation rounding (one matmul_many can do both)."""
-    return (a.kind, a.dps, a.half, a.nsteps) == (b.kind, b.dps, b.half, b.nsteps)
+    """Whether a and b read the same activation rounding (one matmul_many can do both,
+    each matrix with its own layout's kernels)."""
+    return (_u4_order(a), a.nsteps) == (_u4_order(b), b.nsteps)
 
 
 class Jobs(NamedTuple):
-    """Matrices of one layout that one launch multiplies by the same activations."""
+    """Matrices of one activation layout that one launch multiplies by the same activations."""
 
     weights: list[Int8Weight]
-    table: np.ndarray  # [n, 7] int64, the job columns above
+    table: np.ndarray  # [n, 7 + 4] int64, the job columns above
     bounds: list[tuple[int, int]]  # each matrix's rows in the stacked output
-    kernels: np.ndarray  # the layout's kernel addresses, in int8_ir.SHAPES' order
 
     @property
     def rows(self) -> int:
@@ -203,11 +236,11 @@ class Jobs(NamedTuple):
 def jobs_for(ws: list[Int8Weight]) -> Jobs:
     """The jobs of matmul_many for matrices of one layout. Build them once per group:
     reading array addresses from Python costs microseconds."""
+    assert all(same_layout(ws[0], w) for w in ws)
     first = np.cumsum([0] + [w.qs.shape[0] for w in ws])
     table = np.array([(w.qs.ctypes.data, w.d.ctypes.data, w.m.ctypes.data, w.qs.strides[0], w.d.strides[0],
-                       w.qs.shape[0], row) for w, row in zip(ws, first)], np.int64)
-    w = ws[0]
-    return Jobs(ws, table, [(int(a), int(b)) for a, b in zip(first[:-1], first[1:])], _kernels(w.kind, w.dps, w.half))
+                       w.qs.shape[0], row, *_kernels(w.kind, w.dps, w.half)) for w, row in zip(ws, first)], np.int64)
+    return Jobs(ws, table, [(int(a), int(b)) for a, b in zip(first[:-1], first[1:])])
 
 
 def matmul(w: Int8Weight, x: np.ndarray, out: np.ndarray) -> None:
@@ -227,13 +260,13 @@ def matmul_many(jobs: Jobs, x: np.ndarray) -> list[np.ndarray]:
 
 def _launch(jobs: Jobs, x: np.ndarray, out: np.ndarray) -> None:
     w = jobs.weights[0]
-    _product(jobs.kernels, jobs.table, x, w.kind != "i8", w.nsteps, w.nchunks, out)
+    _product(jobs.table, x, _u4_order(w), w.nsteps, w.nchunks, out)
 
 
 @njit(cache=True, nogil=True)
-def _product(kernels, jobs, x, u4, nsteps, nchunks, out):
-    """x [T, cols] rounded for the jobs' kernels (u4: in the u4 order, as p8 reads it
-    too), then _run: one call from Python per launch (each numba call costs
+def _product(jobs, x, u4, nsteps, nchunks, out):
+    """x [T, cols] rounded for the jobs' kernels (u4: in the u4 order, as p8 and u5 read
+    it too), then _run: one call from Python per launch (each numba call costs
     microseconds, and decode makes ~120 per token)."""
     T, cols = x.shape
     A = np.empty((T, cols), np.int8)
@@ -247,11 +280,11 @@ def _product(kernels, jobs, x, u4, nsteps, nchunks, out):
         _quantize_i8_one(x, A, S)
     else:
         _quantize_i8(x, A, S)
-    _run(kernels, jobs, A, S, N, nsteps, nchunks, out)
+    _run(jobs, A, S, N, nsteps, nchunks, out)
 
 
 @functools.cache
-def _kernels(kind: str, dps: int, half: bool) -> np.ndarray:
+def _kernels(kind: str, dps: int, half: bool) -> tuple[int, ...]:
     """Addresses of the kernels of one layout, in int8_ir.SHAPES' order."""
     addr = int8_ir.addresses()
-    return np.array([addr[(kind, dps, half, tile, rows)] for tile, rows in int8_ir.SHAPES], np.int64)
+    return tuple(addr[(kind, dps, half, tile, rows)] for tile, rows in int8_ir.SHAPES)

@@ -28,6 +28,25 @@ layouts:
   the float work per weight is half of i8's (Gemma's Q5_0 prefill: the step loop is
   float-bound).
 
+Two more read a type at the file's own width, codes unsigned with a bit plane for their
+high bits (kernels/int8_bitplanes.py writes them): per step and weight row, the 32-bit
+word of a plane, as <32 x i1>, selects 16 (or 32) into the byte of each code whose bit is
+set (AVX512BW's masked byte move, on every VNNI host). vpdpbusd then multiplies the
+unsigned codes by the activations directly, and the code offset (16 or 32 times the
+activations' sum in each lane, from one more vpdpbusd per activation row) starts the
+integer sum, so each lane's integer is exactly p8's or i8's, and so is every float
+after it: the outputs equal those paths bit for bit.
+
+- u5 (Q5_0): p8's 64 weights per step, 40 bytes: u4's 32 nibble bytes, then the plane
+  of bit 4 for the low-nibble vector's 32 codes and the plane for the high-nibble
+  vector's; activations in the u4 order; d_w GGUF's f16 scales, two per step. 5.5 bits
+  per weight with the scales (p8: 8.5).
+- u6 (Q6_K): i8's 32 weights per step (group 16), 26 bytes: 16 nibble bytes (byte i holds
+  codes i and i + 16), the planes of bit 4 and bit 5, and the two groups' int8 scales;
+  D holds the f16 super-block scale per 8 steps, and d_w = f16 * int8 is formed in the
+  kernel (exact in f32: 11 by 8 significant bits), so 6.5625 bits per weight, the file's
+  width (i8 with f32 scales: 10).
+
 Scales are stored as f16 where that is exact (Q4_0, Q4_1, Q8_0, Q5_0 keep GGUF's own
 f16 scales, so the kernels stream no more bytes than llama.cpp), else f32 (K-quants,
 whose per-32 scales are products of two numbers).
@@ -73,8 +92,10 @@ ROWS = 2  # weight rows per pass in the wide kernels
 # SmolLM2 8.0 -> 6.35 ms per forward, 16 streams 36.0 -> 33.7 ms, 512-row prefill unchanged
 PREFETCH_BYTES = 1024
 SHAPES = ((1, 1), (1, ROWS), (TILE, 1), (TILE, ROWS))  # (activation rows, weight rows) of the kernels
-# (weight layout, d_w numbers per step, scales in f16)
-VARIANTS = tuple((k, d, h) for k, d in (("u4", 2), ("p8", 2), ("i8", 1), ("i8", 2)) for h in (True, False))
+# (weight layout, d_w numbers per step, scales in f16); u5 and u6 keep the file's f16 scales
+VARIANTS = tuple((k, d, h) for k, d in (("u4", 2), ("p8", 2), ("i8", 1), ("i8", 2)) for h in (True, False)) + (("u5", 2, True), ("u6", 2, True))
+STEP64 = ("u4", "p8", "u5")  # the kinds of 64 columns per step, their activations in the u4 order
+STEP_BYTES = {"u4": 32, "p8": 64, "i8": 32, "u5": 40, "u6": 26}  # weight bytes per step and row
 
 _DECLS = """
 declare <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32>, <8 x i32>, <8 x i32>)
@@ -84,6 +105,8 @@ declare <8 x float> @llvm.fma.v8f32(<8 x float>, <8 x float>, <8 x float>)
 declare float @llvm.vector.reduce.fadd.v8f32(float, <8 x float>)
 declare void @llvm.prefetch.p0(ptr, i32, i32, i32)
 """
+_BYTES16 = 0x10101010  # 16 in each byte of an i32 lane: vpdpbusd by it sums 16 * a
+
 _SPREAD2 = "<8 x i32> <i32 0, i32 0, i32 0, i32 0, i32 1, i32 1, i32 1, i32 1>"
 _F8 = "<8 x float>"
 _I8 = "<8 x i32>"
@@ -114,6 +137,28 @@ def _scale_vector(e, name: str, ptr: str, offset: str, count: int, half: bool) -
         e(f"  %{name} = shufflevector {_F8} %{name}i, {_F8} poison, <8 x i32> zeroinitializer")
 
 
+def _plane(e, name: str, ptr: str, offset: int, value: int) -> None:
+    """%name = <32 x i8>: `value` in byte k where bit k of the i32 plane at ptr + offset is set, else 0."""
+    e(f"  %{name}p = getelementptr i8, ptr {ptr}, i64 {offset}")
+    e(f"  %{name}w = load i32, ptr %{name}p, align 1")
+    e(f"  %{name}m = bitcast i32 %{name}w to <32 x i1>")
+    e(f"  %{name} = select <32 x i1> %{name}m, <32 x i8> {_splat(32, 'i8', value)}, <32 x i8> zeroinitializer")
+
+
+def _u6_scales(e, i: int) -> None:
+    """%dx{i}: row i's two group scales of the step, f16 super scale * int8 scale, over 8 lanes."""
+    e(f"  %gsp{i} = getelementptr i8, ptr %wp{i}, i64 24")
+    e(f"  %gs{i} = load <2 x i8>, ptr %gsp{i}, align 1")
+    e(f"  %gsf{i} = sitofp <2 x i8> %gs{i} to <2 x float>")
+    e(f"  %sup{i} = getelementptr i8, ptr %drow{i}, i64 %supo")
+    e(f"  %suph{i} = load half, ptr %sup{i}, align 2")
+    e(f"  %supf{i} = fpext half %suph{i} to float")
+    e(f"  %supi{i} = insertelement <2 x float> poison, float %supf{i}, i64 0")
+    e(f"  %supv{i} = shufflevector <2 x float> %supi{i}, <2 x float> poison, <2 x i32> zeroinitializer")
+    e(f"  %dx2{i} = fmul <2 x float> %supv{i}, %gsf{i}")
+    e(f"  %dx{i} = shufflevector <2 x float> %dx2{i}, <2 x float> poison, {_SPREAD2}")
+
+
 def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
     """IR of one kernel: void(i64 x 18) with the parameters of Int8Args (addresses and byte strides).
 
@@ -127,7 +172,9 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
     one more fma per step (which made the step loop float-bound).
     """
     u4 = kind == "u4"
-    step64 = kind in ("u4", "p8")  # 64 columns per step, activations in the u4 order
+    planes = kind in ("u5", "u6")  # unsigned codes with high-bit planes, offset in the integer sum
+    nibbles = kind in ("u4", "u5")  # two 32-byte vectors of codes per step, from nibbles
+    step64 = kind in STEP64
     size = 2 if half else 4
     pairs = [(i, t) for i in range(rows) for t in range(tile)]
     lines: list[str] = []
@@ -159,18 +206,35 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
     e("  %s = phi i64 [ 0, %rloop ], [ %sn, %sloop ]")
     for i, t in pairs:
         e(f"  %acc{i}_{t} = phi {_F8} [ zeroinitializer, %rloop ], [ %accn{i}_{t}, %sloop ]")
-    e(f"  %wo = shl i64 %s, {6 if kind == 'p8' else 5}")
+    e(f"  %wo = mul i64 %s, {STEP_BYTES[kind]}")
     e(f"  %do = mul i64 %s, {dps * size}")
+    if kind == "u6":
+        e("  %sups = lshr i64 %s, 3")  # the super-block: 8 steps of 32
+        e("  %supo = shl i64 %sups, 1")
     for i in range(rows):
         e(f"  %wp{i} = getelementptr i8, ptr %wrow{i}, i64 %wo")
-        e(f"  %w{i} = load <32 x i8>, ptr %wp{i}, align 1")
+        e(f"  %w{i} = load <{16 if kind == 'u6' else 32} x i8>, ptr %wp{i}, align 1")
         e(f"  %pf{i} = getelementptr i8, ptr %wp{i}, i64 {PREFETCH_BYTES}")
         e(f"  call void @llvm.prefetch.p0(ptr %pf{i}, i32 0, i32 0, i32 1)")  # read, streamed once
-        if u4:
+        if nibbles:
             e(f"  %lo{i} = and <32 x i8> %w{i}, {_splat(32, 'i8', 15)}")
             e(f"  %hi{i} = lshr <32 x i8> %w{i}, {_splat(32, 'i8', 4)}")
-            e(f"  %lo32{i} = bitcast <32 x i8> %lo{i} to {_I8}")
-            e(f"  %hi32{i} = bitcast <32 x i8> %hi{i} to {_I8}")
+            if kind == "u5":  # bit 4 of each code from the two planes
+                for v, offset in (("lo", 32), ("hi", 36)):
+                    _plane(e, f"{v}b{i}", f"%wp{i}", offset, 16)
+                    e(f"  %{v}q{i} = or <32 x i8> %{v}{i}, %{v}b{i}")
+            src = "q" if kind == "u5" else ""
+            e(f"  %lo32{i} = bitcast <32 x i8> %lo{src}{i} to {_I8}")
+            e(f"  %hi32{i} = bitcast <32 x i8> %hi{src}{i} to {_I8}")
+        elif kind == "u6":  # codes 0..15 from the low nibbles, 16..31 from the high, bits 4 and 5 from the planes
+            e(f"  %lo{i} = and <16 x i8> %w{i}, {_splat(16, 'i8', 15)}")
+            e(f"  %hi{i} = lshr <16 x i8> %w{i}, {_splat(16, 'i8', 4)}")
+            e(f"  %nib{i} = shufflevector <16 x i8> %lo{i}, <16 x i8> %hi{i}, <32 x i32> <{', '.join(f'i32 {j}' for j in range(32))}>")
+            _plane(e, f"b4_{i}", f"%wp{i}", 16, 16)
+            _plane(e, f"b5_{i}", f"%wp{i}", 20, 32)
+            e(f"  %q4_{i} = or <32 x i8> %nib{i}, %b4_{i}")
+            e(f"  %q{i} = or <32 x i8> %q4_{i}, %b5_{i}")
+            e(f"  %q32{i} = bitcast <32 x i8> %q{i} to {_I8}")
         else:
             e(f"  %wabs{i} = call <32 x i8> @llvm.abs.v32i8(<32 x i8> %w{i}, i1 false)")
             e(f"  %wabs32{i} = bitcast <32 x i8> %wabs{i} to {_I8}")
@@ -179,27 +243,41 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
             e(f"  %wh{i} = load <32 x i8>, ptr %wq{i}, align 1")
             e(f"  %whabs{i} = call <32 x i8> @llvm.abs.v32i8(<32 x i8> %wh{i}, i1 false)")
             e(f"  %whabs32{i} = bitcast <32 x i8> %whabs{i} to {_I8}")
-        _scale_vector(e, f"dx{i}", f"%drow{i}", "%do", dps, half)
+        if kind == "u6":
+            _u6_scales(e, i)
+        else:
+            _scale_vector(e, f"dx{i}", f"%drow{i}", "%do", dps, half)
     e(f"  %ao = shl i64 %s, {6 if step64 else 5}")
     e("  %so = shl i64 %s, 5")
     for t in range(tile):
         e(f"  %ap{t} = getelementptr i8, ptr %arow{t}, i64 %ao")
         e(f"  %sp{t} = getelementptr i8, ptr %srow{t}, i64 %so")
         e(f"  %sc{t} = load {_F8}, ptr %sp{t}, align 4")
-        if u4:
+        if nibbles:
             e(f"  %alo{t} = load {_I8}, ptr %ap{t}, align 1")
             e(f"  %aph{t} = getelementptr i8, ptr %ap{t}, i64 32")
             e(f"  %ahi{t} = load {_I8}, ptr %aph{t}, align 1")
         else:
             e(f"  %a{t} = load <32 x i8>, ptr %ap{t}, align 1")
+        if kind == "u5":  # -16 * the sum of each lane's 8 activations: the codes' offset
+            e(f"  %c0_{t} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} zeroinitializer, {_I8} {_splat(8, 'i32', _BYTES16)}, {_I8} %alo{t})")
+            e(f"  %c{t} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} %c0_{t}, {_I8} {_splat(8, 'i32', _BYTES16)}, {_I8} %ahi{t})")
+            e(f"  %nc{t} = sub {_I8} zeroinitializer, %c{t}")
+        elif kind == "u6":  # -32 * the sum of each lane's 4 activations
+            e(f"  %a32{t} = bitcast <32 x i8> %a{t} to {_I8}")
+            e(f"  %c{t} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} zeroinitializer, {_I8} {_splat(8, 'i32', 2 * _BYTES16)}, {_I8} %a32{t})")
+            e(f"  %nc{t} = sub {_I8} zeroinitializer, %c{t}")
         if kind == "p8":
             e(f"  %aph{t} = getelementptr i8, ptr %ap{t}, i64 32")
             e(f"  %ah{t} = load <32 x i8>, ptr %aph{t}, align 1")
     for i, t in pairs:
         k = f"{i}_{t}"
-        if u4:
-            e(f"  %ia{k} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} zeroinitializer, {_I8} %lo32{i}, {_I8} %alo{t})")
+        if nibbles:  # u5: from the offset
+            start = f"%nc{t}" if planes else "zeroinitializer"
+            e(f"  %ia{k} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} {start}, {_I8} %lo32{i}, {_I8} %alo{t})")
             e(f"  %ib{k} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} %ia{k}, {_I8} %hi32{i}, {_I8} %ahi{t})")
+        elif kind == "u6":
+            e(f"  %ib{k} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} %nc{t}, {_I8} %q32{i}, {_I8} %a32{t})")
         else:  # |w| times a * sign(w)
             e(f"  %as{k} = call <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8> %a{t}, <32 x i8> %w{i})")
             e(f"  %as32{k} = bitcast <32 x i8> %as{k} to {_I8}")

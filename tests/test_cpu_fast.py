@@ -120,7 +120,8 @@ def test_linear_on_real_tensors(smollm2_path, gemma3_path):
 
 
 def cq_only(w: cpu_fast.FastWeight) -> cpu_fast.FastWeight:
-    return cpu_fast.FastWeight(w.shape, w.packed, None)
+    """w's quantized forms only (no f32 copy): embed reads the packed blocks, or the int8 view where it is all (Q5_0, Q6_K)."""
+    return cpu_fast.FastWeight(w.shape, w.packed, None, w.int8)
 
 
 @pytest.mark.parametrize("shape", [(1, 64), (5, 576), (3, 4, 64)])

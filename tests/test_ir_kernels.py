@@ -1,7 +1,7 @@
 """The hand-written LLVM IR kernels, checked on any host (no VNNI needed).
 
-Every int8 kernel (int8_ir: all VARIANTS x SHAPES) parses, verifies and compiles for a
-named VNNI CPU, and its machine code uses vpdpbusd, the instruction the fast path is
+Every int8 kernel (int8_ir: all VARIANTS x SHAPES) parses, verifies and compiles for
+named VNNI CPUs, and its machine code uses vpdpbusd, the instruction the fast path is
 for; the gemm kernel compiles for x86-64 and AArch64 with fused multiply-adds. Each
 kernel's IR parameters are its declared signature, and an argument list that does not
 match that signature is a Python error naming the argument, not a wild pointer.
@@ -34,14 +34,17 @@ def functions_of(assembly: str, names: list[str]) -> dict[str, str]:
     return bodies
 
 
-def test_every_int8_kernel_compiles_to_vpdpbusd():
+@pytest.mark.parametrize("cpu", ["sapphirerapids", "cascadelake"])  # cascadelake: the first VNNI CPU (no VBMI, no BITALG)
+def test_every_int8_kernel_compiles_to_vpdpbusd(cpu):
     names = [int8_ir.kernel_name(*key) for key in int8_ir.KEYS]
-    assert len(names) == 32
-    bodies = functions_of(llvm_host.compile_for_target(int8_ir.module_ir(), "sapphirerapids", VNNI_FEATURES), names)
+    assert len(names) == 40
+    bodies = functions_of(llvm_host.compile_for_target(int8_ir.module_ir(), cpu, VNNI_FEATURES), names)
     for (kind, *_), name in zip(int8_ir.KEYS, names):
         assert "vpdpbusd" in bodies[name], name
-        if kind != "u4":  # |w| times a * sign(w)
+        if kind in ("p8", "i8"):  # |w| times a * sign(w)
             assert "vpsignb" in bodies[name] and "vpabsb" in bodies[name], name
+        if kind in ("u5", "u6"):  # the high bits' planes as byte masks, codes unsigned
+            assert "kmovd" in bodies[name] and "vpsignb" not in bodies[name], name
 
 
 @pytest.mark.parametrize(("triple", "cpu", "features", "fma"), [

@@ -1,0 +1,110 @@
+"""Q5_0 and Q6_K at the file's width for the int8 kernels' u5 and u6 layouts (kernels/int8_ir.py).
+
+The codes are stored unsigned (Q5_0: 0..31, value (code - 16) * d; Q6_K: 0..63,
+value (code - 32) * d * scale): their low 4 bits as nibbles, each higher bit as a plane
+of 32 bits per 32 codes (bit k of a little-endian u32 belongs to byte k of the vector the
+kernel builds), next to the nibbles of the same step so that one stream holds them.
+
+- u5, per 64 columns (two 32-blocks, 40 bytes): 32 nibble bytes as kernels/cpu_quant's
+  U4 (block b's byte i holds codes i and i + 16), the plane of bit 4 for the low-nibble
+  vector [block0 0..15, block1 0..15], then for the high-nibble one [block0 16..31,
+  block1 16..31]. d: GGUF's f16 scales, [rows, cols / 32].
+- u6, per 32 columns (26 bytes): 16 nibble bytes (byte i: codes i and i + 16), the
+  planes of bit 4 and bit 5 of codes 0..31, the int8 scales of the two 16-groups.
+  d: the f16 super-block scales, [rows, cols / 256].
+
+`dequantize_rows_*` give the f32 rows bit for bit as kernels.quants.dequantize does
+(embedding lookups of a table kept only in this form).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+from numba import njit, prange
+
+from zinfer.kernels import cpu_quant as cq
+from zinfer.kernels.cpu_ops import as_f32
+
+U5_STEP_BYTES = 40  # per 64 columns
+U6_STEP_BYTES = 26  # per 32 columns
+
+
+def _plane(codes: np.ndarray, bit: int) -> np.ndarray:
+    """codes [..., 32] uint8 -> [..., 4] bytes: bit `bit` of code k at bit k (little-endian)."""
+    return np.packbits((codes >> bit) & 1, axis=-1, bitorder="little")
+
+
+def _nibble_bytes(codes: np.ndarray) -> np.ndarray:
+    """codes [..., 32] uint8 -> [..., 16]: byte i holds code i's low 4 bits and code i + 16's above them."""
+    return (codes[..., :16] & 15) | ((codes[..., 16:] & 15) << 4)
+
+
+def u5_from_q5_0(raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Raw Q5_0 bytes of a [rows, cols] matrix (cols % 64 == 0) -> (qs [rows, cols/64 * 40]
+    uint8, d [rows, cols/32] f16): the u5 layout."""
+    rows, cols = shape
+    p = cq.repack(QT.Q5_0, raw, shape)  # codes - 16 as int8, decoded once by the tested path
+    codes = (p.qs.view(np.uint8) + np.uint8(16)).reshape(rows, cols // 64, 2, 32)  # [row, step, block, code]
+    low_vector = codes[..., :16].reshape(rows, cols // 64, 32)  # [block0 0..15, block1 0..15]
+    high_vector = codes[..., 16:].reshape(rows, cols // 64, 32)
+    parts = (_nibble_bytes(codes).reshape(rows, cols // 64, 32), _plane(low_vector, 4), _plane(high_vector, 4))
+    qs = np.concatenate(parts, axis=-1).reshape(rows, -1)
+    b = np.ascontiguousarray(raw).reshape(-1).view(np.uint8).reshape(-1, 22)
+    return qs, np.ascontiguousarray(b[:, 0:2]).view(np.float16).reshape(rows, cols // 32)
+
+
+def u6_from_q6_k(raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Raw Q6_K bytes of a [rows, cols] matrix -> (qs [rows, cols/32 * 26] uint8, d
+    [rows, cols/256] f16): the u6 layout."""
+    rows, cols = shape
+    p = cq.repack(QT.Q6_K, raw, shape)  # codes - 32 as int8
+    codes = (p.qs.view(np.uint8) + np.uint8(32)).reshape(rows, cols // 32, 32)  # [row, step, code]
+    b = np.ascontiguousarray(raw).reshape(-1).view(np.uint8).reshape(-1, 210)
+    scales = np.ascontiguousarray(b[:, 192:208]).reshape(rows, cols // 32, 2)  # int8 bytes per 16-group
+    qs = np.concatenate((_nibble_bytes(codes), _plane(codes, 4), _plane(codes, 5), scales), axis=-1).reshape(rows, -1)
+    return qs, np.ascontiguousarray(b[:, 208:210]).view(np.float16).reshape(rows, cols // 256)
+
+
+@njit(cache=True, inline="always")
+def _bit(qs_row, at, k):
+    """Bit k (0..31) of the plane whose 4 bytes start at qs_row[at]."""
+    return (np.int64(qs_row[at + k // 8]) >> (k % 8)) & 1
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def dequantize_rows_u5(qs, d, rows, out):
+    """out[j] = f32 row rows[j] of a u5 matrix. qs [R, steps * 40] uint8, d [R, steps * 2]
+    f16 bits as uint16, out [n, steps * 64]."""
+    steps = d.shape[1] // 2
+    for j in prange(rows.shape[0]):
+        q, dr, o = qs[rows[j]], d[rows[j]], out[j]
+        for s in range(steps):
+            base = s * U5_STEP_BYTES
+            for blk in range(2):
+                scale = as_f32(dr[2 * s + blk])
+                for i in range(16):
+                    byte, k = np.int64(q[base + blk * 16 + i]), blk * 16 + i  # k: the byte of both vectors
+                    low = (byte & 15) | (_bit(q, base + 32, k) << 4)
+                    high = (byte >> 4) | (_bit(q, base + 36, k) << 4)
+                    o[s * 64 + blk * 32 + i] = np.float32(low - 16) * scale
+                    o[s * 64 + blk * 32 + 16 + i] = np.float32(high - 16) * scale
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def dequantize_rows_u6(qs, d, rows, out):
+    """out[j] = f32 row rows[j] of a u6 matrix. qs [R, steps * 26] uint8, d [R, steps / 8]
+    f16 bits as uint16, out [n, steps * 32]."""
+    steps = qs.shape[1] // U6_STEP_BYTES
+    for j in prange(rows.shape[0]):
+        q, dr, o = qs[rows[j]], d[rows[j]], out[j]
+        for s in range(steps):
+            base = s * U6_STEP_BYTES
+            for g in range(2):
+                scale = as_f32(dr[s // 8]) * np.float32(np.int8(q[base + 24 + g]))  # exact in f32
+                for i in range(16):
+                    k = g * 16 + i
+                    byte = np.int64(q[base + i])
+                    nibble = (byte >> 4) if g else (byte & 15)
+                    code = nibble | (_bit(q, base + 16, k) << 4) | (_bit(q, base + 20, k) << 5)
+                    o[s * 32 + k] = np.float32(code - 32) * scale

@@ -1,0 +1,121 @@
+"""cpu-fast reads Q5_0 and Q6_K at the file's width (kernels/int8_bitplanes.py, int8_ir's u5 and u6).
+
+Each product equals the oracle's (the dequantized matrix times the activations rounded
+as the int8 kernels round them) and, bit for bit, the widened int8 path it replaces
+(p8 for Q5_0, i8 for Q6_K): the integer dot of every lane is the same and so is every
+float operation after it. The resident bytes are the file's: 5.5 bits per weight for
+Q5_0, 6.5625 for Q6_K. A whole tiny Q5_0 model gives the same logits either way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from test_cpu_fast import close, random_tensor
+from tiny import write_tiny_gguf
+from zinfer.devices import cpu_fast_linears as fl
+from zinfer.devices.batch import ForwardBatch
+from zinfer.devices.cpu_fast import FastCpuDevice
+from zinfer.kernels import cpu_int8 as ci
+from zinfer.kernels import cpu_quant as cq
+from zinfer.kernels import int8_ir
+from zinfer.kernels.quants import dequantize
+from zinfer.models.forward import round_logits
+from zinfer.models.loader import open_model
+from zinfer.models.weights import build_weights
+
+pytestmark = pytest.mark.skipif(not int8_ir.available(), reason="the int8 kernels need AVX512-VNNI")
+
+OWN_WIDTH = {QT.Q5_0: ("u5", "p8", 5.5), QT.Q6_K: ("u6", "i8", 6.5625)}  # kind, the widened kind, bits per weight
+
+
+@pytest.mark.parametrize("qt", list(OWN_WIDTH), ids=lambda q: q.name)
+@pytest.mark.parametrize("T", [1, 3, 4, 5, 13, 130])
+def test_own_width_product_is_the_oracles_and_the_widened_paths_bit_for_bit(qt, T):
+    rows, cols = 37, 512  # rows: not a multiple of the kernels' rows or of a parallel task's
+    t = random_tensor(qt, rows, cols, seed=T)
+    wf = dequantize(t.data, qt, t.shape).astype(np.float64)
+    x = np.random.default_rng(T).standard_normal((T, cols), dtype=np.float32)
+    x[0, :32] = 0  # an all-zero block
+    x[-1, 64:96] *= 1e4  # one block far larger than the rest
+    own = ci.from_gguf(qt, t.data, t.shape)
+    widened = ci.prepare(cq.repack(qt, t.data, t.shape))
+    assert (own.kind, widened.kind) == OWN_WIDTH[qt][:2]
+    out, want = np.empty((T, rows), np.float32), np.empty((T, rows), np.float32)
+    ci.matmul(own, x, out)
+    ci.matmul(widened, x, want)
+    np.testing.assert_array_equal(out, want)
+    close(out, ci.rounded(x) @ wf.T)
+
+
+@pytest.mark.parametrize("qt", list(OWN_WIDTH), ids=lambda q: q.name)
+def test_upload_keeps_only_the_files_width_and_embeds_its_rows_exactly(qt):
+    rows, cols = 40, 768
+    t = random_tensor(qt, rows, cols, seed=2)
+    dev = FastCpuDevice()
+    w = dev.upload("w", t)
+    assert type(w) is fl.Int8Linear and w.int8.kind == OWN_WIDTH[qt][0]
+    assert w.packed is None and w.f32 is None  # no widened copy kept next to it
+    assert w.nbytes * 8 / (rows * cols) == OWN_WIDTH[qt][2]
+    ids = np.array([0, 7, rows - 1, 7])
+    np.testing.assert_array_equal(dev.embed(w, ids), dequantize(t.data, qt, t.shape)[ids])
+
+
+def test_q5_0_rows_of_odd_32_blocks_keep_the_widened_kernel():
+    t = random_tensor(QT.Q5_0, 9, 96, seed=3)  # 96 columns: not whole 64-column steps
+    w = FastCpuDevice().upload("w", t)
+    assert w.int8.kind == "i8" and w.packed is not None
+    x = np.random.default_rng(0).standard_normal((3, 96), dtype=np.float32)
+    close(w.compute(x), ci.rounded(x) @ dequantize(t.data, QT.Q5_0, t.shape).astype(np.float64).T)
+
+
+def test_matrices_of_one_activation_order_share_a_launch_whatever_their_types():
+    """q (Q5_0, u5), k (Q8_0, p8) and v (Q4_0, u4) read activations in one order: one rounding, one launch."""
+    rows, cols = 40, 256
+    ws = tuple(FastCpuDevice().upload(n, random_tensor(qt, rows, cols, seed=i)) for i, (n, qt) in enumerate(zip("qkv", (QT.Q5_0, QT.Q8_0, QT.Q4_0))))
+    assert [w.int8.kind for w in ws] == ["u5", "p8", "u4"]
+    dev = FastCpuDevice()
+    x = np.random.default_rng(0).standard_normal((5, cols), dtype=np.float32)
+    outs = dev.linears(x, ws, (None, None, None))
+    assert [len(m) for _, m in dev._int8_jobs(ws)] == [3]
+    for out, w in zip(outs, ws):
+        np.testing.assert_array_equal(out, w.compute(x))
+
+
+@pytest.fixture(scope="module")
+def tiny_q5_0(tmp_path_factory):
+    shape = dict(hidden_size=128, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64)
+    return write_tiny_gguf(tmp_path_factory.mktemp("m") / "q5.gguf", "llama", qtype=QT.Q5_0, **shape)
+
+
+def logits(path, dev) -> tuple[np.ndarray, set[str]]:
+    """Logits [4, vocab] of a prefill and a decode step of two sequences on dev, and the int8 kinds its matrices got."""
+    src = open_model(path)
+    spec, w = src.spec, build_weights(src.spec, src.tensors, dev.upload)
+    kv = dev.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, 8, 16)
+    first = round_logits(spec, w, dev, kv, ForwardBatch.build([([1, 5, 9, 200, 7], 0, [0], True), ([3] * 20, 0, [1, 2], True)], 16))
+    nxt = round_logits(spec, w, dev, kv, ForwardBatch.build([([11], 5, [0], True), ([12], 20, [1, 2], True)], 16))
+    kinds = {m.int8.kind for m in _matrices(w) if getattr(m, "int8", None) is not None}
+    return np.concatenate([first, nxt]), kinds
+
+
+def _matrices(tree):
+    """Every FastWeight in a model's weights (dataclasses, lists and tuples of them)."""
+    if isinstance(tree, fl.FastWeight):
+        yield tree
+    elif isinstance(tree, (list, tuple)):
+        for item in tree:
+            yield from _matrices(item)
+    elif hasattr(tree, "__dict__"):
+        for item in vars(tree).values():
+            yield from _matrices(item)
+
+
+def test_a_q5_0_model_gives_the_widened_paths_logits(tiny_q5_0, monkeypatch):
+    own, kinds = logits(tiny_q5_0, FastCpuDevice())
+    monkeypatch.setattr(ci, "from_gguf", lambda *a: None)  # every matrix through cpu_quant's repack: p8
+    widened, widened_kinds = logits(tiny_q5_0, FastCpuDevice())
+    assert (kinds, widened_kinds) == ({"u5"}, {"p8"})
+    np.testing.assert_array_equal(own, widened)
