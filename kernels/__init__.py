@@ -37,4 +37,17 @@ def _use_keyed_numba_cache() -> None:
     numba.config.CACHE_DIR = str(numba_cache_dir())
 
 
+def _compile_into_cache_first() -> None:
+    """Kernels that miss the cache are compiled by a helper process and loaded from the
+    cache, so the run that fills it computes what later runs do (kernels/compile_cache.py)."""
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return
+    from zinfer.kernels import compile_cache
+
+    compile_cache.route_compiles()
+
+
 _use_keyed_numba_cache()
+_compile_into_cache_first()

@@ -1,0 +1,167 @@
+"""Every cached numba kernel of zinfer runs the code numba's on-disk cache holds, on the
+run that fills the cache as on every later one.
+
+Why: numba runs the code it has just compiled differently from the same code loaded from
+its cache. In the compiling process a parallel kernel's body (and an njit callee such as
+cpu_ops.softmax_) runs from the body's own LLVM module; a process that loads the cache
+runs the caller's copy, optimized a second time, and fastmath's `reassoc` lets the two
+round differently. So cpu-fast's first run after an empty cache gave other greedy ids
+than every later run (#16).
+
+How: `route_compiles()` (called when zinfer.kernels is imported) wraps numba's
+`Dispatcher.compile`. When a kernel of zinfer.kernels with `cache=True` meets a signature
+that is neither compiled here nor in the cache, a helper process (a python3 running this
+module's main(), started on the first such kernel and kept until this process exits) compiles it and writes it to the cache, and this process then loads it
+from there, as later runs will. Only what a run needs is compiled, once per kernel
+source and numba version (kernels/__init__.py keys the cache folder); a warm cache starts
+no helper. If the helper cannot start or fails on a kernel, this process compiles that
+kernel itself, as numba would, with a warning: never a dead start.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("zinfer.kernels")
+
+IN_PROCESS_ENV = "ZINFER_COMPILE_IN_PROCESS"  # set (the helper sets it for itself): numba compiles as it always does
+KERNEL_MODULES = "zinfer.kernels."
+FIRST_COMPILE_NOTE = "zinfer: compiling cpu-fast kernels once (about 30 s); later runs start from cache"
+
+_lock = threading.Lock()  # one request at a time on the helper's pipes
+_helper: "_Helper | None" = None
+_helper_broken = False  # it failed once: every later kernel compiles in this process
+
+
+def route_compiles() -> None:
+    """Wrap numba's Dispatcher.compile so that zinfer kernels missing from the cache are
+    compiled by the helper process and loaded from the cache. Idempotent; does nothing
+    when IN_PROCESS_ENV is set."""
+    from numba.core.dispatcher import Dispatcher
+
+    if os.environ.get(IN_PROCESS_ENV) or getattr(Dispatcher.compile, "zinfer_routed", False):
+        return
+    numba_compile = Dispatcher.compile
+
+    def compile(self, sig):
+        if _needs_compiling(self, sig) and _compile_in_helper(self, sig) and _needs_compiling(self, sig):
+            log.warning("kernel compiled in this process: the helper cached it but its entry is gone", kernel=self.py_func.__qualname__)
+        return numba_compile(self, sig)  # now a cache hit, unless the helper failed
+
+    compile.zinfer_routed = True
+    compile.__doc__ = numba_compile.__doc__
+    Dispatcher.compile = compile
+
+
+def _needs_compiling(dispatcher: Any, sig: Any) -> bool:
+    """Whether `dispatcher` is a cached zinfer kernel that would compile `sig` here: not
+    compiled in this process yet and not in the on-disk cache."""
+    from numba.core import sigutils
+    from numba.core.caching import NullCache
+
+    py_func = getattr(dispatcher, "py_func", None)
+    cache = getattr(dispatcher, "_cache", None)
+    if py_func is None or cache is None or isinstance(cache, NullCache) or not py_func.__module__.startswith(KERNEL_MODULES):
+        return False
+    try:
+        args, _ = sigutils.normalize_signature(sig)
+        if tuple(args) in dispatcher.overloads:
+            return False
+        # numba's own index lookup, without loading the entry (that is numba's compile's job)
+        key = cache._index_key(sig, dispatcher.targetctx.codegen())
+        return key not in cache._cache_file._load_index()
+    except Exception as exc:  # numba's private cache API moved: compile as numba always did
+        log.warning("cannot read numba's cache index; kernels compile in this process", kernel=py_func.__qualname__, error=f"{type(exc).__name__}: {exc}")
+        return False
+
+
+def _compile_in_helper(dispatcher: Any, sig: Any) -> bool:
+    """Have the helper compile dispatcher's `sig` into the cache: True when it did; on any
+    failure warn and leave it to this process (numba's compile then compiles it here)."""
+    global _helper, _helper_broken
+    name = f"{dispatcher.py_func.__module__}.{dispatcher.py_func.__qualname__}"
+    with _lock:
+        if _helper_broken:
+            return False
+        try:
+            if _helper is None:
+                _helper = _Helper()
+            error = _helper.compile(dispatcher.py_func.__module__, dispatcher.py_func.__qualname__, sig)
+        except Exception as exc:  # no helper, a dead one, a signature that does not pickle
+            _helper_broken = True
+            error = f"helper process failed ({type(exc).__name__}: {exc}); every kernel compiles in this process from now on"
+        if error is not None:
+            log.warning("kernel compiled in this process: this run's numbers may differ from later runs'", kernel=name, error=error)
+        return error is None
+
+
+class _Helper:
+    """The helper process and its pipes: pickled (module, qualname, signature) requests
+    in, a pickled None (compiled and cached) or error text out."""
+
+    def __init__(self):
+        import numba
+
+        print(FIRST_COMPILE_NOTE, file=sys.stderr, flush=True)
+        env = {**os.environ, IN_PROCESS_ENV: "1", "NUMBA_CACHE_DIR": str(numba.config.CACHE_DIR)}
+        serve = "from zinfer.kernels.compile_cache import main; main()"  # not -m: zinfer.kernels imports this module first
+        self.proc = subprocess.Popen([sys.executable, "-c", serve], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        atexit.register(self.close)
+
+    def compile(self, module: str, qualname: str, sig: Any) -> str | None:
+        """None once the helper has `sig` of module.qualname in the cache, else its error."""
+        pickle.dump((module, qualname, sig), self.proc.stdin)
+        self.proc.stdin.flush()
+        return pickle.load(self.proc.stdout)  # EOFError when the helper died
+
+    def close(self) -> None:
+        """End the helper (it exits when its input closes)."""
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except Exception:  # already gone, or stuck: it dies with its pipes
+            self.proc.kill()
+
+
+def _kernel(module: str, qualname: str) -> Any:
+    """The numba dispatcher defined in `module` whose function is named `qualname`."""
+    import importlib
+
+    from numba.core.dispatcher import Dispatcher
+
+    for value in vars(importlib.import_module(module)).values():
+        if isinstance(value, Dispatcher) and value.py_func.__qualname__ == qualname:
+            return value
+    raise LookupError(f"no numba kernel {qualname} in {module}")
+
+
+def serve(requests, replies) -> None:
+    """The helper's loop: compile each requested kernel signature (numba writes it to the
+    cache) until `requests` ends; reply None or the error."""
+    while True:
+        try:
+            module, qualname, sig = pickle.load(requests)
+        except EOFError:
+            return
+        try:
+            _kernel(module, qualname).compile(sig)
+            reply = None
+        except Exception as exc:  # reported to the parent, which then compiles it itself
+            reply = f"{type(exc).__name__}: {exc}"
+        pickle.dump(reply, replies)
+        replies.flush()
+
+
+def main() -> None:
+    """Serve on the original stdout; anything else written to stdout goes to stderr."""
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    serve(sys.stdin.buffer, replies)
