@@ -127,7 +127,9 @@ async def bench_engine(config: EngineConfig, plan: Plan) -> dict:
     async with open_engine(config) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
         vocab = engine.source.spec.vocab_size
         prompts = workload_prompts(plan, vocab)
-        await _group(client, synthetic_prompts(2, plan.prompt_len, vocab, seed=0), 2)  # warm-up (JIT, caches)
+        warm = synthetic_prompts(3, plan.prompt_len, vocab, seed=0)  # warm-up: kernels compile or load from cache on first use,
+        await _group(client, warm[:1], 3)  # alone (prefill, batch-1 decode)
+        await _group(client, warm[1:], 3)  # and together (decode of several rows)
         executor = engine.actors.get("executor")
         scheduler = engine.actors.get("scheduler")
         busy0, rounds0, t0 = getattr(executor, "busy_seconds", 0.0), getattr(scheduler, "round_id", 0), time.perf_counter()

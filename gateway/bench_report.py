@@ -87,9 +87,11 @@ def print_table(report: dict) -> None:
     p, ours, roof = report["plan"], report["zinfer"], report["roofline"]
     print(f"model {report['model']}  device {report['device']}  threads {report['threads']}  "
           f"decode/stream prompts {p['prompt_len']} tokens, {p['output_len']} out")
-    print(f"{'':50}{'zinfer':>10}{'llama.cpp':>11}{'ratio':>8}")
-    for r in report["rows"]:
-        print(f"{r['label'] + ' (' + r['unit'] + ')':50}{_cell(r['zinfer'], 10)}{_cell(r['llama_cpp'], 11)}{_cell(r['ratio'], 8, 2)}")
+    labels = [f"{r['label']} ({r['unit']})" for r in report["rows"]]
+    w = max(map(len, labels)) + 2
+    print(f"{'':{w}}{'zinfer':>10}{'llama.cpp':>11}{'ratio':>8}")
+    for label, r in zip(labels, report["rows"]):
+        print(f"{label:{w}}{_cell(r['zinfer'], 10)}{_cell(r['llama_cpp'], 11)}{_cell(r['ratio'], 8, 2)}")
     mb = 1e6
     resident = roof["weight_resident_bytes"]
     kv = roof["kv_bytes_per_token"] if roof["kv_bytes_per_token"] is not None else roof["kv_bytes_per_token_f16"]

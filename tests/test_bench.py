@@ -11,6 +11,7 @@ from gguf import GGMLQuantizationType as QT
 from tiny import tiny_config, write_tiny_gguf
 
 from zinfer.gateway.bench_figures import group_figures, summarize
+from zinfer.gateway.bench_report import print_table
 from zinfer.gateway.cli import main
 
 # 24 prompts of 64 tokens against the scheduler's 512-token budget: the first 8 finish
@@ -60,6 +61,10 @@ def test_bench_reports_every_figure_at_a_concurrency_where_streams_do_not_overla
     tok_s = report["zinfer"]["decode_b1"]["decode_tok_s"]
     assert roof["zinfer_gb_s"] == pytest.approx((f32_bytes + kv) * tok_s / 1e9)
     assert roof["peak_read_gb_s"] > 0 and roof["zinfer_peak_pct"] == pytest.approx(100 * roof["zinfer_gb_s"] / roof["peak_read_gb_s"])
+
+    print_table(report)  # what `zinfer bench` prints without --json: a line per row
+    table = capsys.readouterr().out
+    assert all(r["label"] in table for r in report["rows"]) and "read bandwidth" in table
 
 
 def test_bench_refuses_sizes_with_nothing_to_decode(capsys, tiny_path):
