@@ -109,7 +109,7 @@ async def _group(client: AsyncClient, prompts: list[list[int]], max_tokens: int)
     async def one(ids: list[int], times: Stream) -> None:
         async for ev in client.generate(prompt_ids=ids, params=params):
             if isinstance(ev, Delta):
-                times.extend([time.perf_counter()] * len(ev.token_ids))
+                times.extend([time.perf_counter()] * len(ev.token_ids))  # tokens of one event arrive together
             elif not isinstance(ev, Finished) and hasattr(ev, "message"):
                 raise RuntimeError(f"bench request failed: {ev.message}")
 
@@ -163,6 +163,8 @@ def bench_config(config: EngineConfig, plan: Plan) -> EngineConfig:
 
 
 def bench_main(args: argparse.Namespace, config: EngineConfig) -> int:
+    """Run the plan on zinfer, then (--compare-llama-cpp) on llama.cpp, then measure the
+    read bandwidth (last, so its numba threads run beside neither); print the report."""
     from zinfer.gateway.bench_report import print_table, report_of
     from zinfer.gateway.bench_roofline import read_bandwidth
 
