@@ -16,6 +16,7 @@ from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.reductions import numpy_topk
 from zinfer.devices.round import RoundCtx
 from zinfer.devices.tensor import TensorData
+from zinfer.kernels.rope import RopeScaling
 
 Layers = Callable[[RoundCtx], Any]  # the forward bound to spec, weights, device and KV: ctx -> logits [S, vocab]
 
@@ -59,8 +60,9 @@ class Device(Protocol):
         """[linear(x, w, b) for w, b in zip(ws, bs)]: one input through several matrices
         (q/k/v, gate/up), which a device may compute in one launch."""
 
-    def rope(self, x: Any, ctx: RoundCtx, base: float, rope_dim: int, interleaved: bool) -> Any:
-        """Rotary embedding on x [T, heads, hd] at the round's positions."""
+    def rope(self, x: Any, ctx: RoundCtx, base: float, rope_dim: int, interleaved: bool, scaling: RopeScaling | None = None) -> Any:
+        """Rotary embedding on x [T, heads, hd] at the round's positions; scaling: the
+        layer's linear/YaRN/frequency-factor scaling (kernels/rope.py), None for plain RoPE."""
 
     def write_kv(self, kv: KVStore, layer: int, k: Any, v: Any, ctx: RoundCtx) -> None:
         """Store k, v [T, Hkv, hd] into the layer's pool at the round's slots. Mutates kv."""

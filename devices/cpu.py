@@ -16,6 +16,7 @@ from zinfer.devices.round import RoundCtx
 from zinfer.devices.tensor import TensorData
 from zinfer.kernels import reference as ref
 from zinfer.kernels.quants import dequantize
+from zinfer.kernels.rope import RopeScaling
 
 
 @dataclass
@@ -67,8 +68,8 @@ class CpuDevice(DeviceBase):
     def linear(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
         return ref.linear(x, w, b)
 
-    def rope(self, x: np.ndarray, ctx: RoundCtx, base: float, rope_dim: int, interleaved: bool) -> np.ndarray:
-        return self.ops.rope(x, ctx.positions, base, rope_dim, interleaved)
+    def rope(self, x: np.ndarray, ctx: RoundCtx, base: float, rope_dim: int, interleaved: bool, scaling: RopeScaling | None = None) -> np.ndarray:
+        return self.ops.rope(x, ctx.positions, base, rope_dim, interleaved, scaling)
 
     def write_kv(self, kv: CpuKV, layer: int, k: np.ndarray, v: np.ndarray, ctx: RoundCtx) -> None:
         kv.k[layer][ctx.slots] = k

@@ -38,6 +38,7 @@ from zinfer.kernels import cpu_prefill_attention as prefill
 from zinfer.kernels import gemm_ir, int8_ir
 from zinfer.devices.tensor import TensorData
 from zinfer.kernels.quants import dequantize
+from zinfer.kernels.rope import RopeScaling, inv_freq as rope_inv_freq
 
 LONG_CHUNK = 32  # a sequence's rows from which attention gathers its keys and goes blockwise
 
@@ -142,8 +143,8 @@ class FastCpuDevice(DeviceBase):
             self._jobs[key] = cached = (ws, groups)  # ws pinned: their ids stay theirs
         return cached[1]
 
-    def rope(self, x: np.ndarray, ctx: "FastRoundCtx", base: float, rope_dim: int, interleaved: bool) -> np.ndarray:
-        cos, sin = ctx.rope(base, rope_dim)  # [T, rope_dim/2] each
+    def rope(self, x: np.ndarray, ctx: "FastRoundCtx", base: float, rope_dim: int, interleaved: bool, scaling: RopeScaling | None = None) -> np.ndarray:
+        cos, sin = ctx.rope(base, rope_dim, scaling)  # [T, rope_dim/2] each
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty_like(x)
         (ops.rope if x.shape[0] >= ops.PARALLEL_ROWS else ops.rope_one)(x, cos, sin, bool(interleaved), out)
@@ -224,12 +225,15 @@ class FastRoundCtx(RoundCtx):
 
     _splits: dict = field(default_factory=dict, init=False, repr=False)  # blockwise supported -> AttentionSplit
 
-    def rope_table(self, base: float, rope_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    def rope_table(self, base: float, rope_dim: int, scaling: RopeScaling | None = None) -> tuple[np.ndarray, np.ndarray]:
         """60 calls' worth of sin/cos at 512 rows took 20 ms: hence once per round and base."""
-        inv_freq = (np.float32(base) ** (-np.arange(0, rope_dim, 2, dtype=np.float32) / np.float32(rope_dim))).astype(np.float32)
+        inv_freq, mscale = rope_inv_freq(base, rope_dim, scaling)  # [rope_dim/2] f32, scaled as llama.cpp does
         T = self.positions.shape[0]
         table = (np.empty((T, rope_dim // 2), np.float32), np.empty((T, rope_dim // 2), np.float32))
         ops.rope_table(self.positions, inv_freq, *table)
+        if mscale != 1:  # YaRN's magnitude
+            table[0][...] *= mscale
+            table[1][...] *= mscale
         return table
 
     def attention_split(self, blockwise: bool) -> AttentionSplit:

@@ -27,6 +27,7 @@ from zinfer.devices.config import CudaConfig  # defined there, importable withou
 from zinfer.devices.fallback import F32Fallbacks
 from zinfer.devices.round import RoundCtx
 from zinfer.kernels import cuda_modules as km
+from zinfer.kernels.rope import RopeScaling, angles as rope_angles, inv_freq as rope_inv_freq, rotate as rope_rotate
 
 F32, F16, BF16 = 0, 1, 30
 
@@ -142,6 +143,7 @@ class CudaDevice(DeviceBase):
         self._eager_meta: RoundMeta | None = None  # eager rounds' metadata buffers, grown to the largest
         self._graphs = None  # devices/cuda_graph.DecodeGraphs over the last pool alloc_kv made (cuda_graphs on)
         self._scratch = None  # dequantized weight for the GEMM path, grown to the largest
+        self._rope_inv: dict = {}  # (base, rope_dim, scaling) -> (inv_freq [rope_dim/2] f32 on the device, mscale)
 
     # ---- weights and KV ----
 
@@ -260,12 +262,28 @@ class CudaDevice(DeviceBase):
             y += b
         return y
 
-    def rope(self, x: Any, ctx: CudaRoundCtx, base: float, rope_dim: int, interleaved: bool) -> Any:
+    def rope(self, x: Any, ctx: CudaRoundCtx, base: float, rope_dim: int, interleaved: bool, scaling: RopeScaling | None = None) -> Any:
         cp = self.cupy
         x = cp.ascontiguousarray(x, dtype=cp.float32)  # [T, heads, hd]
+        if scaling is not None and not scaling.is_identity:
+            return self._scaled_rope(x, ctx, base, rope_dim, interleaved, scaling)
         y = cp.empty_like(x)
         km.rope(x, ctx.positions, y, base, rope_dim, interleaved)  # positions: int64 [T] on the device
         return y
+
+    def _scaled_rope(self, x: Any, ctx: CudaRoundCtx, base: float, rope_dim: int, interleaved: bool, scaling: RopeScaling) -> Any:
+        """Linear/YaRN/frequency-factor RoPE in cupy array ops over the device positions.
+
+        The tables are made on every call, not cached in the ctx: a captured graph's ctx
+        is warmed up once and then replayed at other positions. inv_freq is uploaded once
+        per key, before any capture (the warm-up round makes it)."""
+        key = (float(base), int(rope_dim), scaling)
+        inv = self._rope_inv.get(key)
+        if inv is None:
+            host, mscale = rope_inv_freq(base, rope_dim, scaling)  # [rope_dim/2] f32
+            inv = self._rope_inv[key] = (self.cupy.asarray(host), float(mscale))
+        cos, sin = rope_angles(self.cupy, ctx.positions, inv[0], inv[1])  # [T, rope_dim/2] each
+        return rope_rotate(self.cupy, x, cos, sin, interleaved)
 
     def write_kv(self, kv: CudaKV, layer: int, k: Any, v: Any, ctx: CudaRoundCtx) -> None:
         cp = self.cupy

@@ -34,6 +34,7 @@ import numpy as np
 
 from zinfer.devices.batch import ForwardBatch
 from zinfer.kernels import reference as ref
+from zinfer.kernels.rope import RopeScaling
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,20 +50,21 @@ class RoundCtx:
     positions: Any  # [T] int64
     slots: Any  # [T] int64: where each token's K/V goes in the pool
     logits_rows: Any  # [S] int64: rows of T whose logits the round returns
-    _rope: dict = field(default_factory=dict, init=False, repr=False)  # (base, rope_dim) -> (cos, sin)
+    _rope: dict = field(default_factory=dict, init=False, repr=False)  # (base, rope_dim, scaling) -> (cos, sin)
 
     @property
     def n_tokens(self) -> int:
         return self.batch.n_tokens
 
-    def rope(self, base: float, rope_dim: int) -> tuple[Any, Any]:
-        """cos, sin [T, rope_dim/2] of this round's positions at this base, made once."""
-        key = (float(base), int(rope_dim))
+    def rope(self, base: float, rope_dim: int, scaling: RopeScaling | None = None) -> tuple[Any, Any]:
+        """cos, sin [T, rope_dim/2] of this round's positions at this base and scaling
+        (kernels/rope.py; None: plain RoPE), made once."""
+        key = (float(base), int(rope_dim), None if scaling is None or scaling.is_identity else scaling)
         table = self._rope.get(key)
         if table is None:
             table = self._rope[key] = self.rope_table(*key)
         return table
 
-    def rope_table(self, base: float, rope_dim: int) -> tuple[Any, Any]:
+    def rope_table(self, base: float, rope_dim: int, scaling: RopeScaling | None = None) -> tuple[Any, Any]:
         """Compute the tables (`rope` caches them): numpy's, on the host positions."""
-        return ref.rope_angles(np.asarray(self.batch.positions), base, rope_dim)
+        return ref.rope_angles(np.asarray(self.batch.positions), base, rope_dim, scaling)

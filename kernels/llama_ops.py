@@ -24,6 +24,8 @@ import functools
 
 import numpy as np
 
+from zinfer.kernels.rope import RopeScaling, yarn_corr_dims, yarn_mscale, yarn_ramp
+
 f32 = np.float32
 
 
@@ -79,7 +81,7 @@ def _libm():
 
 
 @functools.lru_cache(maxsize=4096)
-def _rope_row(p: int, base: float, rope_dim: int) -> tuple[np.ndarray, np.ndarray]:
+def _rope_row(p: int, base: float, rope_dim: int, scaling: RopeScaling | None = None) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin [rope_dim/2] for position p, as ggml_rope_cache_init builds them."""
     step = f32(np.power(np.float64(base), -2.0 / rope_dim))  # powf, correctly rounded
     theta = np.empty(rope_dim // 2, f32)
@@ -87,15 +89,34 @@ def _rope_row(p: int, base: float, rope_dim: int) -> tuple[np.ndarray, np.ndarra
     for i in range(rope_dim // 2):
         theta[i] = t
         t = f32(t * step)
+    mscale = f32(1)
+    if scaling is not None and not scaling.is_identity:
+        theta, mscale = _yarn_theta(theta, float(base), rope_dim, scaling)
     lib = _libm()
     if lib is None:  # no C library to call: correctly rounded values (glibc's, nearly always)
-        return np.cos(theta.astype(np.float64)).astype(f32), np.sin(theta.astype(np.float64)).astype(f32)
-    return (np.array([lib.cosf(float(v)) for v in theta], f32), np.array([lib.sinf(float(v)) for v in theta], f32))
+        cos, sin = np.cos(theta.astype(np.float64)).astype(f32), np.sin(theta.astype(np.float64)).astype(f32)
+    else:
+        cos, sin = np.array([lib.cosf(float(v)) for v in theta], f32), np.array([lib.sinf(float(v)) for v in theta], f32)
+    return (cos, sin) if mscale == 1 else (cos * mscale, sin * mscale)
 
 
-def rope(x: np.ndarray, positions: np.ndarray, base: float, rope_dim: int, interleaved: bool) -> np.ndarray:
-    """ggml_rope (normal mode when interleaved, else NEOX) on x [T, heads, head_dim]."""
-    rows = [_rope_row(int(p), float(base), rope_dim) for p in positions]
+def _yarn_theta(theta: np.ndarray, base: float, rope_dim: int, s: RopeScaling) -> tuple[np.ndarray, np.float32]:
+    """rope_yarn's angles [rope_dim/2] from the unscaled ones, and its magnitude: theta/ff,
+    freq_scale times that, and YaRN's mix theta_interp*(1-mix) + theta_extrap*mix with
+    the first product fused (GCC's contraction)."""
+    extrap = theta / np.asarray(s.freq_factors, f32) if s.freq_factors else theta
+    interp = f32(s.freq_scale) * extrap
+    if s.ext_factor == 0.0:
+        return interp.astype(f32), f32(s.attn_factor)
+    low, high = yarn_corr_dims(rope_dim, s.original_context, base, s.beta_fast, s.beta_slow)
+    mix = yarn_ramp(rope_dim, low, high) * f32(s.ext_factor)
+    return fma(interp, f32(1) - mix, extrap * mix), yarn_mscale(s)
+
+
+def rope(x: np.ndarray, positions: np.ndarray, base: float, rope_dim: int, interleaved: bool, scaling: RopeScaling | None = None) -> np.ndarray:
+    """ggml_rope_ext (normal mode when interleaved, else NEOX) on x [T, heads, head_dim];
+    scaling: llama.cpp's freq_scale, YaRN and freq_factors (kernels/rope.py)."""
+    rows = [_rope_row(int(p), float(base), rope_dim, scaling) for p in positions]
     cos = np.stack([r[0] for r in rows])[:, None, :]  # [T, 1, rope_dim/2]
     sin = np.stack([r[1] for r in rows])[:, None, :]
     out = x.copy()

@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 
+from zinfer.kernels.rope import RopeScaling, angles as rope_tables, inv_freq as rope_inv_freq
+
 _GELU_C = math.sqrt(2.0 / math.pi)
 
 
@@ -42,20 +44,20 @@ def glu(gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
     return fn(gate) * up
 
 
-def rope_angles(positions: np.ndarray, base: float, rope_dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of pos * base^(-2i/rope_dim), each [tokens, rope_dim/2]."""
-    inv_freq = np.float32(base) ** (-np.arange(0, rope_dim, 2, dtype=np.float32) / np.float32(rope_dim))
-    theta = positions.astype(np.float32)[:, None] * inv_freq[None, :]
-    return np.cos(theta), np.sin(theta)
+def rope_angles(positions: np.ndarray, base: float, rope_dim: int, scaling: RopeScaling | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of pos * base^(-2i/rope_dim), each [tokens, rope_dim/2]; with `scaling`,
+    llama.cpp's scaled angles and magnitude (kernels/rope.py)."""
+    inv_freq, mscale = rope_inv_freq(base, rope_dim, scaling)
+    return rope_tables(np, positions, inv_freq, mscale)
 
 
-def rope(x: np.ndarray, positions: np.ndarray, base: float, rope_dim: int, interleaved: bool) -> np.ndarray:
+def rope(x: np.ndarray, positions: np.ndarray, base: float, rope_dim: int, interleaved: bool, scaling: RopeScaling | None = None) -> np.ndarray:
     """Rotate the first rope_dim dims of each head; x [tokens, heads, head_dim], new array.
 
     interleaved: pairs (2i, 2i+1) (llama.cpp normal mode on permuted GGUF llama Q/K);
-    else halves (i, i + rope_dim/2) (HF / NEOX mode).
+    else halves (i, i + rope_dim/2) (HF / NEOX mode). scaling: as rope_angles.
     """
-    cos, sin = rope_angles(positions, base, rope_dim)
+    cos, sin = rope_angles(positions, base, rope_dim, scaling)
     cos, sin = cos[:, None, :], sin[:, None, :]  # [tokens, 1, rope_dim/2]
     out = x.copy()
     if interleaved:

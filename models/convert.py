@@ -35,7 +35,9 @@ def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ModelError(f"output directory {out} exists and is not empty")
     f = GGUFFile(gguf_path)
-    spec = spec_from_gguf(f.metadata)
+    spec = spec_from_gguf(f.metadata, tensors=f.tensors)
+    if spec.rope_scaling is not None or spec.rope_scaling_swa is not None:
+        raise ModelError(f"{Path(gguf_path).name}: RoPE scaling ({spec.rope_scaling or spec.rope_scaling_swa}) is not converted to config.json yet")
     tied = "output.weight" not in f.tensors
     tensors = hf_tensors(spec, f.tensors)
     out.mkdir(parents=True, exist_ok=True)

@@ -56,9 +56,9 @@ def _layer(spec: ModelSpec, i: int, lw: LayerWeights, dev: Device, kv: KVStore, 
     if spec.qk_norm:
         q = dev.rms_norm(q, lw.q_norm, spec.rms_eps)
         k = dev.rms_norm(k, lw.k_norm, spec.rms_eps)
-    base = spec.layer_rope_base(i)
-    q = dev.rope(q, ctx, base, spec.rope_dim, spec.rope_interleaved)
-    k = dev.rope(k, ctx, base, spec.rope_dim, spec.rope_interleaved)
+    base, scaling = spec.layer_rope_base(i), spec.layer_rope_scaling(i)
+    q = dev.rope(q, ctx, base, spec.rope_dim, spec.rope_interleaved, scaling)
+    k = dev.rope(k, ctx, base, spec.rope_dim, spec.rope_interleaved, scaling)
     dev.write_kv(kv, i, k, v, ctx)
     a = dev.attention(q, kv, i, ctx, spec.attn_scale, spec.layer_window(i))  # [T, H, hd]
     o = dev.linear(a.reshape(T, spec.n_heads * spec.head_dim), lw.wo)  # [T, d]

@@ -80,7 +80,7 @@ def open_model(model: str | os.PathLike) -> ModelSource:
     if path.is_dir():
         return _open_hf_dir(path)
     f = GGUFFile(path)
-    spec = spec_from_gguf(f.metadata)
+    spec = spec_from_gguf(f.metadata, tensors=f.tensors)
     return ModelSource(path, "gguf", spec, f.tensors, gguf_metadata=f.metadata, release=f.release)
 
 

@@ -215,6 +215,24 @@ def _gguf_metadata(writer: gguf.GGUFWriter, arch: str, config: dict[str, Any]) -
         writer.add_uint32("gemma3.attention.sliding_window", config["sliding_window"])
         writer.add_uint32("gemma3.attention.sliding_window_pattern", config.get("sliding_window_pattern", 6))
         writer.add_float32("gemma3.rope.freq_base_swa", config.get("rope_local_base_freq", 10000.0))
+    scaling = config.get("rope_scaling") or {}
+    if scaling.get("rope_type") in ("linear", "yarn"):  # as llama.cpp's converter writes them
+        writer.add_rope_scaling_type(gguf.RopeScalingType(scaling["rope_type"]))
+        writer.add_rope_scaling_factor(scaling["factor"])
+        if scaling["rope_type"] == "yarn":
+            writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+
+
+def _rope_freqs(config: dict[str, Any]) -> np.ndarray | None:
+    """rope_freqs.weight [head_dim/2] of an HF "llama3" rope_scaling, as llama.cpp's converter makes it."""
+    from zinfer.models.spec import llama3_freq_factors
+
+    s = config.get("rope_scaling") or {}
+    if s.get("rope_type") != "llama3":
+        return None
+    hd = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    ff = llama3_freq_factors(config["rope_theta"], hd, s["factor"], s["low_freq_factor"], s["high_freq_factor"], s["original_max_position_embeddings"])
+    return np.array(ff, np.float32)
 
 
 def _gguf_tokenizer(writer: gguf.GGUFWriter) -> None:
@@ -238,6 +256,7 @@ def write_tiny_gguf(
     gguf_arch: str | None = None,
     omit: Collection[str] = (),
     raw_types: Mapping[str, QT] | None = None,
+    metadata: Mapping[str, Any] | None = None,
     **overrides: Any,
 ) -> Path:
     """Write the tiny model of (arch, seed, overrides) as a GGUF file; returns its path.
@@ -246,7 +265,9 @@ def write_tiny_gguf(
     norms and biases stay F32, as llama.cpp stores them. To write files zinfer must
     refuse: `gguf_arch` overrides general.architecture, `omit` names tensors or
     metadata keys to leave out, `raw_types` stores the named tensors as zero bytes of
-    another type (one gguf.quants cannot write, e.g. IQ4_NL).
+    another type (one gguf.quants cannot write, e.g. IQ4_NL), `metadata` adds keys
+    (str, bool, int as uint32, float as float32). An HF `rope_scaling` override is written
+    as llama.cpp's converter does: linear/yarn as rope.scaling.* keys, llama3 as rope_freqs.weight.
     """
     path = Path(path)
     config = tiny_config(arch, **overrides)
@@ -255,8 +276,14 @@ def write_tiny_gguf(
     writer.add_name(f"tiny-{arch}")
     _gguf_metadata(writer, name_arch, config)
     _gguf_tokenizer(writer)
+    for key, value in (metadata or {}).items():
+        add = {str: writer.add_string, bool: writer.add_bool, int: writer.add_uint32, float: writer.add_float32}[type(value)]
+        add(key, value)
     for key in omit:
         writer.kv_data[0].pop(key, None)
+    rope_freqs = _rope_freqs(config)
+    if rope_freqs is not None:
+        writer.add_tensor("rope_freqs.weight", rope_freqs)
     raw_types = raw_types or {}
     block = gguf.GGML_QUANT_SIZES[qtype][0]
     for hf, w in tiny_weights(config, seed).items():
