@@ -26,7 +26,7 @@ from zinfer.messages.channel import Inbox, Outbox
 from zinfer.messages.engine import Candidates, ExecutorInbox, Round, RoundLogits, RoundSeq, SamplerInbox, Shutdown
 from zinfer.models.forward import forward
 from zinfer.models.loader import ModelSource
-from zinfer.models.weights import build_weights
+from zinfer.models.weight_cache import build_device_weights
 from zinfer.traces.rounds import RoundTracer
 from zinfer.traces.setup import Tracing
 
@@ -38,7 +38,7 @@ class ExecutorActor:
         spec = source.spec
         started = time.perf_counter()
         self.spec, self.device, self.block_size = spec, device, block_size
-        self.weights = build_weights(spec, source.tensors, source.uploader(device.upload))  # file pages the device copied leave RSS
+        self.weights = build_device_weights(source, device)  # repacked weights from the disk cache where there is one; copied file pages leave RSS
         self.kv = device.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, num_blocks, block_size)
         log.info("executor ready", device=device.name, seconds=round(time.perf_counter() - started, 2))
         self.inbox: Inbox[ExecutorInbox] = Inbox(ctx, addrs.executor, ExecutorInbox)

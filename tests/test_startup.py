@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType as QT
 
 from tiny import write_tiny_gguf
 from zinfer.devices.cpu import CpuDevice
+from zinfer.devices.registry import make_device
 from zinfer.gateway.api import EngineConfig, EngineThread
 from zinfer.gateway.cli import parser
 from zinfer.gateway.client import AsyncClient
@@ -22,6 +23,7 @@ from zinfer.messages.params import SamplingParams
 from zinfer.models.gguf_file import GGUFFile
 from zinfer.models.loader import open_model
 from zinfer.models.tokenizer import Tokenizer
+from zinfer.models.weight_cache import WeightCache
 from zinfer.models.weights import build_weights
 
 
@@ -161,3 +163,52 @@ def test_file_pages_a_device_copied_leave_memory_and_its_weights_stay_right(tmp_
     assert before > 2048 and after < before / 4, (before, after)
     fresh = build_weights(source.spec, open_model(path).tensors, CpuDevice().upload)
     assert np.array_equal(weights.layers[1].w_up, fresh.layers[1].w_up)  # the released bytes read back the same
+
+
+# ---- repacked weights cached on disk ------------------------------------------------------
+
+def same_weight(a, b) -> bool:
+    """Whether two uploaded weights are the same: types, every field, every array's dtype, shape and bytes."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(same_weight(x, y) for x, y in zip(a, b))
+    if hasattr(a, "__dict__"):
+        return vars(a).keys() == vars(b).keys() and all(same_weight(v, vars(b)[k]) for k, v in vars(a).items())
+    return a == b
+
+
+def cached_weights(path, root, device):
+    source = open_model(path)
+    cache = WeightCache(source.path, device, source.uploader(device.upload), root=root)
+    weights = {name: cache.upload(name, t) for name, t in source.tensors.items()}
+    cache.finish()
+    return weights, cache
+
+
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_0, QT.Q5_0])
+def test_a_warm_load_rebuilds_the_same_weights_from_the_cache_without_uploading(tmp_path, qtype):
+    path = write_tiny_gguf(tmp_path / "m.gguf", "qwen2", qtype=qtype, hidden_size=256, intermediate_size=512)
+    device = make_device("cpu-fast", None)
+    first, cache = cached_weights(path, tmp_path / "cache", device)
+    assert cache.hits == 0 and cache.misses == len(first)
+    warm, cache = cached_weights(path, tmp_path / "cache", device)
+    assert cache.hits == len(first) and cache.misses == 0
+    for name in first:
+        assert same_weight(warm[name], first[name]), name
+    assert any(not isinstance(w, np.ndarray) for w in warm.values())  # packed matrices among them
+    os.utime(path, ns=(1, 1))  # the file changed: a new entry
+    _, cache = cached_weights(path, tmp_path / "cache", device)
+    assert cache.hits == 0 and len(list((tmp_path / "cache").iterdir())) == 2
+
+
+def test_an_unreadable_entry_falls_back_to_uploading(tmp_path):
+    path = write_tiny_gguf(tmp_path / "m.gguf", "llama", qtype=QT.Q8_0)
+    device = make_device("cpu-fast", None)
+    first, _ = cached_weights(path, tmp_path / "cache", device)
+    (entry,) = (tmp_path / "cache").iterdir()
+    (entry / "index.pkl").write_bytes(b"not a pickle")
+    again, cache = cached_weights(path, tmp_path / "cache", device)
+    assert cache.hits == 0 and cache.misses == len(first) == len(again)
