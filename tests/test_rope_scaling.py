@@ -26,6 +26,7 @@ from zinfer.devices.tensor import TensorData
 from zinfer.kernels import llama_ops as lo
 from zinfer.kernels import reference as ref
 from zinfer.kernels import rope
+from zinfer.models.convert import convert_gguf_to_hf
 from zinfer.models.forward import round_logits
 from zinfer.models.loader import open_model
 from zinfer.models.gguf_file import GGUFFile
@@ -237,3 +238,12 @@ def test_transformers_5_rope_parameters_are_read():
     assert spec.rope_base == 500000.0 and spec.rope_scaling is None
     yarn = {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0, "original_max_position_embeddings": 48}
     assert spec_from_hf_config({**config, "rope_parameters": yarn}).rope_scaling == YARN
+
+
+def test_convert_refuses_a_scaled_model_rather_than_drop_its_scaling(tmp_path):
+    """convert_gguf_to_hf skips rope_freqs.weight and wrote no rope_scaling: the HF copy of
+    a Llama 3 file would have run plain RoPE."""
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    path = write_tiny_gguf(tmp_path / "m.gguf", "llama", rope_scaling=llama3)
+    with pytest.raises(ModelError, match="RoPE scaling"):
+        convert_gguf_to_hf(path, tmp_path / "hf")
