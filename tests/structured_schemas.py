@@ -7,6 +7,7 @@ sends (model_json_schema()), and model_validate_json() is the check an output mu
 
 from __future__ import annotations
 
+import json
 import random
 from enum import Enum
 from typing import Any, Literal, Optional, Union
@@ -53,6 +54,12 @@ def _model(rng: random.Random, depth: int, name: str) -> type[BaseModel]:
     n = rng.randint(1, 4) if depth else rng.randint(2, 5)
     fields = {f"f{i}_{rng.choice(WORDS)}": _field(rng, depth) for i in range(n)}
     return create_model(name, **fields)
+
+
+def ask_messages(model: type[BaseModel]) -> list[dict[str, str]]:
+    """The chat that asks for an instance of model, its JSON schema in the prompt."""
+    schema = json.dumps(model.model_json_schema())
+    return [{"role": "user", "content": f"Give an example of a {model.__name__} as JSON matching this schema: {schema}"}]
 
 
 def models(count: int, seed: int = 17) -> list[type[BaseModel]]:
