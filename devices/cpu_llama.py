@@ -34,9 +34,9 @@ LM_HEAD = ("output.weight", "token_embd.weight")  # the vocabulary projection (t
 
 
 class LlamaMatrix(NamedTuple):
-    """A weight matrix as float32 [out, in] and how ggml computes with it."""
+    """A weight matrix as float32 [out, in] (None where `exact` holds it) and how ggml computes with it."""
 
-    w: np.ndarray
+    w: np.ndarray | None
     activation_type: str | None  # llama.cpp's rounding of activations, for types not in exact
     exact: ln.LlamaMatrix | None = None  # integer codes for llama.cpp's own summation order
     rounded: str | None = None  # LM head: the weight type whose int8 rounding to apply before BLAS
@@ -57,19 +57,20 @@ class LlamaCpuDevice(CpuDevice):
         self._out_rows: np.ndarray | None = None  # [S] that round's logits rows
 
     def upload(self, name: str, tensor: TensorData) -> np.ndarray | LlamaMatrix:
-        w = np.ascontiguousarray(dequantize(tensor.data, tensor.qtype, tensor.shape), dtype=np.float32)
-        if len(tensor.shape) == 1:
-            return w
         kind = tensor.qtype.name
         parts = name.split(".")
         ffn_layer = int(parts[1]) if parts[0] == "blk" and parts[2].startswith("ffn_") else None
+        repacked = self.repack and name != "token_embd.weight" and lr.repacks(kind, tensor.shape)
+        exact = lr.EXACT if repacked else ln.EXACT
+        if kind in exact and len(tensor.shape) == 2 and name not in LM_HEAD:
+            split = lr.split_weight if repacked else ln.split_weight
+            return LlamaMatrix(None, None, split(tensor.data, tensor.qtype, tensor.shape), repacked=repacked, ffn_layer=ffn_layer)
+        w = np.ascontiguousarray(dequantize(tensor.data, tensor.qtype, tensor.shape), dtype=np.float32)
+        if len(tensor.shape) == 1:
+            return w
         if kind in ln.EXACT and name in LM_HEAD:
             return LlamaMatrix(w, None, rounded=kind)
-        repacked = self.repack and name != "token_embd.weight" and lr.repacks(kind, tensor.shape)
-        if repacked and kind not in lr.EXACT:  # not reproduced: its activation rounding only
-            return LlamaMatrix(w, ln.ACTIVATION_TYPE.get(kind), ffn_layer=ffn_layer)
-        if kind in ln.EXACT and len(tensor.shape) == 2:
-            return LlamaMatrix(w, None, ln.split_weight(tensor.data, tensor.qtype, tensor.shape), repacked=repacked, ffn_layer=ffn_layer)
+        # other types (and repacked ones not reproduced): their activation rounding only
         return LlamaMatrix(w, ln.ACTIVATION_TYPE.get(kind), ffn_layer=ffn_layer)
 
     def embed(self, table: LlamaMatrix, token_ids: np.ndarray) -> np.ndarray:
@@ -92,7 +93,7 @@ class LlamaCpuDevice(CpuDevice):
         picks llama.cpp's kernels; its other rows are zero."""
         rows = self._out_rows
         if w.ffn_layer is not None and w.ffn_layer == self._last_layer and rows is not None and len(rows) < len(x):
-            y = np.zeros((len(x), w.w.shape[0]), np.float32)
+            y = np.zeros((len(x), w.exact.d.shape[0] if w.exact is not None else w.w.shape[0]), np.float32)
             y[rows] = self._product(x[rows], w, b)
             return y
         return self._product(x, w, b)

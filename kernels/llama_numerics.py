@@ -58,7 +58,7 @@ class LlamaMatrix(NamedTuple):
     """A quantized weight as ggml's integer kernels see it."""
 
     kind: str  # weight type, a key of EXACT
-    codes: np.ndarray  # [out, n] int16: integer codes, K-quant sub-block scales folded in
+    codes: np.ndarray  # [blocks, 8, n/blocks/8, out]: integer codes (K-quant sub-block scales folded in), lane by lane
     d: np.ndarray  # [out, blocks] float32 block scales
     m: np.ndarray | None  # Q4_1: [out, blocks] float32 minima; Q4_K: [out, blocks] dmin
     sub: np.ndarray | None  # Q4_K: [out, blocks, 8] 6-bit sub-block minima; Q6_K: [out, blocks, 16] int8 scales
@@ -69,7 +69,22 @@ def _f16_at(blocks: np.ndarray, offset: int) -> np.ndarray:
 
 
 def split_weight(data: np.ndarray, qtype, shape: tuple[int, int]) -> LlamaMatrix:
-    """Decompose a quantized [out, n] weight into integer codes and float block scales."""
+    """Decompose a quantized [out, n] weight into integer codes and float block scales, the
+    codes in the lanes of ggml's vec_dot kernels: element i of a block in lane (i % 32) // 4,
+    float32 where every lane's sum of products with int8 activations is exact in float32
+    (below 2^24), else float64, so that one BLAS product per lane and block is exact."""
+    kind, codes, d, m, sub = decompose(data, qtype, shape)
+    out, n = shape
+    blocks = d.shape[1]
+    per = n // blocks // 32  # 32-element groups per block
+    lanes = codes.reshape(out, blocks, per, _LANES, 4).transpose(1, 3, 2, 4, 0).reshape(blocks, _LANES, per * 4, out)
+    exact32 = int(np.abs(codes).max(initial=0)) * 127 * per * 4 < 1 << 24
+    return LlamaMatrix(kind, np.ascontiguousarray(lanes, np.float32 if exact32 else np.float64), d, m, sub)
+
+
+def decompose(data: np.ndarray, qtype, shape: tuple[int, int]) -> tuple[str, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """A quantized [out, n] weight as (type name, integer codes [out, n] int16 with K-quant
+    sub-block scales folded in, d, m, sub as in LlamaMatrix)."""
     qt = _qtype(qtype)
     d_at, m_at = EXACT[qt.name]
     epb, bpb = BLOCK_SHAPES[qt]
@@ -88,7 +103,7 @@ def split_weight(data: np.ndarray, qtype, shape: tuple[int, int]) -> LlamaMatrix
     elif qt.name == "Q6_K":  # codes scale * (q - 32) -> scale * q; the 32 comes back through bsums
         sub = blocks[:, 192:208].view(np.int8).astype(np.float64).reshape(out, n // epb, 16)
         codes += 32 * np.repeat(sub.reshape(out, -1), 16, axis=1)
-    return LlamaMatrix(qt.name, codes.astype(np.int16), d, m, sub)
+    return qt.name, codes.astype(np.int16), d, m, sub
 
 
 class Activations(NamedTuple):
@@ -155,11 +170,12 @@ def _hsum8(acc: np.ndarray) -> np.ndarray:
 def matmul(x: np.ndarray, w: LlamaMatrix) -> np.ndarray:
     """x [T, n] float32 times w^T: [T, out] float32, as llama.cpp's CPU backend computes it."""
     act = quantize_activations(np.ascontiguousarray(x, dtype=np.float32), ACTIVATION_TYPE[w.kind])
-    out = np.empty((x.shape[0], w.codes.shape[0]), np.float32)
+    n_out = w.codes.shape[-1]
+    out = np.empty((x.shape[0], n_out), np.float32)
     T, n = x.shape
     blocks = w.d.shape[1]
-    step = max(1, _CHUNK // (T * n // 4))
-    for o0 in range(0, w.codes.shape[0], step):
+    step = max(1, _CHUNK * 32 // (T * n))
+    for o0 in range(0, n_out, step):
         out[:, o0 : o0 + step] = _rows(act, w, slice(o0, o0 + step), blocks)
     return out
 
@@ -175,17 +191,16 @@ def matmul_rounded(x: np.ndarray, w: np.ndarray, kind: str) -> np.ndarray:
 def _rows(act: Activations, w: LlamaMatrix, rows: slice, blocks: int) -> np.ndarray:
     """Outputs [T, len(rows)] for a slice of weight rows."""
     T, n = act.codes.shape
-    codes = w.codes[rows].astype(np.float64)
-    O = codes.shape[0]
-    if T >= BATCHED.get(w.kind, T + 1):
-        return _rows_batched(act, w, rows, codes, blocks)
+    c = w.codes[..., rows]  # [blocks, 8, per * 4, O]
+    O = c.shape[-1]
     per = n // blocks // 32  # 32-element groups per block
-    a = act.codes.reshape(T, blocks, per, _LANES, 4).transpose(1, 3, 0, 2, 4).reshape(blocks, _LANES, T, per * 4)
-    c = codes.reshape(O, blocks, per, _LANES, 4).transpose(1, 3, 2, 4, 0).reshape(blocks, _LANES, per * 4, O)
+    a = act.codes.reshape(T, blocks, per, _LANES, 4).transpose(1, 3, 0, 2, 4).reshape(blocks, _LANES, T, per * 4).astype(c.dtype)
     lanes = a @ c  # [blocks, 8, T, O]: exact integers
+    if T >= BATCHED.get(w.kind, T + 1):
+        return _rows_batched(act, w, rows, lanes.astype(np.float64))
     if w.kind == "Q6_K":  # lane L -= 32 * (scale . bsums) over 16-element sub-blocks 2L, 2L+1
         corr = np.einsum("tbk,obk->btok", act.s, w.sub[rows]).reshape(blocks, T, O, _LANES, 2).sum(-1)
-        lanes -= 32 * corr.transpose(0, 3, 1, 2)
+        lanes = lanes.astype(np.float64) - 32 * corr.transpose(0, 3, 1, 2)
     lanes = lanes.astype(np.float32)  # cvtepi32_ps
     dd = act.d.T[:, :, None] * w.d[rows].T[:, None, :]  # [blocks, T, O] float32
     acc = np.zeros((_LANES, T, O), np.float32)
@@ -209,16 +224,17 @@ def _rows(act: Activations, w: LlamaMatrix, rows: slice, blocks: int) -> np.ndar
     return total
 
 
-def _rows_batched(act: Activations, w: LlamaMatrix, rows: slice, codes: np.ndarray, blocks: int) -> np.ndarray:
+def _rows_batched(act: Activations, w: LlamaMatrix, rows: slice, lanes: np.ndarray) -> np.ndarray:
     """K-quants from 8 rows up (ggml's tiled kernels): one accumulator per output, per block
-    r = float(s1) * d_w (less dmin * float(s2) for Q4_K), acc = fma(r, d_a, acc)."""
-    T, n = act.codes.shape
-    O = codes.shape[0]
-    if w.kind == "Q6_K":
-        codes = codes - 32 * np.repeat(w.sub[rows].reshape(O, -1), 16, axis=1)  # scale * (q - 32)
-    a = act.codes.reshape(T, blocks, n // blocks).transpose(1, 0, 2)  # [blocks, T, 256]
-    c = codes.reshape(O, blocks, n // blocks).transpose(1, 2, 0)  # [blocks, 256, O]
-    r = (a @ c).astype(np.float32) * w.d[rows].T[:, None, :]  # [blocks, T, O]: float(s1) * d_w
+    r = float(s1) * d_w (less dmin * float(s2) for Q4_K), acc = fma(r, d_a, acc).
+    lanes [blocks, 8, T, O] float64: the exact lane sums of the block products."""
+    T = act.codes.shape[0]
+    O = lanes.shape[-1]
+    blocks = lanes.shape[0]
+    s1 = lanes.sum(axis=1)  # [blocks, T, O]: exact
+    if w.kind == "Q6_K":  # scale * (q - 32): the 32 through the sums of 16
+        s1 -= 32 * np.einsum("tbk,obk->bto", act.s, w.sub[rows])
+    r = s1.astype(np.float32) * w.d[rows].T[:, None, :]  # [blocks, T, O]: float(s1) * d_w
     if w.kind == "Q4_K":  # s2 = mins . sums of 32 activations, exact
         sums32 = act.s.reshape(T, blocks, 8, 2).sum(-1)
         s2 = np.einsum("tbk,obk->bto", sums32, w.sub[rows]).astype(np.float32)

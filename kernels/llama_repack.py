@@ -27,19 +27,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from zinfer.kernels.llama_numerics import Activations, LlamaMatrix, quantize_activations
+from zinfer.kernels.llama_numerics import Activations, LlamaMatrix, decompose, quantize_activations
 from zinfer.kernels.llama_ops import fma
 
 REPACKED = {"Q4_0", "Q4_K", "IQ4_NL", "MXFP4", "Q2_K"}  # the types llama.cpp repacks on an AVX-512 host
 EXACT = {"Q4_K"}  # the repacked types whose kernels are reproduced here
 GEMM_ROWS = 4  # activation rows per gemm group
-_CHUNK = 1 << 22  # integer chunk sums held at once (float64 elements)
+CHUNK = 64  # elements per integer sum of the gemm (the gemv adds four)
+_CHUNK = 1 << 22  # integer chunk sums held at once (float32 elements)
 
 
 def repacks(kind: str, shape: tuple[int, ...]) -> bool:
     """Whether llama.cpp (x86, AVX2 + AVX-512) repacks a MUL_MAT weight of type `kind`
     and shape [out, in]: a type with an interleaved layout and out % 8 == 0."""
     return len(shape) == 2 and kind in REPACKED and shape[0] % 8 == 0
+
+
+def split_weight(data: np.ndarray, qtype, shape: tuple[int, int]) -> LlamaMatrix:
+    """A Q4_K [out, n] weight for matmul: codes [n / 64, 64, out] float32 (scale * q, at
+    most 945, so every 64-element sum of products with int8 activations is exact)."""
+    kind, codes, d, m, sub = decompose(data, qtype, shape)
+    assert kind in EXACT, kind
+    out, n = shape
+    chunks = np.ascontiguousarray(codes.reshape(out, n // CHUNK, CHUNK).transpose(1, 2, 0), np.float32)
+    return LlamaMatrix(kind, chunks, d, m, sub)
 
 
 def matmul(x: np.ndarray, w: LlamaMatrix) -> np.ndarray:
@@ -49,7 +60,7 @@ def matmul(x: np.ndarray, w: LlamaMatrix) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=np.float32)
     T = x.shape[0]
     g = T - T % GEMM_ROWS
-    out = np.empty((T, w.codes.shape[0]), np.float32)
+    out = np.empty((T, w.codes.shape[-1]), np.float32)
     if g:
         out[:g] = _product(quantize_activations(x[:g], "Q8_K", interleaved=True), w, per=64)
     if g < T:
@@ -60,9 +71,10 @@ def matmul(x: np.ndarray, w: LlamaMatrix) -> np.ndarray:
 def _product(act: Activations, w: LlamaMatrix, per: int) -> np.ndarray:
     """[T, out]: one pair of fused multiply-adds per `per` elements of every output."""
     T, n = act.codes.shape
-    out = np.empty((T, w.codes.shape[0]), np.float32)
-    step = max(1, _CHUNK // (T * (n // per)))
-    for o0 in range(0, w.codes.shape[0], step):
+    n_out = w.codes.shape[-1]
+    out = np.empty((T, n_out), np.float32)
+    step = max(1, _CHUNK // (T * (n // CHUNK)))
+    for o0 in range(0, n_out, step):
         out[:, o0 : o0 + step] = _rows(act, w, slice(o0, o0 + step), per)
     return out
 
@@ -70,12 +82,13 @@ def _product(act: Activations, w: LlamaMatrix, per: int) -> np.ndarray:
 def _rows(act: Activations, w: LlamaMatrix, rows: slice, per: int) -> np.ndarray:
     """Outputs [T, len(rows)] for a slice of weight rows."""
     T, n = act.codes.shape
-    codes = w.codes[rows].astype(np.float64)  # [O, n]: scale * q
-    O = codes.shape[0]
+    c = w.codes[..., rows]  # [n / 64, 64, O]: scale * q
+    O = c.shape[-1]
     chunks, subs = n // per, per // 32  # chunks per row, 32-element sub-blocks per chunk
-    a = act.codes.reshape(T, chunks, per).transpose(1, 0, 2)  # [chunks, T, per]
-    c = codes.reshape(O, chunks, per).transpose(1, 2, 0)  # [chunks, per, O]
-    dots = (a @ c).astype(np.float32)  # [chunks, T, O]: exact integers, then cvtepi32_ps
+    a = act.codes.reshape(T, n // CHUNK, CHUNK).transpose(1, 0, 2).astype(np.float32)  # [n / 64, T, 64]
+    dots = a @ c  # [n / 64, T, O]: exact integers
+    if per != CHUNK:  # sums of 256, exact in float64, then cvtepi32_ps
+        dots = dots.astype(np.float64).reshape(chunks, per // CHUNK, T, O).sum(1).astype(np.float32)
     sums32 = act.s.reshape(T, chunks, subs, 2).sum(-1)  # [T, chunks, subs]: activation sums of 32
     mins = w.sub[rows].reshape(O, chunks, subs)  # [O, chunks, subs]: 6-bit sub-block minima
     msum = np.einsum("tcs,ocs->cto", sums32, mins).astype(np.float32)  # [chunks, T, O]
