@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import functools
+
 import numpy as np
 
 from zinfer.kernels.llama_ops import fma
@@ -161,6 +163,31 @@ def round_activations(x: np.ndarray, kind: str | None) -> np.ndarray:
     return (act.codes.reshape(T, blocks, n // blocks) * act.d[..., None]).astype(np.float32).reshape(T, n)
 
 
+@functools.cache
+def _chain_kernel():
+    """The compiled loop of fma_chain (numba, no fastmath: the same IEEE operations as llama_ops.fma)."""
+    import numba
+
+    @numba.njit(nogil=True)
+    def chain(a, c, acc):  # a, c [B, N] float32; acc [N] float32, updated
+        for b in range(a.shape[0]):
+            for i in range(a.shape[1]):
+                acc[i] = np.float32(np.float64(a[b, i]) * np.float64(c[b, i]) + np.float64(acc[i]))
+
+    return chain
+
+
+def fma_chain(a: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """acc = fma(a[b], c[b], acc) for b in order from acc = 0 (llama_ops.fma's rounding):
+    a, c [B, ...] broadcastable float32 -> [...] float32. One compiled pass instead of
+    B numpy ones."""
+    shape = np.broadcast_shapes(a.shape, c.shape)
+    a2, c2 = (np.ascontiguousarray(np.broadcast_to(v, shape), np.float32).reshape(shape[0], -1) for v in (a, c))
+    acc = np.zeros(a2.shape[1], np.float32)
+    _chain_kernel()(a2, c2, acc)
+    return acc.reshape(shape[1:])
+
+
 def _hsum8(acc: np.ndarray) -> np.ndarray:
     """ggml's hsum_float_8 over the leading axis of acc [8, ...] float32."""
     r = acc[4:] + acc[:4]
@@ -203,10 +230,7 @@ def _rows(act: Activations, w: LlamaMatrix, rows: slice, blocks: int) -> np.ndar
         lanes = lanes.astype(np.float64) - 32 * corr.transpose(0, 3, 1, 2)
     lanes = lanes.astype(np.float32)  # cvtepi32_ps
     dd = act.d.T[:, :, None] * w.d[rows].T[:, None, :]  # [blocks, T, O] float32
-    acc = np.zeros((_LANES, T, O), np.float32)
-    for b in range(blocks):
-        acc = fma(dd[b], lanes[b], acc)
-    total = _hsum8(acc)
+    total = _hsum8(fma_chain(dd[:, None], lanes))  # 8 lane accumulators [8, T, O]
     if w.kind == "Q4_1":  # summs += m * s, block by block
         summs = np.zeros((T, O), np.float32)
         ms = act.s.T[:, :, None] * w.m[rows].T[:, None, :]  # [blocks, T, O]
@@ -217,9 +241,7 @@ def _rows(act: Activations, w: LlamaMatrix, rows: slice, blocks: int) -> np.ndar
         sums32 = act.s.reshape(T, blocks, 8, 2).sum(-1)
         prod = np.einsum("tbk,obk->btok", sums32, w.sub[rows]).reshape(blocks, T, O, 4, 2).sum(-1)
         dmin = -act.d.T[:, :, None] * w.m[rows].T[:, None, :]  # [blocks, T, O]
-        acc_m = np.zeros((T, O, 4), np.float32)
-        for b in range(blocks):
-            acc_m = fma(dmin[b][..., None], prod[b].astype(np.float32), acc_m)
+        acc_m = fma_chain(dmin[..., None], prod.astype(np.float32))  # [T, O, 4]
         total = total + ((acc_m[..., 0] + acc_m[..., 2]) + (acc_m[..., 1] + acc_m[..., 3]))
     return total
 
@@ -229,7 +251,6 @@ def _rows_batched(act: Activations, w: LlamaMatrix, rows: slice, lanes: np.ndarr
     r = float(s1) * d_w (less dmin * float(s2) for Q4_K), acc = fma(r, d_a, acc).
     lanes [blocks, 8, T, O] float64: the exact lane sums of the block products."""
     T = act.codes.shape[0]
-    O = lanes.shape[-1]
     blocks = lanes.shape[0]
     s1 = lanes.sum(axis=1)  # [blocks, T, O]: exact
     if w.kind == "Q6_K":  # scale * (q - 32): the 32 through the sums of 16
@@ -239,7 +260,4 @@ def _rows_batched(act: Activations, w: LlamaMatrix, rows: slice, lanes: np.ndarr
         sums32 = act.s.reshape(T, blocks, 8, 2).sum(-1)
         s2 = np.einsum("tbk,obk->bto", sums32, w.sub[rows]).astype(np.float32)
         r = fma(-w.m[rows].T[:, None, :], s2, r)
-    acc = np.zeros((T, O), np.float32)
-    for b in range(blocks):
-        acc = fma(r[b], act.d[:, b][:, None], acc)
-    return acc
+    return fma_chain(r, act.d.T[:, :, None])

@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from zinfer.kernels.llama_numerics import Activations, LlamaMatrix, decompose, quantize_activations
-from zinfer.kernels.llama_ops import fma
+from zinfer.kernels.llama_numerics import Activations, LlamaMatrix, decompose, fma_chain, quantize_activations
 
 REPACKED = {"Q4_0", "Q4_K", "IQ4_NL", "MXFP4", "Q2_K"}  # the types llama.cpp repacks on an AVX-512 host
 EXACT = {"Q4_K"}  # the repacked types whose kernels are reproduced here
@@ -95,9 +94,6 @@ def _rows(act: Activations, w: LlamaMatrix, rows: slice, per: int) -> np.ndarray
     dd = act.d.T[:, :, None] * w.d[rows].T[:, None, :]  # [blocks, T, O] float32: d_a * d_w
     dm = act.d.T[:, :, None] * w.m[rows].T[:, None, :]  # [blocks, T, O] float32: d_a * dmin_w
     per_block = 256 // per
-    acc = np.zeros((T, O), np.float32)
-    acc_min = np.zeros((T, O), np.float32)
-    for i in range(chunks):
-        acc = fma(dots[i], dd[i // per_block], acc)
-        acc_min = fma(msum[i], dm[i // per_block], acc_min)
+    acc = fma_chain(dots, np.repeat(dd, per_block, axis=0))
+    acc_min = fma_chain(msum, np.repeat(dm, per_block, axis=0))
     return acc - acc_min
