@@ -6,7 +6,8 @@
   CPU has one. Activations rounded to int8 per 32 values, as llama.cpp does; at 512 rows
   this beats BLAS on f32 copies (SmolLM2: ~150 vs ~90 GMAC/s on 2 cores), so no copy.
   The device groups these by activation layout (one rounding of x, one launch). Q5_0
-  and Q6_K keep only the int8 kernels' own layout, at the file's width (no packed).
+  and Q6_K keep only the int8 kernels' own layout, at the file's width, and Q8_0 (p8)
+  only its reordered codes (no packed blocks next to them).
 - QuantLinear: a packed type without int8 kernels (no VNNI, int8 off, or a shape the
   int8 kernels do not take). Its kernel switches by batch size, the one place it does:
   up to `small_rows` rows the float quantized kernel (kernels/cpu_quant.py), streaming
@@ -135,8 +136,8 @@ def linear_for(qt: QT, data: np.ndarray, shape: tuple[int, int], int8: bool, bud
         return Int8Linear(shape, None, None, own_width)
     packed = cq.repack(qt, data, shape)
     int8_view = ci.prepare(packed) if int8 else None
-    if int8_view is not None:
-        return Int8Linear(shape, packed, None, int8_view)
+    if int8_view is not None:  # p8 is a reordered copy of the codes: keep it alone
+        return Int8Linear(shape, None if int8_view.kind == "p8" else packed, None, int8_view)
     copy = _f32(data, qt, shape) if budget.take(shape[0] * shape[1] * 4) else None
     return QuantLinear(shape, packed, copy)
 

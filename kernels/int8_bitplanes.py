@@ -14,7 +14,8 @@ kernel builds), next to the nibbles of the same step so that one stream holds th
   d: the f16 super-block scales, [rows, cols / 256].
 
 `dequantize_rows_*` give the f32 rows bit for bit as kernels.quants.dequantize does
-(embedding lookups of a table kept only in this form).
+(embedding lookups of a table kept only in this form), for these two and for p8 (Q8_0's
+int8 codes in the u4 step order, kept alone too).
 """
 
 from __future__ import annotations
@@ -108,3 +109,19 @@ def dequantize_rows_u6(qs, d, rows, out):
                     nibble = (byte >> 4) if g else (byte & 15)
                     code = nibble | (_bit(q, base + 16, k) << 4) | (_bit(q, base + 20, k) << 5)
                     o[s * 32 + k] = np.float32(code - 32) * scale
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def dequantize_rows_p8(qs, d, rows, out):
+    """out[j] = f32 row rows[j] of a p8 matrix. qs [R, steps * 64] int8 in the u4 step order
+    ([block0 0..15, block1 0..15, block0 16..31, block1 16..31]), d [R, steps * 2] f32 or
+    f16 bits as uint16, out [n, steps * 64]."""
+    steps = d.shape[1] // 2
+    for j in prange(rows.shape[0]):
+        q, dr, o = qs[rows[j]], d[rows[j]], out[j]
+        for s in range(steps):
+            for blk in range(2):
+                scale = as_f32(dr[2 * s + blk])
+                for i in range(16):
+                    o[s * 64 + blk * 32 + i] = np.float32(q[s * 64 + blk * 16 + i]) * scale
+                    o[s * 64 + blk * 32 + 16 + i] = np.float32(q[s * 64 + 32 + blk * 16 + i]) * scale

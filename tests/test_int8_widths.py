@@ -4,7 +4,8 @@ Each product equals the oracle's (the dequantized matrix times the activations r
 as the int8 kernels round them) and, bit for bit, the widened int8 path it replaces
 (p8 for Q5_0, i8 for Q6_K): the integer dot of every lane is the same and so is every
 float operation after it. The resident bytes are the file's: 5.5 bits per weight for
-Q5_0, 6.5625 for Q6_K. A whole tiny Q5_0 model gives the same logits either way.
+Q5_0, 6.5625 for Q6_K (and Q8_0 keeps only the kernels' reordered codes: 8.5). A whole
+tiny Q5_0 model gives the same logits either way.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from zinfer.models.weights import build_weights
 
 pytestmark = pytest.mark.skipif(not int8_ir.available(), reason="the int8 kernels need AVX512-VNNI")
 
-OWN_WIDTH = {QT.Q5_0: ("u5", "p8", 5.5), QT.Q6_K: ("u6", "i8", 6.5625)}  # kind, the widened kind, bits per weight
+OWN_WIDTH = {QT.Q5_0: ("u5", "p8"), QT.Q6_K: ("u6", "i8")}  # kind, the widened kind
+RESIDENT = {QT.Q5_0: ("u5", 5.5), QT.Q6_K: ("u6", 6.5625), QT.Q8_0: ("p8", 8.5)}  # kind, bits per weight held (file: 5.5, 6.5625, 8.5)
 
 
 @pytest.mark.parametrize("qt", list(OWN_WIDTH), ids=lambda q: q.name)
@@ -42,7 +44,7 @@ def test_own_width_product_is_the_oracles_and_the_widened_paths_bit_for_bit(qt, 
     x[-1, 64:96] *= 1e4  # one block far larger than the rest
     own = ci.from_gguf(qt, t.data, t.shape)
     widened = ci.prepare(cq.repack(qt, t.data, t.shape))
-    assert (own.kind, widened.kind) == OWN_WIDTH[qt][:2]
+    assert (own.kind, widened.kind) == OWN_WIDTH[qt]
     out, want = np.empty((T, rows), np.float32), np.empty((T, rows), np.float32)
     ci.matmul(own, x, out)
     ci.matmul(widened, x, want)
@@ -50,15 +52,15 @@ def test_own_width_product_is_the_oracles_and_the_widened_paths_bit_for_bit(qt, 
     close(out, ci.rounded(x) @ wf.T)
 
 
-@pytest.mark.parametrize("qt", list(OWN_WIDTH), ids=lambda q: q.name)
+@pytest.mark.parametrize("qt", list(RESIDENT), ids=lambda q: q.name)
 def test_upload_keeps_only_the_files_width_and_embeds_its_rows_exactly(qt):
     rows, cols = 40, 768
     t = random_tensor(qt, rows, cols, seed=2)
     dev = FastCpuDevice()
     w = dev.upload("w", t)
-    assert type(w) is fl.Int8Linear and w.int8.kind == OWN_WIDTH[qt][0]
+    assert type(w) is fl.Int8Linear and w.int8.kind == RESIDENT[qt][0]
     assert w.packed is None and w.f32 is None  # no widened copy kept next to it
-    assert w.nbytes * 8 / (rows * cols) == OWN_WIDTH[qt][2]
+    assert w.nbytes * 8 / (rows * cols) == RESIDENT[qt][1]
     ids = np.array([0, 7, rows - 1, 7])
     np.testing.assert_array_equal(dev.embed(w, ids), dequantize(t.data, qt, t.shape)[ids])
 
