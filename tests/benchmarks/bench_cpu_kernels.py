@@ -70,7 +70,7 @@ class Ours:
         self.q_bytes = sum((m.int8 or m.packed).nbytes for m in mats + [self.w.output])  # what small rounds read
         self.gguf_bytes = sum(t.data.nbytes for n, t in src.tensors.items() if n.startswith("blk.") and len(t.shape) == 2)
         self.gguf_bytes += (src.tensors.get("output.weight") or src.tensors["token_embd.weight"]).data.nbytes
-        self.f32_bytes = sum(m.shape[0] * m.shape[1] * 4 for m in mats) + self.w.output.packed.nbytes
+        self.f32_bytes = sum(m.shape[0] * m.shape[1] * 4 for m in mats) + self.w.output.nbytes  # its quantized form (int8 view or packed)
 
     def run(self, seqs: list[list[int]], steps: int) -> float:
         """Prefill each prompt (one round), then `steps` greedy decode rounds; returns seconds of decode."""
