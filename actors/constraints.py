@@ -7,7 +7,10 @@ vocabulary while holding no GIL, so a worker thread can compute the next masks w
 executors run the next forward (MaskPrefetch).
 
 - compile_grammar(constraint): the llguidance grammar, or ValueError naming the problem.
-  The gateways call it before any work is queued; the sampler calls it again.
+  The gateways call it before any work is queued; the sampler calls it again. A JSON
+  schema's integers and numbers get at most NUMBER_DIGITS digits before the point
+  (bounded_numbers), as llama.cpp's JSON grammar has: llguidance's are unbounded, and a
+  model can write "123456789012345..." until max_tokens.
 - grammar_tokenizer(source): the model's vocabulary as llguidance's LLTokenizer, with the
   EOS ids the scheduler stops on. Costs about 1 s (49k tokens) to 10 s (262k) on 2 cores:
   built once per sampler actor, on the first constrained request.
@@ -19,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 import trio
@@ -37,6 +40,13 @@ JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separato
 """How JSON-schema output is laid out: one space after ',' and ':', no other whitespace, so a
 model cannot spend its tokens on whitespace (a schema's "x-guidance" may say otherwise)."""
 
+NUMBER_DIGITS = 15
+NUMBER_LIMIT = 10**NUMBER_DIGITS - 1
+"""The bound bounded_numbers gives an integer or number schema on a side it leaves open: 15
+digits, as many as an IEEE double holds exactly (what JSON parsers read numbers into,
+RFC 8259 section 6); llama.cpp's JSON grammar allows 16. All nines, so llguidance's range
+lexer stays small (a bound like 2**53 - 1 costs ~40 ms a request to compile)."""
+
 KIND_NAMES = {"json_schema": "JSON schema", "regex": "regex", "lark": "Lark grammar", "choice": "choice"}
 
 
@@ -47,7 +57,7 @@ def compile_grammar(constraint: Constraint) -> str:
         schema = _json(spec, "the JSON schema")
         if not isinstance(schema, (dict, bool)):
             raise ValueError(f"a JSON schema is an object (or true/false), got {type(schema).__name__}")
-        grammar = LLMatcher.grammar_from_json_schema(spec, defaults=JSON_OPTIONS)
+        grammar = LLMatcher.grammar_from_json_schema(json.dumps(bounded_numbers(schema)), defaults=JSON_OPTIONS)
     elif kind == "regex":
         grammar = LLMatcher.grammar_from_regex(spec)
     elif kind == "lark":
@@ -63,6 +73,61 @@ def compile_grammar(constraint: Constraint) -> str:
     if is_error:
         raise ValueError(f"invalid {KIND_NAMES[kind]}: {_first_line(messages[0])}")
     return grammar
+
+
+SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+SUBSCHEMAS = ("items", "additionalItems", "additionalProperties", "unevaluatedItems", "unevaluatedProperties", "propertyNames", "not", "if", "then", "else", "contains")
+MAX_SCHEMA_DEPTH = 64
+
+
+def map_schemas(schema: Any, fn: Callable[[dict[str, Any]], dict[str, Any]], depth: int = 0) -> Any:
+    """fn applied to every object (sub)schema of schema, innermost first: a new schema,
+    schema itself is not mutated (fn gets a copy). true/false schemas, and what lies
+    deeper than MAX_SCHEMA_DEPTH, are left as they are."""
+    if not isinstance(schema, Mapping) or depth > MAX_SCHEMA_DEPTH:
+        return schema
+    out = dict(schema)
+    for key in SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = {k: map_schemas(v, fn, depth + 1) for k, v in out[key].items()}
+    for key in SUBSCHEMA_LISTS + ("items",):  # items: a list in draft 4's tuple form
+        if isinstance(out.get(key), list):
+            out[key] = [map_schemas(v, fn, depth + 1) for v in out[key]]
+    for key in SUBSCHEMAS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = map_schemas(out[key], fn, depth + 1)
+    return fn(out)
+
+
+def bounded_numbers(schema: Any) -> Any:
+    """schema with minimum -NUMBER_LIMIT / maximum NUMBER_LIMIT on every integer or number
+    schema that leaves that side open (a copy): at most NUMBER_DIGITS digits before the
+    point. A bound the schema gives is kept; one beyond the limit leaves the other side open."""
+    return map_schemas(schema, _bound_numbers)
+
+
+def _bound_numbers(schema: dict[str, Any]) -> dict[str, Any]:
+    types = schema.get("type")
+    types = [types] if isinstance(types, str) else types
+    if not isinstance(types, list) or not any(t in ("integer", "number") for t in types):
+        return schema
+    lo = _number(schema, "minimum", "exclusiveMinimum")
+    hi = _number(schema, "maximum", "exclusiveMaximum")
+    if not ({"minimum", "exclusiveMinimum"} & schema.keys()) and (hi is None or hi >= -NUMBER_LIMIT):
+        schema["minimum"] = -NUMBER_LIMIT
+    if not ({"maximum", "exclusiveMaximum"} & schema.keys()) and (lo is None or lo <= NUMBER_LIMIT):
+        schema["maximum"] = NUMBER_LIMIT
+    return schema
+
+
+def _number(schema: Mapping[str, Any], *keys: str) -> float | None:
+    """The first of keys' values that is a number (draft 4's boolean exclusive* is not)."""
+    for key in keys:
+        value = schema.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None
 
 
 def _json(text: str, what: str) -> object:

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 from llguidance.gbnf_to_lark import any_to_lark
 
-from zinfer.actors.constraints import compile_grammar
+from zinfer.actors.constraints import compile_grammar, map_schemas
 from zinfer.gateway.openai_schema import ApiError
 from zinfer.messages.params import MAX_CONSTRAINT_BYTES, Constraint
 
@@ -88,30 +88,17 @@ def response_format_constraint(fmt: Any, param: str = "response_format") -> Cons
     raise ApiError(400, f"{param}.type must be one of text, json_object, json_schema; got {_short(kind)}", param=param, code="invalid_value")
 
 
-SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
-SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
-
-
-def closed_objects(schema: Any, depth: int = 0) -> Any:
+def closed_objects(schema: Any) -> Any:
     """schema with `additionalProperties: false` on every object schema that does not say,
     as OpenAI's strict mode reads it (its clients send strict: true; a pydantic schema leaves
     objects open, and a small model then invents keys until max_tokens). A copy."""
-    if not isinstance(schema, Mapping) or depth > 64:
-        return schema
-    out = dict(schema)
-    for key in SUBSCHEMA_MAPS:
-        if isinstance(out.get(key), Mapping):
-            out[key] = {k: closed_objects(v, depth + 1) for k, v in out[key].items()}
-    for key in SUBSCHEMA_LISTS:
-        if isinstance(out.get(key), list):
-            out[key] = [closed_objects(v, depth + 1) for v in out[key]]
-    for key in SUBSCHEMAS:
-        if isinstance(out.get(key), Mapping):
-            out[key] = closed_objects(out[key], depth + 1)
-    if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
-        out["additionalProperties"] = False
-    return out
+    return map_schemas(schema, _closed)
+
+
+def _closed(schema: dict[str, Any]) -> dict[str, Any]:
+    if (schema.get("type") == "object" or "properties" in schema) and "additionalProperties" not in schema:
+        schema["additionalProperties"] = False
+    return schema
 
 
 def _schema_text(schema: Any, param: str, text_ok: bool = False) -> str:

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 from structured_schemas import models as schema_models
 from tiny import write_tiny_gguf
 
-from zinfer.actors.constraints import compile_grammar, grammar_tokenizer
+from zinfer.actors.constraints import NUMBER_LIMIT, bounded_numbers, compile_grammar, grammar_tokenizer
 from zinfer.gateway.api import EngineConfig, EngineThread
 from zinfer.gateway.client import AsyncClient
 from zinfer.messages.client import Delta, Failed, Finished, Rejected
@@ -154,6 +154,34 @@ def test_json_object_starts_an_object_and_text_is_free(oai, server):
         assert isinstance(json.loads(out), dict)
     free = oai.chat.completions.create(model=server.model, messages=HI, max_tokens=24, seed=5, response_format={"type": "text"})
     assert free.choices[0].finish_reason == "length"  # no constraint: random weights never stop at 24
+
+
+DIGITS = {str(2 + ord(d)): 100 for d in "123456789"}  # the tiny vocabulary's byte tokens for digits, favoured
+
+
+def test_a_number_the_schema_leaves_unbounded_still_ends(oai, server):
+    """A model that keeps writing digits (here: told to by logit_bias) meets the end of a
+    15-digit integer, not max_tokens: an unbounded integer or number has at most 15 digits
+    before the point. A bounded one keeps its bounds."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "m": {"type": "integer", "minimum": 3, "maximum": 7}}, "required": ["n", "m"], "additionalProperties": False}
+    r = oai.chat.completions.create(model=server.model, messages=HI, max_tokens=64, seed=1, logit_bias=DIGITS, extra_body={"guided_json": schema})
+    assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+    out = json.loads(r.choices[0].message.content)
+    assert len(str(out["n"])) == 15 and 3 <= out["m"] <= 7, out
+    r = oai.completions.create(model=server.model, prompt="x", max_tokens=64, seed=1, logit_bias=DIGITS, extra_body={"guided_json": {"type": "number", "minimum": 0}})
+    assert len(r.choices[0].text.split(".")[0]) == 15, r.choices[0].text  # digits after the point are not bounded
+
+
+def test_bounded_numbers_keeps_what_a_schema_bounds():
+    schema = {"type": "object", "properties": {
+        "a": {"type": "integer", "exclusiveMinimum": 0}, "b": {"type": ["number", "null"], "maximum": 2.5},
+        "c": {"type": "number", "minimum": 1e20}, "d": {"type": "integer", "minimum": 1, "maximum": 9},
+    }}
+    out = bounded_numbers(schema)
+    assert out["properties"]["a"] == {"type": "integer", "exclusiveMinimum": 0, "maximum": NUMBER_LIMIT}
+    assert out["properties"]["b"] == {"type": ["number", "null"], "maximum": 2.5, "minimum": -NUMBER_LIMIT}
+    assert out["properties"]["c"] == {"type": "number", "minimum": 1e20}  # above the limit: left open above
+    assert out["properties"]["d"] == schema["properties"]["d"] and "minimum" not in schema["properties"]["a"]  # schema itself untouched
 
 
 # ---- refusals before any work ----------------------------------------------------------------
