@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping
 
 import tokenizers
 
-from zinfer.models.gguf_vocab import EOG_TEXTS, specials_from_gguf, tokenizer_dict_from_gguf
+from zinfer.models.gguf_vocab import EOG_TEXTS, specials_from_gguf
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
@@ -70,10 +70,11 @@ class Tokenizer:
     @classmethod
     def from_gguf_metadata(cls, meta: Mapping[str, Any]) -> "Tokenizer":
         """Build from decoded GGUF metadata (tokens, merges/scores, special ids, template)."""
-        tokenizer_json = tokenizer_dict_from_gguf(meta)  # kept as the dict: parsing its text back cost ~0.3 s on a 151k vocabulary
+        from zinfer.models.vocab_cache import tokenizer_json
+
+        text, decoding = tokenizer_json(meta)  # cached on disk for large vocabularies (the decoder part kept apart: no parse of the text back)
         sp = specials_from_gguf(meta)
-        text = json.dumps(tokenizer_json, ensure_ascii=False)
-        return cls(tokenizers.Tokenizer.from_str(text), tokenizer_json, bos_id=sp.bos_id,
+        return cls(tokenizers.Tokenizer.from_str(text), decoding, bos_id=sp.bos_id,
                    eos_id=sp.eos_id, eos_ids=sp.eog_ids, add_bos=sp.add_bos,
                    add_eos=sp.add_eos, chat_template=sp.chat_template)
 

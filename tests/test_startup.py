@@ -20,6 +20,7 @@ from zinfer.gateway.client import AsyncClient
 from zinfer.gateway.run_command import engine_config
 from zinfer.messages.client import Delta, Finished, Rejected
 from zinfer.messages.params import SamplingParams
+from zinfer.models import vocab_cache
 from zinfer.models.gguf_file import GGUFFile
 from zinfer.models.loader import open_model
 from zinfer.models.tokenizer import Tokenizer
@@ -212,3 +213,25 @@ def test_an_unreadable_entry_falls_back_to_uploading(tmp_path):
     (entry / "index.pkl").write_bytes(b"not a pickle")
     again, cache = cached_weights(path, tmp_path / "cache", device)
     assert cache.hits == 0 and cache.misses == len(first) == len(again)
+
+
+# ---- the tokenizer.json of a GGUF vocabulary, cached on disk -------------------------------
+
+def test_a_cached_vocabulary_gives_the_same_tokenizer(tmp_path, monkeypatch):
+    monkeypatch.setattr(vocab_cache, "MIN_TOKENS", 0)  # the tiny vocabulary is cached too
+    monkeypatch.setattr(vocab_cache, "cache_root", lambda: tmp_path / "tok")
+    meta = GGUFFile(write_tiny_gguf(tmp_path / "m.gguf", "qwen2")).metadata
+    built = vocab_cache._build(meta)
+    assert vocab_cache.tokenizer_json(meta) == built and len(list((tmp_path / "tok").glob("*.json"))) == 1
+    (entry,) = (tmp_path / "tok").glob("*.json")
+    entry.write_text(entry.read_text().replace('"tokenizer": "', '"tokenizer": "{}" , "x": "'))  # a readable entry, now of another text
+    assert vocab_cache.tokenizer_json(meta)[0] == "{}"  # read from the file, not rebuilt
+    entry.write_text("{ truncated")
+    assert vocab_cache.tokenizer_json(meta) == built  # unreadable: built again (and stored)
+    cached = Tokenizer.from_gguf_metadata(meta)
+    monkeypatch.setenv("ZINFER_VOCAB_CACHE", "0")
+    fresh = Tokenizer.from_gguf_metadata(meta)
+    text = "Hello wörld <|im_start|> 12 日本"
+    assert cached.encode(text) == fresh.encode(text) and cached.decode(cached.encode(text)) == fresh.decode(fresh.encode(text))
+    other = {**meta, "tokenizer.ggml.merges": meta["tokenizer.ggml.merges"][:-1]}
+    assert vocab_cache._key(other) != vocab_cache._key(meta)
