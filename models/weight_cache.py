@@ -138,7 +138,8 @@ class WeightCache:
             self._writer.abandon()
         self._writer = None
         entries = sorted((p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")), key=lambda p: p.stat().st_mtime, reverse=True)
-        for old in entries[KEEP:]:
+        stale = [p for p in self.root.glob(".tmp-*") if time.time() - p.stat().st_mtime > 3600]  # left by a writer that died
+        for old in entries[KEEP:] + stale:
             shutil.rmtree(old, ignore_errors=True)
 
 
