@@ -5,9 +5,9 @@
 - Int8Linear: a packed type with an int8 VNNI kernel (kernels/cpu_int8.py), where the
   CPU has one. Activations rounded to int8 per 32 values, as llama.cpp does; at 512 rows
   this beats BLAS on f32 copies (SmolLM2: ~150 vs ~90 GMAC/s on 2 cores), so no copy.
-  The device groups these by activation layout (one rounding of x, one launch). Q5_0
-  and Q6_K keep only the int8 kernels' own layout, at the file's width, and Q8_0 (p8)
-  only its reordered codes (no packed blocks next to them).
+  The device groups these by activation layout (one rounding of x, one launch). They
+  keep only the int8 kernels' layout (no packed blocks next to it): Q5_0 and Q6_K at
+  the file's width, Q8_0 and Q4_1 too, Q4_0 and Q4_K at 5 and 6 bits per weight.
 - QuantLinear: a packed type without int8 kernels (no VNNI, int8 off, or a shape the
   int8 kernels do not take). Its kernel switches by batch size, the one place it does:
   up to `small_rows` rows the float quantized kernel (kernels/cpu_quant.py), streaming
@@ -100,8 +100,7 @@ class QuantLinear(FastWeight):
 
 
 class Int8Linear(FastWeight):
-    """The int8 kernels' view (and the packed blocks it was made from, unless it was read
-    from the file's blocks): the int8 VNNI kernels at every batch size.
+    """The int8 kernels' view alone (packed is None): the int8 VNNI kernels at every batch size.
     The device computes these in groups (one rounding of x per layout); this is one alone."""
 
     def compute(self, x: np.ndarray) -> np.ndarray:
@@ -136,8 +135,8 @@ def linear_for(qt: QT, data: np.ndarray, shape: tuple[int, int], int8: bool, bud
         return Int8Linear(shape, None, None, own_width)
     packed = cq.repack(qt, data, shape)
     int8_view = ci.prepare(packed) if int8 else None
-    if int8_view is not None:  # p8 is a reordered copy of the codes: keep it alone
-        return Int8Linear(shape, None if int8_view.kind == "p8" else packed, None, int8_view)
+    if int8_view is not None:  # the view alone: its scales (f16) or codes (p8) are copies
+        return Int8Linear(shape, None, None, int8_view)
     copy = _f32(data, qt, shape) if budget.take(shape[0] * shape[1] * 4) else None
     return QuantLinear(shape, packed, copy)
 

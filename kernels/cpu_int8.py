@@ -73,11 +73,12 @@ def from_gguf(qt: QT, raw: np.ndarray, shape: tuple[int, int]) -> Int8Weight | N
 
 
 def dequantize_rows(w: Int8Weight, rows: np.ndarray, out: np.ndarray) -> None:
-    """out [n, cols] = the f32 values of rows [n] int64 of a u5, u6 or p8 matrix, as kernels.quants.dequantize gives them."""
-    if w.kind not in ("u5", "u6", "p8"):
-        raise ValueError(f"dequantize_rows reads u5, u6 and p8, not {w.kind}")
-    d = w.d.view(np.uint16) if w.half else w.d
-    {"u5": bp.dequantize_rows_u5, "u6": bp.dequantize_rows_u6, "p8": bp.dequantize_rows_p8}[w.kind](w.qs, d, rows, out)
+    """out [n, cols] = the f32 values of rows [n] int64 of w, as kernels.quants.dequantize gives them."""
+    d, m = (w.d.view(np.uint16), w.m.view(np.uint16)) if w.half else (w.d, w.m)
+    if w.kind == "u4":
+        bp.dequantize_rows_u4(w.qs, d, m, rows, out)
+    else:
+        {"u5": bp.dequantize_rows_u5, "u6": bp.dequantize_rows_u6, "p8": bp.dequantize_rows_p8, "i8": bp.dequantize_rows_i8}[w.kind](w.qs, d, rows, out)
 
 
 def prepare(p: Packed) -> Int8Weight | None:

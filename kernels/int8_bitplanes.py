@@ -14,8 +14,9 @@ kernel builds), next to the nibbles of the same step so that one stream holds th
   d: the f16 super-block scales, [rows, cols / 256].
 
 `dequantize_rows_*` give the f32 rows bit for bit as kernels.quants.dequantize does
-(embedding lookups of a table kept only in this form), for these two and for p8 (Q8_0's
-int8 codes in the u4 step order, kept alone too).
+(embedding lookups of a table kept only in this form), for these two and for the other
+int8 layouts, which cpu-fast keeps alone too: p8 (Q8_0's int8 codes in the u4 step order),
+u4 (nibbles with f16 or f32 d and m per 32) and i8 (int8 codes, d per 16 or 32).
 """
 
 from __future__ import annotations
@@ -125,3 +126,30 @@ def dequantize_rows_p8(qs, d, rows, out):
                 for i in range(16):
                     o[s * 64 + blk * 32 + i] = np.float32(q[s * 64 + blk * 16 + i]) * scale
                     o[s * 64 + blk * 32 + 16 + i] = np.float32(q[s * 64 + 32 + blk * 16 + i]) * scale
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def dequantize_rows_u4(qs, d, m, rows, out):
+    """out[j] = f32 row rows[j] of a u4 matrix: code * d + m per 32-block (the product is
+    exact, so one rounding, as kernels.quants). qs [R, blocks * 16] uint8 (byte i of a
+    block: codes i and i + 16), d, m [R, blocks] f32 or f16 bits as uint16, out [n, blocks * 32]."""
+    blocks = qs.shape[1] // 16
+    for j in prange(rows.shape[0]):
+        q, dr, mr, o = qs[rows[j]], d[rows[j]], m[rows[j]], out[j]
+        for b in range(blocks):
+            scale, offset = as_f32(dr[b]), as_f32(mr[b])
+            for i in range(16):
+                byte = np.int64(q[b * 16 + i])
+                o[b * 32 + i] = np.float32(byte & 15) * scale + offset
+                o[b * 32 + 16 + i] = np.float32(byte >> 4) * scale + offset
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def dequantize_rows_i8(qs, d, rows, out):
+    """out[j] = f32 row rows[j] of an i8 matrix. qs [R, cols] int8, d [R, cols / group] f32
+    or f16 bits as uint16, out [n, cols]."""
+    group = qs.shape[1] // d.shape[1]
+    for j in prange(rows.shape[0]):
+        q, dr, o = qs[rows[j]], d[rows[j]], out[j]
+        for k in range(qs.shape[1]):
+            o[k] = np.float32(q[k]) * as_f32(dr[k // group])

@@ -4,8 +4,8 @@ Each product equals the oracle's (the dequantized matrix times the activations r
 as the int8 kernels round them) and, bit for bit, the widened int8 path it replaces
 (p8 for Q5_0, i8 for Q6_K): the integer dot of every lane is the same and so is every
 float operation after it. The resident bytes are the file's: 5.5 bits per weight for
-Q5_0, 6.5625 for Q6_K (and Q8_0 keeps only the kernels' reordered codes: 8.5). A whole
-tiny Q5_0 model gives the same logits either way.
+Q5_0, 6.5625 for Q6_K (and every other int8 matrix keeps only its kernels' layout, no
+packed blocks next to it). A whole tiny Q5_0 model gives the same logits either way.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from zinfer.models.weights import build_weights
 pytestmark = pytest.mark.skipif(not int8_ir.available(), reason="the int8 kernels need AVX512-VNNI")
 
 OWN_WIDTH = {QT.Q5_0: ("u5", "p8"), QT.Q6_K: ("u6", "i8")}  # kind, the widened kind
-RESIDENT = {QT.Q5_0: ("u5", 5.5), QT.Q6_K: ("u6", 6.5625), QT.Q8_0: ("p8", 8.5)}  # kind, bits per weight held (file: 5.5, 6.5625, 8.5)
+# kind, bits per weight held (the file's: 5.5, 6.5625, 8.5, 5.0; Q4_0 4.5: its m = -8 d is kept; Q4_K 4.5: f32 d and m per 32)
+RESIDENT = {QT.Q5_0: ("u5", 5.5), QT.Q6_K: ("u6", 6.5625), QT.Q8_0: ("p8", 8.5), QT.Q4_1: ("u4", 5.0), QT.Q4_0: ("u4", 5.0), QT.Q4_K: ("u4", 6.0)}
 
 
 @pytest.mark.parametrize("qt", list(OWN_WIDTH), ids=lambda q: q.name)
@@ -68,9 +69,11 @@ def test_upload_keeps_only_the_files_width_and_embeds_its_rows_exactly(qt):
 def test_q5_0_rows_of_odd_32_blocks_keep_the_widened_kernel():
     t = random_tensor(QT.Q5_0, 9, 96, seed=3)  # 96 columns: not whole 64-column steps
     w = FastCpuDevice().upload("w", t)
-    assert w.int8.kind == "i8" and w.packed is not None
+    assert w.int8.kind == "i8" and w.packed is None
     x = np.random.default_rng(0).standard_normal((3, 96), dtype=np.float32)
-    close(w.compute(x), ci.rounded(x) @ dequantize(t.data, QT.Q5_0, t.shape).astype(np.float64).T)
+    wf = dequantize(t.data, QT.Q5_0, t.shape)
+    close(w.compute(x), ci.rounded(x) @ wf.astype(np.float64).T)
+    np.testing.assert_array_equal(FastCpuDevice().embed(w, np.array([8, 0])), wf[[8, 0]])
 
 
 def test_matrices_of_one_activation_order_share_a_launch_whatever_their_types():
