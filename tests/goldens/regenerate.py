@@ -9,9 +9,15 @@ writes. For each model it writes:
   model's own add-BOS flag and special tokens parsed (special=True).
 - greedy_<model>.json: for raw-completion prompts, the prompt ids and llama.cpp's 32
   greedy token ids (argmax of the logits after each step, f32 KV cache, flash
-  attention off), with the decoded text.
+  attention off, its default weight repacking), with the decoded text.
+- greedy_<model>-norepack.json: the same with repacking off (use_extra_bufts=False),
+  for models with weights llama.cpp repacks (SmolLM2's Q4_1 has none).
 - greedy_<model>-f32.json: the same on an F32 copy of the model (f32_gguf.py), where
-  llama.cpp does no int8 rounding of activations: a check of the forward pass itself.
+  llama.cpp does no int8 rounding of activations: a check of the forward pass itself
+  (the two small models only).
+
+    python3 tests/goldens/regenerate.py --models qwen2.5-coder-1.5b  # some models only
+    python3 tests/goldens/regenerate.py --tiny  # only tiny_q4k.json (tiny_q4k.py)
 """
 
 from __future__ import annotations
@@ -30,7 +36,10 @@ HERE = Path(__file__).resolve().parent
 MODELS = {
     "smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf",
     "gemma3-270m": "gemma-3-270m-q4_k_m.gguf",
+    "qwen2.5-coder-0.5b": "qwen2.5-coder-0.5b-instruct-q5_0.gguf",
+    "qwen2.5-coder-1.5b": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
 }
+F32_COPIES = ("smollm2-135m", "gemma3-270m")  # an F32 copy of a 0.5B/1.5B model takes 2/6 GB
 
 TEXTS = [
     "Hello world",
@@ -69,23 +78,22 @@ PROMPTS = [
 
 N_GREEDY = 32
 SETTINGS = dict(n_ctx=512, type_k=0, type_v=0, flash_attn=False,
-                n_threads=2, seed=0, n_batch=512, logits_all=False)
-# Weight repacking (Q4_K, Q6_K, ... into interleaved rows) changes llama.cpp's summation
-# order; the goldens use its plain per-row kernels. Llama() ignores use_extra_bufts=...
-# (unknown keywords vanish into **kwargs), so model_params is patched instead.
-REPACK = False
+                n_threads=1, seed=0, n_batch=512, logits_all=False)  # 1: the arithmetic is the same, and 2 threads spin at every barrier on a busy machine
+# Weight repacking (Q4_K, Q4_0, ... into interleaved rows, llama.cpp's default) changes
+# its kernels and summation order. Llama() ignores use_extra_bufts=... (unknown keywords
+# vanish into **kwargs), so model_params is patched instead.
 
 
 @contextlib.contextmanager
-def plain_kernels():
-    """Make Llama() load models with use_extra_bufts = REPACK."""
+def repacking(on: bool):
+    """Make Llama() load models with use_extra_bufts = on."""
     import llama_cpp.llama_cpp as lib
 
     default = lib.llama_model_default_params
 
     def params():
         p = default()
-        p.use_extra_bufts = REPACK
+        p.use_extra_bufts = on
         return p
 
     lib.llama_model_default_params = params
@@ -111,14 +119,22 @@ def token_goldens(path: Path) -> dict:
     return {"add_bos": add_bos, "special": True, "cases": cases}
 
 
-def greedy_goldens(path: Path) -> dict:
+def has_repacked_weights(path: Path) -> bool:
+    """Whether llama.cpp repacks any weight of this file (kernels/llama_repack.py's rule)."""
+    from zinfer.kernels.llama_repack import repacks
+    from zinfer.models.loader import open_model
+
+    return any(repacks(t.qtype.name, t.shape) for name, t in open_model(path).tensors.items() if name != "token_embd.weight")
+
+
+def greedy_goldens(path: Path, repack: bool = True) -> dict:
     import llama_cpp
     from llama_cpp import Llama
 
     cases = []
     add_bos = None
     for prompt in PROMPTS:
-        with plain_kernels():
+        with repacking(repack):
             llm = Llama(model_path=str(path), verbose=False, **SETTINGS)  # fresh KV cache
         add_bos = _add_bos(llm)
         prompt_ids = llm.tokenize(prompt.encode(), add_bos=add_bos, special=True)
@@ -136,12 +152,53 @@ def greedy_goldens(path: Path) -> dict:
     return {"add_bos": add_bos, "n_greedy": N_GREEDY, "cases": cases}
 
 
+def tiny_hidden(path: Path, repack: bool) -> list[list[float]]:
+    """llama.cpp's final hidden states (after the output norm, pooling none) of every
+    token of tiny_q4k.PROMPT, then of one decode step of NEXT: [7][256]."""
+    import llama_cpp
+    from llama_cpp import Llama
+    from tiny_q4k import NEXT, PROMPT
+
+    with repacking(repack):
+        llm = Llama(model_path=str(path), verbose=False, embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE,
+                    **{**SETTINGS, "n_ctx": 64, "n_batch": 64, "logits_all": True})
+    rows = []
+    for step in (PROMPT, [NEXT]):
+        llm.eval(step)
+        for i in range(len(step)):
+            ptr = llama_cpp.llama_get_embeddings_ith(llm.ctx, i)
+            rows.append(np.ctypeslib.as_array(ptr, shape=(llm.n_embd(),)).astype(float).tolist())
+    llm.close()
+    return rows
+
+
+def tiny_goldens(header: dict) -> None:
+    from tiny_q4k import NEXT, PROMPT, write_tiny_q4k
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_tiny_q4k(Path(tmp) / "tiny_q4k.gguf")
+        doc = {**greedy_header(header, True), "model": "tests/goldens/tiny_q4k.py", "prompt_ids": PROMPT, "next_id": NEXT,
+               "hidden": "result_norm of each prompt token, then of the decode step: [7][256]",
+               "repack": tiny_hidden(path, True), "norepack": tiny_hidden(path, False)}
+    del doc["settings"]["use_extra_bufts"]
+    (HERE / "tiny_q4k.json").write_text(json.dumps(doc) + "\n")
+    print("wrote tiny_q4k.json")
+
+
+def greedy_header(header: dict, repack: bool) -> dict:
+    settings = {**SETTINGS, "use_extra_bufts": repack, "sampling": "argmax of last logits (temp 0), 32 steps, not stopped at end-of-generation",
+                "prompt": "raw completion, BOS as model metadata says"}
+    return {k: v for k, v in header.items() if k != "tokenize"} | {"settings": settings}
+
+
 def main() -> int:
     import llama_cpp
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models-dir", default=None, help="default: zinfer's model cache")
     ap.add_argument("--skip-greedy", action="store_true")
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--tiny", action="store_true", help="only tiny_q4k.json")
     args = ap.parse_args()
     header = {
         "generator": "tests/goldens/regenerate.py",
@@ -151,11 +208,16 @@ def main() -> int:
     sys.path.insert(0, str(HERE))
     from f32_gguf import write_f32_copy
 
+    if args.tiny:
+        tiny_goldens(header)
+        return 0
+
     if args.models_dir is None:
         from zinfer.models.pull import cache_dir
 
         args.models_dir = str(cache_dir())
-    for name, file in MODELS.items():
+    for name in args.models:
+        file = MODELS[name]
         path = Path(args.models_dir) / file
         if not path.exists():
             print(f"skip {name}: {path} not found", file=sys.stderr)
@@ -165,15 +227,18 @@ def main() -> int:
         print(f"wrote tokens_{name}.json")
         if args.skip_greedy:
             continue
-        g_header = {**header, "settings": {**SETTINGS, "use_extra_bufts": REPACK, "sampling": "argmax of last logits (temp 0), 32 steps, not stopped at end-of-generation",
-                                           "prompt": "raw completion, BOS as model metadata says"}}
-        del g_header["tokenize"]
-        doc = {**g_header, "model": name, "file": file, **greedy_goldens(path)}
-        (HERE / f"greedy_{name}.json").write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n")
-        print(f"wrote greedy_{name}.json")
+        for repack in (True, False):
+            if not repack and not has_repacked_weights(path):
+                continue
+            doc = {**greedy_header(header, repack), "model": name, "file": file, **greedy_goldens(path, repack)}
+            out = f"greedy_{name}{'' if repack else '-norepack'}.json"
+            (HERE / out).write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n")
+            print(f"wrote {out}")
+        if name not in F32_COPIES:
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             f32 = write_f32_copy(path, Path(tmp) / "f32.gguf")
-            doc = {**g_header, "model": name, "file": f"{file} dequantized to F32", **greedy_goldens(f32)}
+            doc = {**greedy_header(header, True), "model": name, "file": f"{file} dequantized to F32", **greedy_goldens(f32)}
         (HERE / f"greedy_{name}-f32.json").write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n")
         print(f"wrote greedy_{name}-f32.json")
     return 0
