@@ -73,7 +73,7 @@ def _serial_q8_dot(QT, dequantize) -> bool:
     import numba
     import numpy as np
 
-    @numba.njit(cache=False)
+    @numba.njit(cache=True)  # from numba's cache (kernels/__init__.py's folder) after the first start
     def dot(codes, scale, x):  # codes [32] int8, x [32] f32
         acc = np.float32(0)
         for i in range(codes.shape[0]):
