@@ -92,7 +92,7 @@ def _compile_in_helper(dispatcher: Any, sig: Any) -> bool:
         if _helper_broken:
             return False
         try:
-            if _helper is None:
+            if _helper is None or _helper.owner != os.getpid():  # none yet, or a forked parent's
                 _helper = _Helper()
             error = _helper.compile(dispatcher.py_func.__module__, dispatcher.py_func.__qualname__, sig)
         except Exception as exc:  # no helper, a dead one, a signature that does not pickle
@@ -114,6 +114,7 @@ class _Helper:
         env = {**os.environ, IN_PROCESS_ENV: "1", "NUMBA_CACHE_DIR": str(numba.config.CACHE_DIR)}
         serve = "from zinfer.kernels.compile_cache import main; main()"  # not -m: zinfer.kernels imports this module first
         self.proc = subprocess.Popen([sys.executable, "-c", serve], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self.owner = os.getpid()  # a forked child must not share these pipes, nor end the helper
         atexit.register(self.close)
 
     def compile(self, module: str, qualname: str, sig: Any) -> str | None:
@@ -123,7 +124,9 @@ class _Helper:
         return pickle.load(self.proc.stdout)  # EOFError when the helper died
 
     def close(self) -> None:
-        """End the helper (it exits when its input closes)."""
+        """End the helper (it exits when its input closes); only in the process that started it."""
+        if self.owner != os.getpid():
+            return
         try:
             self.proc.stdin.close()
             self.proc.wait(timeout=10)
