@@ -31,11 +31,11 @@ ROWS_PER_BLOCK = 64  # activation rows per parallel task
 class Int8Weight(NamedTuple):
     """A packed matrix as the int8 kernels read it."""
 
-    kind: str  # "u4", "p8", "i8", "u5" or "u6" (kernels/int8_ir.py's layouts)
+    kind: str  # "u4", "p8", "i8", "u5", "u6" or "k4" (kernels/int8_ir.py's layouts)
     dps: int  # d numbers per 8-lane step
     half: bool  # d and m stored as f16 (exactly: GGUF's own scales), else f32
     qs: np.ndarray  # [rows, cols/2] uint8 (u4), [rows, cols] int8 (p8: in u4's order), u5/u6: [rows, steps * step bytes] uint8
-    d: np.ndarray  # [rows, groups] scales (u6: [rows, cols/256], the super-block scales)
+    d: np.ndarray  # [rows, groups] scales (u6: [rows, cols/256], the super-block scales; k4: [rows, cols/256 * 20] bytes)
     m: np.ndarray  # [rows, blocks] u4 offsets, readable 8 values past the end; i8: d again (not read)
     nsteps: int  # 8-lane steps per row
 
@@ -59,13 +59,16 @@ def _as_f16_if_exact(*arrays: np.ndarray) -> tuple[bool, list[np.ndarray]]:
 
 
 def from_gguf(qt: QT, raw: np.ndarray, shape: tuple[int, int]) -> Int8Weight | None:
-    """The file's blocks of a Q5_0 (cols % 64 == 0) or Q6_K matrix [rows, cols] read at
-    their own width (u5: 5.5 bits per weight, u6: 6.5625), or None for other types and
-    shapes (then `prepare` on kernels/cpu_quant's repack)."""
+    """The file's blocks of a Q5_0 (cols % 64 == 0), Q4_K or Q6_K matrix [rows, cols] read
+    near their own width (u5: 5.5 bits per weight, k4: 4.625, u6: 6.5625), or None for
+    other types and shapes (then `prepare` on kernels/cpu_quant's repack)."""
     rows, cols = shape
     if qt == QT.Q5_0 and cols % 64 == 0:
         qs, d = bp.u5_from_q5_0(raw, shape)
         return Int8Weight("u5", 2, True, qs, d, d, cols // 64)
+    if qt == QT.Q4_K:
+        qs, sup = bp.k4_from_q4_k(raw, shape)
+        return Int8Weight("k4", 2, True, qs, sup, sup, cols // 64)
     if qt == QT.Q6_K and cols % 256 == 0:
         qs, d = bp.u6_from_q6_k(raw, shape)
         return Int8Weight("u6", 2, True, qs, d, d, cols // 32)
@@ -77,6 +80,8 @@ def dequantize_rows(w: Int8Weight, rows: np.ndarray, out: np.ndarray) -> None:
     d, m = (w.d.view(np.uint16), w.m.view(np.uint16)) if w.half else (w.d, w.m)
     if w.kind == "u4":
         bp.dequantize_rows_u4(w.qs, d, m, rows, out)
+    elif w.kind == "k4":
+        bp.dequantize_rows_k4(w.qs, w.d, rows, out)
     else:
         {"u5": bp.dequantize_rows_u5, "u6": bp.dequantize_rows_u6, "p8": bp.dequantize_rows_p8, "i8": bp.dequantize_rows_i8}[w.kind](w.qs, d, rows, out)
 

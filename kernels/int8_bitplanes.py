@@ -9,6 +9,8 @@ kernel builds), next to the nibbles of the same step so that one stream holds th
   U4 (block b's byte i holds codes i and i + 16), the plane of bit 4 for the low-nibble
   vector [block0 0..15, block1 0..15], then for the high-nibble one [block0 16..31,
   block1 16..31]. d: GGUF's f16 scales, [rows, cols / 32].
+- k4 (Q4_K): U4's nibbles; D per 256 columns (20 bytes): the file's f16 d and dmin, then
+  its 8 6-bit scales and 8 mins as bytes.
 - u6, per 32 columns (26 bytes): 16 nibble bytes (byte i: codes i and i + 16), the
   planes of bit 4 and bit 5 of codes 0..31, the int8 scales of the two 16-groups.
   d: the f16 super-block scales, [rows, cols / 256].
@@ -27,9 +29,11 @@ from numba import njit, prange
 
 from zinfer.kernels import cpu_quant as cq
 from zinfer.kernels.cpu_ops import as_f32
+from zinfer.kernels.quants import _k4_scales_mins
 
 U5_STEP_BYTES = 40  # per 64 columns
 U6_STEP_BYTES = 26  # per 32 columns
+K4_SUPER_BYTES = 20  # k4's scales per 256 columns
 
 
 def _plane(codes: np.ndarray, bit: int) -> np.ndarray:
@@ -54,6 +58,16 @@ def u5_from_q5_0(raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, n
     qs = np.concatenate(parts, axis=-1).reshape(rows, -1)
     b = np.ascontiguousarray(raw).reshape(-1).view(np.uint8).reshape(-1, 22)
     return qs, np.ascontiguousarray(b[:, 0:2]).view(np.float16).reshape(rows, cols // 32)
+
+
+def k4_from_q4_k(raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Raw Q4_K bytes of a [rows, cols] matrix -> (qs [rows, cols/2] uint8 as U4, D [rows,
+    cols/256 * 20] uint8: per super-block f16 d, f16 dmin, 8 scales, 8 mins): the k4 layout."""
+    rows, cols = shape
+    qs = cq.repack(QT.Q4_K, raw, shape).qs
+    b = np.ascontiguousarray(raw).reshape(-1).view(np.uint8).reshape(-1, 144)
+    sc, mn = _k4_scales_mins(b[:, 4:16])  # [n, 8] each
+    return qs, np.concatenate((b[:, 0:4], sc, mn), axis=1).reshape(rows, -1)
 
 
 def u6_from_q6_k(raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -153,3 +167,21 @@ def dequantize_rows_i8(qs, d, rows, out):
         q, dr, o = qs[rows[j]], d[rows[j]], out[j]
         for k in range(qs.shape[1]):
             o[k] = np.float32(q[k]) * as_f32(dr[k // group])
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def dequantize_rows_k4(qs, sup, rows, out):
+    """out[j] = f32 row rows[j] of a k4 matrix: code * (d * scale) - dmin * min per 32-block,
+    as kernels.quants. qs [R, cols / 2] uint8 (U4), sup [R, cols / 256 * 20] uint8, out [n, cols]."""
+    blocks = qs.shape[1] // 16
+    for j in prange(rows.shape[0]):
+        q, dr, o = qs[rows[j]], sup[rows[j]], out[j]
+        for b in range(blocks):
+            at = (b // 8) * K4_SUPER_BYTES
+            d = as_f32(np.uint16(np.int64(dr[at]) | (np.int64(dr[at + 1]) << 8)))  # f16 bits, little-endian
+            dmin = as_f32(np.uint16(np.int64(dr[at + 2]) | (np.int64(dr[at + 3]) << 8)))
+            scale, offset = d * np.float32(dr[at + 4 + b % 8]), dmin * np.float32(dr[at + 12 + b % 8])
+            for i in range(16):
+                byte = np.int64(q[b * 16 + i])
+                o[b * 32 + i] = np.float32(byte & 15) * scale - offset
+                o[b * 32 + 16 + i] = np.float32(byte >> 4) * scale - offset

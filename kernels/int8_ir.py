@@ -46,6 +46,11 @@ after it: the outputs equal those paths bit for bit.
   D holds the f16 super-block scale per 8 steps, and d_w = f16 * int8 is formed in the
   kernel (exact in f32: 11 by 8 significant bits), so 6.5625 bits per weight, the file's
   width (i8 with f32 scales: 10).
+- k4 (Q4_K): u4's nibbles and kernel, but D holds the file's scales per super-block of
+  256 (f16 d, f16 dmin, the 8 6-bit scales and 8 mins as bytes: 20 bytes), and d_w =
+  d * scale and m_w = -dmin * min are formed in the kernel, exactly as kernels/cpu_quant
+  forms them in f32 (11 by 6 significant bits): 4.625 bits per weight (u4 with f32 d
+  and m: 6; the file: 4.5).
 
 Scales are stored as f16 where that is exact (Q4_0, Q4_1, Q8_0, Q5_0 keep GGUF's own
 f16 scales, so the kernels stream no more bytes than llama.cpp), else f32 (K-quants,
@@ -93,9 +98,10 @@ ROWS = 2  # weight rows per pass in the wide kernels
 PREFETCH_BYTES = 1024
 SHAPES = ((1, 1), (1, ROWS), (TILE, 1), (TILE, ROWS))  # (activation rows, weight rows) of the kernels
 # (weight layout, d_w numbers per step, scales in f16); u5 and u6 keep the file's f16 scales
-VARIANTS = tuple((k, d, h) for k, d in (("u4", 2), ("p8", 2), ("i8", 1), ("i8", 2)) for h in (True, False)) + (("u5", 2, True), ("u6", 2, True))
-STEP64 = ("u4", "p8", "u5")  # the kinds of 64 columns per step, their activations in the u4 order
-STEP_BYTES = {"u4": 32, "p8": 64, "i8": 32, "u5": 40, "u6": 26}  # weight bytes per step and row
+VARIANTS = tuple((k, d, h) for k, d in (("u4", 2), ("p8", 2), ("i8", 1), ("i8", 2)) for h in (True, False)) + (("u5", 2, True), ("u6", 2, True), ("k4", 2, True))
+STEP64 = ("u4", "p8", "u5", "k4")  # the kinds of 64 columns per step, their activations in the u4 order
+STEP_BYTES = {"u4": 32, "p8": 64, "i8": 32, "u5": 40, "u6": 26, "k4": 32}  # weight bytes per step and row
+K4_SUPER_BYTES = 20  # k4's D per 256 columns: f16 d, f16 dmin, 8 uint8 scales, 8 uint8 mins
 
 _DECLS = """
 declare <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32>, <8 x i32>, <8 x i32>)
@@ -159,6 +165,27 @@ def _u6_scales(e, i: int) -> None:
     e(f"  %dx{i} = shufflevector <2 x float> %dx2{i}, <2 x float> poison, {_SPREAD2}")
 
 
+def _k4_vector(e, name: str, i: int, sup: str, at: str, half_at: int, count: int) -> None:
+    """%name over 8 lanes: k4's f16 at D row i + sup + half_at (d, or dmin negated) times
+    the `count` uint8 scales (or mins) at + at: exact in f32 (11 by 6 significant bits)."""
+    vec = f"<{count} x float>"
+    e(f"  %{name}sp = getelementptr i8, ptr %drow{i}, i64 {sup}")
+    e(f"  %{name}hp = getelementptr i8, ptr %{name}sp, i64 {half_at}")
+    e(f"  %{name}h = load half, ptr %{name}hp, align 1")
+    e(f"  %{name}f = fpext half %{name}h to float")
+    if half_at:
+        e(f"  %{name}g = fneg float %{name}f")
+    e(f"  %{name}i = insertelement {vec} poison, float %{name}{'g' if half_at else 'f'}, i64 0")
+    e(f"  %{name}b = shufflevector {vec} %{name}i, {vec} poison, <{count} x i32> zeroinitializer")
+    e(f"  %{name}qp = getelementptr i8, ptr %{name}sp, i64 {at}")
+    e(f"  %{name}q = load <{count} x i8>, ptr %{name}qp, align 1")
+    e(f"  %{name}qf = uitofp <{count} x i8> %{name}q to {vec}")
+    target = name if count == 8 else f"{name}2"
+    e(f"  %{target} = fmul {vec} %{name}b, %{name}qf")
+    if count == 2:
+        e(f"  %{name} = shufflevector <2 x float> %{name}2, <2 x float> poison, {_SPREAD2}")
+
+
 def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
     """IR of one kernel: void(i64 x 18) with the parameters of Int8Args (addresses and byte strides).
 
@@ -171,9 +198,9 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
     per 32-block (zero-padded); it runs after the steps, 8 blocks per vector, instead of
     one more fma per step (which made the step loop float-bound).
     """
-    u4 = kind == "u4"
+    u4 = kind in ("u4", "k4")  # offsets m_w after the steps
     planes = kind in ("u5", "u6")  # unsigned codes with high-bit planes, offset in the integer sum
-    nibbles = kind in ("u4", "u5")  # two 32-byte vectors of codes per step, from nibbles
+    nibbles = kind in ("u4", "u5", "k4")  # two 32-byte vectors of codes per step, from nibbles
     step64 = kind in STEP64
     size = 2 if half else 4
     pairs = [(i, t) for i in range(rows) for t in range(tile)]
@@ -211,6 +238,12 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
     if kind == "u6":
         e("  %sups = lshr i64 %s, 3")  # the super-block: 8 steps of 32
         e("  %supo = shl i64 %sups, 1")
+    if kind == "k4":  # the super-block: 4 steps of 64; the step's two scales at 4 + 2 * (s % 4)
+        e("  %ks = lshr i64 %s, 2")
+        e(f"  %ksup = mul i64 %ks, {K4_SUPER_BYTES}")
+        e("  %ksr = and i64 %s, 3")
+        e("  %ksr2 = shl i64 %ksr, 1")
+        e("  %ksco = add i64 %ksr2, 4")
     for i in range(rows):
         e(f"  %wp{i} = getelementptr i8, ptr %wrow{i}, i64 %wo")
         e(f"  %w{i} = load <{16 if kind == 'u6' else 32} x i8>, ptr %wp{i}, align 1")
@@ -245,6 +278,8 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
             e(f"  %whabs32{i} = bitcast <32 x i8> %whabs{i} to {_I8}")
         if kind == "u6":
             _u6_scales(e, i)
+        elif kind == "k4":
+            _k4_vector(e, f"dx{i}", i, "%ksup", "%ksco", 0, 2)
         else:
             _scale_vector(e, f"dx{i}", f"%drow{i}", "%do", dps, half)
     e(f"  %ao = shl i64 %s, {6 if step64 else 5}")
@@ -300,10 +335,13 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
         e("  %c = phi i64 [ 0, %sloop ], [ %cn, %mloop ]")
         for i, t in pairs:
             e(f"  %macc{i}_{t} = phi {_F8} [ %accn{i}_{t}, %sloop ], [ %maccn{i}_{t}, %mloop ]")
-        e(f"  %mo = mul i64 %c, {8 * size}")
+        e(f"  %mo = mul i64 %c, {K4_SUPER_BYTES if kind == 'k4' else 8 * size}")
         e("  %no = shl i64 %c, 5")
         for i in range(rows):
-            _scale_vector(e, f"mx{i}", f"%mrow{i}", "%mo", 8, half)
+            if kind == "k4":  # a chunk of 8 blocks is one super-block: m = -dmin * min
+                _k4_vector(e, f"mx{i}", i, "%mo", "12", 2, 8)
+            else:
+                _scale_vector(e, f"mx{i}", f"%mrow{i}", "%mo", 8, half)
         for t in range(tile):
             e(f"  %np{t} = getelementptr i8, ptr %nrow{t}, i64 %no")
             e(f"  %nv{t} = load {_F8}, ptr %np{t}, align 4")

@@ -1,10 +1,10 @@
-"""cpu-fast reads Q5_0 and Q6_K at the file's width (kernels/int8_bitplanes.py, int8_ir's u5 and u6).
+"""cpu-fast reads Q5_0, Q6_K and Q4_K at (about) the file's width (kernels/int8_bitplanes.py, int8_ir's u5, u6, k4).
 
 Each product equals the oracle's (the dequantized matrix times the activations rounded
 as the int8 kernels round them) and, bit for bit, the widened int8 path it replaces
-(p8 for Q5_0, i8 for Q6_K): the integer dot of every lane is the same and so is every
+(p8 for Q5_0, i8 for Q6_K, u4 with f32 scales for Q4_K): the integer dot of every lane is the same and so is every
 float operation after it. The resident bytes are the file's: 5.5 bits per weight for
-Q5_0, 6.5625 for Q6_K (and every other int8 matrix keeps only its kernels' layout, no
+Q5_0, 6.5625 for Q6_K, 4.625 for Q4_K (and every other int8 matrix keeps only its kernels' layout, no
 packed blocks next to it). A whole tiny Q5_0 model gives the same logits either way.
 """
 
@@ -29,9 +29,9 @@ from zinfer.models.weights import build_weights
 
 pytestmark = pytest.mark.skipif(not int8_ir.available(), reason="the int8 kernels need AVX512-VNNI")
 
-OWN_WIDTH = {QT.Q5_0: ("u5", "p8"), QT.Q6_K: ("u6", "i8")}  # kind, the widened kind
-# kind, bits per weight held (the file's: 5.5, 6.5625, 8.5, 5.0; Q4_0 4.5: its m = -8 d is kept; Q4_K 4.5: f32 d and m per 32)
-RESIDENT = {QT.Q5_0: ("u5", 5.5), QT.Q6_K: ("u6", 6.5625), QT.Q8_0: ("p8", 8.5), QT.Q4_1: ("u4", 5.0), QT.Q4_0: ("u4", 5.0), QT.Q4_K: ("u4", 6.0)}
+OWN_WIDTH = {QT.Q5_0: ("u5", "p8"), QT.Q6_K: ("u6", "i8"), QT.Q4_K: ("k4", "u4")}  # kind, the widened kind
+# kind, bits per weight held (the file's: 5.5, 6.5625, 8.5, 5.0; Q4_0 4.5: its m = -8 d is kept; Q4_K 4.5: its 6-bit scales as bytes)
+RESIDENT = {QT.Q5_0: ("u5", 5.5), QT.Q6_K: ("u6", 6.5625), QT.Q8_0: ("p8", 8.5), QT.Q4_1: ("u4", 5.0), QT.Q4_0: ("u4", 5.0), QT.Q4_K: ("k4", 4.625)}
 
 
 @pytest.mark.parametrize("qt", list(OWN_WIDTH), ids=lambda q: q.name)
@@ -77,14 +77,15 @@ def test_q5_0_rows_of_odd_32_blocks_keep_the_widened_kernel():
 
 
 def test_matrices_of_one_activation_order_share_a_launch_whatever_their_types():
-    """q (Q5_0, u5), k (Q8_0, p8) and v (Q4_0, u4) read activations in one order: one rounding, one launch."""
+    """Q5_0 (u5), Q8_0 (p8), Q4_0 (u4) and Q4_K (k4) read activations in one order: one rounding, one launch."""
     rows, cols = 40, 256
-    ws = tuple(FastCpuDevice().upload(n, random_tensor(qt, rows, cols, seed=i)) for i, (n, qt) in enumerate(zip("qkv", (QT.Q5_0, QT.Q8_0, QT.Q4_0))))
-    assert [w.int8.kind for w in ws] == ["u5", "p8", "u4"]
+    types = (QT.Q5_0, QT.Q8_0, QT.Q4_0, QT.Q4_K)
+    ws = tuple(FastCpuDevice().upload(str(i), random_tensor(qt, rows, cols, seed=i)) for i, qt in enumerate(types))
+    assert [w.int8.kind for w in ws] == ["u5", "p8", "u4", "k4"]
     dev = FastCpuDevice()
     x = np.random.default_rng(0).standard_normal((5, cols), dtype=np.float32)
-    outs = dev.linears(x, ws, (None, None, None))
-    assert [len(m) for _, m in dev._int8_jobs(ws)] == [3]
+    outs = dev.linears(x, ws, (None,) * 4)
+    assert [len(m) for _, m in dev._int8_jobs(ws)] == [4]
     for out, w in zip(outs, ws):
         np.testing.assert_array_equal(out, w.compute(x))
 
