@@ -148,3 +148,15 @@ def test_v_expf_is_accurate_and_saturates():
     got = lo.v_expf(x)
     np.testing.assert_allclose(got, np.exp(x.astype(np.float64)), rtol=3e-7)
     assert lo.v_expf(np.float32([-np.inf, -200.0]))[0] == 0 and lo.v_expf(np.float32([-200.0]))[0] == 0
+
+
+def test_no_repack_flag_reaches_the_llama_device():
+    from zinfer.devices.config import CpuLlamaConfig
+    from zinfer.devices.registry import make_device
+    from zinfer.gateway.cli import parser
+    from zinfer.gateway.run_command import engine_config
+
+    config = engine_config(parser().parse_args(["run", "--device", "cpu-llama", "--no-repack", "hi"]))
+    assert config.device_options == CpuLlamaConfig(repack=False)
+    assert make_device(config.device, config.device_options).repack is False
+    assert make_device("cpu-llama").repack is True  # llama.cpp's default
