@@ -29,11 +29,11 @@ from numba import njit, prange
 
 from zinfer.kernels import cpu_quant as cq
 from zinfer.kernels.cpu_ops import as_f32
+from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES
 from zinfer.kernels.quants import _k4_scales_mins
 
 U5_STEP_BYTES = 40  # per 64 columns
 U6_STEP_BYTES = 26  # per 32 columns
-K4_SUPER_BYTES = 20  # k4's scales per 256 columns
 
 
 def _plane(codes: np.ndarray, bit: int) -> np.ndarray:

@@ -63,6 +63,7 @@ import functools
 from typing import NamedTuple
 
 from zinfer.kernels import llvm_host
+from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, k4_vector, plane, scale_vector, splat, u6_scales
 from zinfer.kernels.kernel_signature import KernelSignature
 
 
@@ -97,11 +98,10 @@ ROWS = 2  # weight rows per pass in the wide kernels
 # SmolLM2 8.0 -> 6.35 ms per forward, 16 streams 36.0 -> 33.7 ms, 512-row prefill unchanged
 PREFETCH_BYTES = 1024
 SHAPES = ((1, 1), (1, ROWS), (TILE, 1), (TILE, ROWS))  # (activation rows, weight rows) of the kernels
-# (weight layout, d_w numbers per step, scales in f16); u5 and u6 keep the file's f16 scales
+# (weight layout, d_w numbers per step, scales in f16); u5, u6 and k4 read the file's f16 scales
 VARIANTS = tuple((k, d, h) for k, d in (("u4", 2), ("p8", 2), ("i8", 1), ("i8", 2)) for h in (True, False)) + (("u5", 2, True), ("u6", 2, True), ("k4", 2, True))
 STEP64 = ("u4", "p8", "u5", "k4")  # the kinds of 64 columns per step, their activations in the u4 order
 STEP_BYTES = {"u4": 32, "p8": 64, "i8": 32, "u5": 40, "u6": 26, "k4": 32}  # weight bytes per step and row
-K4_SUPER_BYTES = 20  # k4's D per 256 columns: f16 d, f16 dmin, 8 uint8 scales, 8 uint8 mins
 
 _DECLS = """
 declare <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32>, <8 x i32>, <8 x i32>)
@@ -113,77 +113,12 @@ declare void @llvm.prefetch.p0(ptr, i32, i32, i32)
 """
 _BYTES16 = 0x10101010  # 16 in each byte of an i32 lane: vpdpbusd by it sums 16 * a
 
-_SPREAD2 = "<8 x i32> <i32 0, i32 0, i32 0, i32 0, i32 1, i32 1, i32 1, i32 1>"
 _F8 = "<8 x float>"
 _I8 = "<8 x i32>"
 
 
-def _splat(n: int, ty: str, v: int) -> str:
-    return "<" + ", ".join([f"{ty} {v}"] * n) + ">"
-
-
 def kernel_name(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
     return f"{kind}_d{dps}_{'h' if half else 'f'}_t{tile}_r{rows}"
-
-
-def _scale_vector(e, name: str, ptr: str, offset: str, count: int, half: bool) -> None:
-    """%name = `count` scales at ptr + offset (f16 or f32), spread over 8 float lanes."""
-    ty, size = ("half", 2) if half else ("float", 4)
-    vec = f"<{count} x {ty}>" if count > 1 else ty
-    e(f"  %{name}p = getelementptr i8, ptr {ptr}, i64 {offset}")
-    e(f"  %{name}s = load {vec}, ptr %{name}p, align {size}")
-    fvec = f"<{count} x float>" if count > 1 else "float"
-    e(f"  %{name}f = fpext {vec} %{name}s to {fvec}" if half else f"  %{name}f = fadd {fvec} %{name}s, {'zeroinitializer' if count > 1 else '0.0'}")
-    if count == 8:
-        e(f"  %{name} = fadd {_F8} %{name}f, zeroinitializer")
-    elif count == 2:
-        e(f"  %{name} = shufflevector <2 x float> %{name}f, <2 x float> poison, {_SPREAD2}")
-    else:
-        e(f"  %{name}i = insertelement {_F8} poison, float %{name}f, i64 0")
-        e(f"  %{name} = shufflevector {_F8} %{name}i, {_F8} poison, <8 x i32> zeroinitializer")
-
-
-def _plane(e, name: str, ptr: str, offset: int, value: int) -> None:
-    """%name = <32 x i8>: `value` in byte k where bit k of the i32 plane at ptr + offset is set, else 0."""
-    e(f"  %{name}p = getelementptr i8, ptr {ptr}, i64 {offset}")
-    e(f"  %{name}w = load i32, ptr %{name}p, align 1")
-    e(f"  %{name}m = bitcast i32 %{name}w to <32 x i1>")
-    e(f"  %{name} = select <32 x i1> %{name}m, <32 x i8> {_splat(32, 'i8', value)}, <32 x i8> zeroinitializer")
-
-
-def _u6_scales(e, i: int) -> None:
-    """%dx{i}: row i's two group scales of the step, f16 super scale * int8 scale, over 8 lanes."""
-    e(f"  %gsp{i} = getelementptr i8, ptr %wp{i}, i64 24")
-    e(f"  %gs{i} = load <2 x i8>, ptr %gsp{i}, align 1")
-    e(f"  %gsf{i} = sitofp <2 x i8> %gs{i} to <2 x float>")
-    e(f"  %sup{i} = getelementptr i8, ptr %drow{i}, i64 %supo")
-    e(f"  %suph{i} = load half, ptr %sup{i}, align 2")
-    e(f"  %supf{i} = fpext half %suph{i} to float")
-    e(f"  %supi{i} = insertelement <2 x float> poison, float %supf{i}, i64 0")
-    e(f"  %supv{i} = shufflevector <2 x float> %supi{i}, <2 x float> poison, <2 x i32> zeroinitializer")
-    e(f"  %dx2{i} = fmul <2 x float> %supv{i}, %gsf{i}")
-    e(f"  %dx{i} = shufflevector <2 x float> %dx2{i}, <2 x float> poison, {_SPREAD2}")
-
-
-def _k4_vector(e, name: str, i: int, sup: str, at: str, half_at: int, count: int) -> None:
-    """%name over 8 lanes: k4's f16 at D row i + sup + half_at (d, or dmin negated) times
-    the `count` uint8 scales (or mins) at + at: exact in f32 (11 by 6 significant bits)."""
-    vec = f"<{count} x float>"
-    e(f"  %{name}sp = getelementptr i8, ptr %drow{i}, i64 {sup}")
-    e(f"  %{name}hp = getelementptr i8, ptr %{name}sp, i64 {half_at}")
-    e(f"  %{name}h = load half, ptr %{name}hp, align 1")
-    e(f"  %{name}f = fpext half %{name}h to float")
-    if half_at:
-        e(f"  %{name}g = fneg float %{name}f")
-    e(f"  %{name}i = insertelement {vec} poison, float %{name}{'g' if half_at else 'f'}, i64 0")
-    e(f"  %{name}b = shufflevector {vec} %{name}i, {vec} poison, <{count} x i32> zeroinitializer")
-    e(f"  %{name}qp = getelementptr i8, ptr %{name}sp, i64 {at}")
-    e(f"  %{name}q = load <{count} x i8>, ptr %{name}qp, align 1")
-    e(f"  %{name}qf = uitofp <{count} x i8> %{name}q to {vec}")
-    target = name if count == 8 else f"{name}2"
-    e(f"  %{target} = fmul {vec} %{name}b, %{name}qf")
-    if count == 2:
-        e(f"  %{name} = shufflevector <2 x float> %{name}2, <2 x float> poison, {_SPREAD2}")
 
 
 def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
@@ -250,21 +185,21 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
         e(f"  %pf{i} = getelementptr i8, ptr %wp{i}, i64 {PREFETCH_BYTES}")
         e(f"  call void @llvm.prefetch.p0(ptr %pf{i}, i32 0, i32 0, i32 1)")  # read, streamed once
         if nibbles:
-            e(f"  %lo{i} = and <32 x i8> %w{i}, {_splat(32, 'i8', 15)}")
-            e(f"  %hi{i} = lshr <32 x i8> %w{i}, {_splat(32, 'i8', 4)}")
+            e(f"  %lo{i} = and <32 x i8> %w{i}, {splat(32, 'i8', 15)}")
+            e(f"  %hi{i} = lshr <32 x i8> %w{i}, {splat(32, 'i8', 4)}")
             if kind == "u5":  # bit 4 of each code from the two planes
                 for v, offset in (("lo", 32), ("hi", 36)):
-                    _plane(e, f"{v}b{i}", f"%wp{i}", offset, 16)
+                    plane(e, f"{v}b{i}", f"%wp{i}", offset, 16)
                     e(f"  %{v}q{i} = or <32 x i8> %{v}{i}, %{v}b{i}")
             src = "q" if kind == "u5" else ""
             e(f"  %lo32{i} = bitcast <32 x i8> %lo{src}{i} to {_I8}")
             e(f"  %hi32{i} = bitcast <32 x i8> %hi{src}{i} to {_I8}")
         elif kind == "u6":  # codes 0..15 from the low nibbles, 16..31 from the high, bits 4 and 5 from the planes
-            e(f"  %lo{i} = and <16 x i8> %w{i}, {_splat(16, 'i8', 15)}")
-            e(f"  %hi{i} = lshr <16 x i8> %w{i}, {_splat(16, 'i8', 4)}")
+            e(f"  %lo{i} = and <16 x i8> %w{i}, {splat(16, 'i8', 15)}")
+            e(f"  %hi{i} = lshr <16 x i8> %w{i}, {splat(16, 'i8', 4)}")
             e(f"  %nib{i} = shufflevector <16 x i8> %lo{i}, <16 x i8> %hi{i}, <32 x i32> <{', '.join(f'i32 {j}' for j in range(32))}>")
-            _plane(e, f"b4_{i}", f"%wp{i}", 16, 16)
-            _plane(e, f"b5_{i}", f"%wp{i}", 20, 32)
+            plane(e, f"b4_{i}", f"%wp{i}", 16, 16)
+            plane(e, f"b5_{i}", f"%wp{i}", 20, 32)
             e(f"  %q4_{i} = or <32 x i8> %nib{i}, %b4_{i}")
             e(f"  %q{i} = or <32 x i8> %q4_{i}, %b5_{i}")
             e(f"  %q32{i} = bitcast <32 x i8> %q{i} to {_I8}")
@@ -277,11 +212,11 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
             e(f"  %whabs{i} = call <32 x i8> @llvm.abs.v32i8(<32 x i8> %wh{i}, i1 false)")
             e(f"  %whabs32{i} = bitcast <32 x i8> %whabs{i} to {_I8}")
         if kind == "u6":
-            _u6_scales(e, i)
+            u6_scales(e, i)
         elif kind == "k4":
-            _k4_vector(e, f"dx{i}", i, "%ksup", "%ksco", 0, 2)
+            k4_vector(e, f"dx{i}", i, "%ksup", "%ksco", 0, 2)
         else:
-            _scale_vector(e, f"dx{i}", f"%drow{i}", "%do", dps, half)
+            scale_vector(e, f"dx{i}", f"%drow{i}", "%do", dps, half)
     e(f"  %ao = shl i64 %s, {6 if step64 else 5}")
     e("  %so = shl i64 %s, 5")
     for t in range(tile):
@@ -295,12 +230,12 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
         else:
             e(f"  %a{t} = load <32 x i8>, ptr %ap{t}, align 1")
         if kind == "u5":  # -16 * the sum of each lane's 8 activations: the codes' offset
-            e(f"  %c0_{t} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} zeroinitializer, {_I8} {_splat(8, 'i32', _BYTES16)}, {_I8} %alo{t})")
-            e(f"  %c{t} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} %c0_{t}, {_I8} {_splat(8, 'i32', _BYTES16)}, {_I8} %ahi{t})")
+            e(f"  %c0_{t} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} zeroinitializer, {_I8} {splat(8, 'i32', _BYTES16)}, {_I8} %alo{t})")
+            e(f"  %c{t} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} %c0_{t}, {_I8} {splat(8, 'i32', _BYTES16)}, {_I8} %ahi{t})")
             e(f"  %nc{t} = sub {_I8} zeroinitializer, %c{t}")
         elif kind == "u6":  # -32 * the sum of each lane's 4 activations
             e(f"  %a32{t} = bitcast <32 x i8> %a{t} to {_I8}")
-            e(f"  %c{t} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} zeroinitializer, {_I8} {_splat(8, 'i32', 2 * _BYTES16)}, {_I8} %a32{t})")
+            e(f"  %c{t} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} zeroinitializer, {_I8} {splat(8, 'i32', 2 * _BYTES16)}, {_I8} %a32{t})")
             e(f"  %nc{t} = sub {_I8} zeroinitializer, %c{t}")
         if kind == "p8":
             e(f"  %aph{t} = getelementptr i8, ptr %ap{t}, i64 32")
@@ -339,9 +274,9 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
         e("  %no = shl i64 %c, 5")
         for i in range(rows):
             if kind == "k4":  # a chunk of 8 blocks is one super-block: m = -dmin * min
-                _k4_vector(e, f"mx{i}", i, "%mo", "12", 2, 8)
+                k4_vector(e, f"mx{i}", i, "%mo", "12", 2, 8)
             else:
-                _scale_vector(e, f"mx{i}", f"%mrow{i}", "%mo", 8, half)
+                scale_vector(e, f"mx{i}", f"%mrow{i}", "%mo", 8, half)
         for t in range(tile):
             e(f"  %np{t} = getelementptr i8, ptr %nrow{t}, i64 %no")
             e(f"  %nv{t} = load {_F8}, ptr %np{t}, align 4")

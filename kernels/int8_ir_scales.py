@@ -1,0 +1,76 @@
+"""IR snippets of kernels/int8_ir.py that turn a weight row's stored bytes into what the
+step loop multiplies: scales spread over the 8 int32 lanes (f16 or f32 as stored; u6's and
+k4's formed from the file's f16 and integer scales, exactly as kernels/cpu_quant forms
+them in f32) and bit planes turned into bytes. Each appends lines through `e` and
+defines the named values; names are the caller's, unique per weight row."""
+
+from __future__ import annotations
+
+K4_SUPER_BYTES = 20  # k4's D per 256 columns: f16 d, f16 dmin, 8 uint8 scales, 8 uint8 mins
+SPREAD2 = "<8 x i32> <i32 0, i32 0, i32 0, i32 0, i32 1, i32 1, i32 1, i32 1>"  # 2 values over lanes 0-3, 4-7
+_F8 = "<8 x float>"
+
+
+def splat(n: int, ty: str, v: int) -> str:
+    """The IR constant <n x ty> with every element v."""
+    return "<" + ", ".join([f"{ty} {v}"] * n) + ">"
+
+
+def scale_vector(e, name: str, ptr: str, offset: str, count: int, half: bool) -> None:
+    """%name = `count` scales at ptr + offset (f16 or f32), spread over 8 float lanes."""
+    ty, size = ("half", 2) if half else ("float", 4)
+    vec = f"<{count} x {ty}>" if count > 1 else ty
+    e(f"  %{name}p = getelementptr i8, ptr {ptr}, i64 {offset}")
+    e(f"  %{name}s = load {vec}, ptr %{name}p, align {size}")
+    fvec = f"<{count} x float>" if count > 1 else "float"
+    e(f"  %{name}f = fpext {vec} %{name}s to {fvec}" if half else f"  %{name}f = fadd {fvec} %{name}s, {'zeroinitializer' if count > 1 else '0.0'}")
+    if count == 8:
+        e(f"  %{name} = fadd {_F8} %{name}f, zeroinitializer")
+    elif count == 2:
+        e(f"  %{name} = shufflevector <2 x float> %{name}f, <2 x float> poison, {SPREAD2}")
+    else:
+        e(f"  %{name}i = insertelement {_F8} poison, float %{name}f, i64 0")
+        e(f"  %{name} = shufflevector {_F8} %{name}i, {_F8} poison, <8 x i32> zeroinitializer")
+
+
+def plane(e, name: str, ptr: str, offset: int, value: int) -> None:
+    """%name = <32 x i8>: `value` in byte k where bit k of the i32 plane at ptr + offset is set, else 0."""
+    e(f"  %{name}p = getelementptr i8, ptr {ptr}, i64 {offset}")
+    e(f"  %{name}w = load i32, ptr %{name}p, align 1")
+    e(f"  %{name}m = bitcast i32 %{name}w to <32 x i1>")
+    e(f"  %{name} = select <32 x i1> %{name}m, <32 x i8> {splat(32, 'i8', value)}, <32 x i8> zeroinitializer")
+
+
+def u6_scales(e, i: int) -> None:
+    """%dx{i}: row i's two group scales of the step, f16 super scale * int8 scale, over 8 lanes."""
+    e(f"  %gsp{i} = getelementptr i8, ptr %wp{i}, i64 24")
+    e(f"  %gs{i} = load <2 x i8>, ptr %gsp{i}, align 1")
+    e(f"  %gsf{i} = sitofp <2 x i8> %gs{i} to <2 x float>")
+    e(f"  %sup{i} = getelementptr i8, ptr %drow{i}, i64 %supo")
+    e(f"  %suph{i} = load half, ptr %sup{i}, align 2")
+    e(f"  %supf{i} = fpext half %suph{i} to float")
+    e(f"  %supi{i} = insertelement <2 x float> poison, float %supf{i}, i64 0")
+    e(f"  %supv{i} = shufflevector <2 x float> %supi{i}, <2 x float> poison, <2 x i32> zeroinitializer")
+    e(f"  %dx2{i} = fmul <2 x float> %supv{i}, %gsf{i}")
+    e(f"  %dx{i} = shufflevector <2 x float> %dx2{i}, <2 x float> poison, {SPREAD2}")
+
+
+def k4_vector(e, name: str, i: int, sup: str, at: str, half_at: int, count: int) -> None:
+    """%name over 8 lanes: k4's f16 at D row i + sup + half_at (d, or dmin negated) times
+    the `count` uint8 scales (or mins) at + at: exact in f32 (11 by 6 significant bits)."""
+    vec = f"<{count} x float>"
+    e(f"  %{name}sp = getelementptr i8, ptr %drow{i}, i64 {sup}")
+    e(f"  %{name}hp = getelementptr i8, ptr %{name}sp, i64 {half_at}")
+    e(f"  %{name}h = load half, ptr %{name}hp, align 1")
+    e(f"  %{name}f = fpext half %{name}h to float")
+    if half_at:
+        e(f"  %{name}g = fneg float %{name}f")
+    e(f"  %{name}i = insertelement {vec} poison, float %{name}{'g' if half_at else 'f'}, i64 0")
+    e(f"  %{name}b = shufflevector {vec} %{name}i, {vec} poison, <{count} x i32> zeroinitializer")
+    e(f"  %{name}qp = getelementptr i8, ptr %{name}sp, i64 {at}")
+    e(f"  %{name}q = load <{count} x i8>, ptr %{name}qp, align 1")
+    e(f"  %{name}qf = uitofp <{count} x i8> %{name}q to {vec}")
+    target = name if count == 8 else f"{name}2"
+    e(f"  %{target} = fmul {vec} %{name}b, %{name}qf")
+    if count == 2:
+        e(f"  %{name} = shufflevector <2 x float> %{name}2, <2 x float> poison, {SPREAD2}")
