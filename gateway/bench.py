@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -84,6 +85,11 @@ class Plan:
         return max(self.prefill_len + 1, self.prompt_len + self.output_len)
 
 
+def say(text: str) -> None:
+    """A progress line on stderr: on larger models a bench runs for minutes."""
+    print(f"zinfer bench: {text}", file=sys.stderr, flush=True)
+
+
 def synthetic_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
     """n distinct prompts of `length` token ids (ordinary ids, away from the special ones)."""
     rng = np.random.default_rng(seed)
@@ -133,10 +139,13 @@ async def bench_engine(config: EngineConfig, plan: Plan) -> dict:
         executor = engine.actors.get("executor")
         scheduler = engine.actors.get("scheduler")
         busy0, rounds0, t0 = getattr(executor, "busy_seconds", 0.0), getattr(scheduler, "round_id", 0), time.perf_counter()
+        say("zinfer: prefill")
         one_at_a_time = [await _group(client, [ids], 1) for ids in prompts["prefill"]]
         result: dict = {"prefill": {"prefill_tok_s": plan.prefill_requests * plan.prefill_len / sum(s[0][-1] - t for t, s in one_at_a_time)}}
+        say("zinfer: decode, batch 1")
         result["decode_b1"] = summarize([await _group(client, [ids], plan.output_len) for ids in prompts["decode_b1"]])
         for n in plan.streams:
+            say(f"zinfer: {n} streams")
             result[f"streams_{n}"] = summarize([await _group(client, prompts[f"streams_{n}"], plan.output_len)])
         spec = engine.source.spec
         result["model"], result["device"] = engine.source.name, engine.config.device  # the resolved device (auto -> ...)
@@ -177,6 +186,8 @@ def bench_main(args: argparse.Namespace, config: EngineConfig) -> int:
         from zinfer.models.loader import resolve
 
         theirs, unified = bench_llama_cpp(str(resolve(config.model)), plan, threads, args.unified_pool)
+    if args.bandwidth_mib > 0:
+        say("read bandwidth")
     peak = read_bandwidth(threads, args.bandwidth_mib << 20) if args.bandwidth_mib > 0 else None
     report = report_of(plan, threads, ours, theirs, unified, peak)
     if args.json:

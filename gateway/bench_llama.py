@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from zinfer.gateway.bench import Plan, workload_prompts
+from zinfer.gateway.bench import Plan, say, workload_prompts
 from zinfer.gateway.bench_figures import Stream, summarize
 
 N_BATCH = 512  # llama.cpp's default n_batch and n_ubatch
@@ -121,6 +121,7 @@ def bench_llama_cpp(path: str, plan: Plan, threads: int, unified_pool: bool) -> 
         seq_len = plan.prompt_len + plan.output_len
 
         def run(n_seq: int, length: int, unified: bool, groups: list[list[list[int]]], output_len: int) -> list[tuple[float, list[Stream]]]:
+            say(f"llama.cpp: {len(groups)} x {len(groups[0])} sequences of up to {length} tokens" + (", unified KV" if unified else ""))
             ctx = LlamaContext(model, n_seq, length, threads, unified)
             try:
                 ctx.generate(groups[0][:1], 2)  # warm-up: the first decode of a context sets its buffers up
