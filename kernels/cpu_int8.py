@@ -64,13 +64,13 @@ def from_gguf(qt: QT, raw: np.ndarray, shape: tuple[int, int]) -> Int8Weight | N
     other types and shapes (then `prepare` on kernels/cpu_quant's repack)."""
     rows, cols = shape
     if qt == QT.Q5_0 and cols % 64 == 0:
-        qs, d = bp.u5_from_q5_0(raw, shape)
+        qs, d = bp.by_rows(bp.u5_from_q5_0, raw, shape)
         return Int8Weight("u5", 2, True, qs, d, d, cols // 64)
     if qt == QT.Q4_K:
-        qs, sup = bp.k4_from_q4_k(raw, shape)
+        qs, sup = bp.by_rows(bp.k4_from_q4_k, raw, shape)
         return Int8Weight("k4", 2, True, qs, sup, sup, cols // 64)
     if qt == QT.Q6_K and cols % 256 == 0:
-        qs, d = bp.u6_from_q6_k(raw, shape)
+        qs, d = bp.by_rows(bp.u6_from_q6_k, raw, shape)
         return Int8Weight("u6", 2, True, qs, d, d, cols // 32)
     return None
 

@@ -36,6 +36,25 @@ U5_STEP_BYTES = 40  # per 64 columns
 U6_STEP_BYTES = 26  # per 32 columns
 
 
+CHUNK_ROWS = 1024  # rows converted at a time: the conversions' temporaries (~5 bytes a weight) stay small
+
+
+def by_rows(convert, raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, ...]:
+    """convert(raw rows, their shape) -> arrays [rows, ...], applied CHUNK_ROWS rows at a
+    time into arrays allocated once: a large matrix (an embedding table) never holds a
+    conversion's temporaries for all its rows at once."""
+    rows, cols = shape
+    b = np.ascontiguousarray(raw).reshape(-1).view(np.uint8).reshape(rows, -1)  # [rows, row bytes]
+    outs: tuple[np.ndarray, ...] = ()
+    for r in range(0, rows, CHUNK_ROWS):
+        parts = convert(b[r : r + CHUNK_ROWS], (min(CHUNK_ROWS, rows - r), cols))
+        if not outs:
+            outs = tuple(np.empty((rows, *a.shape[1:]), a.dtype) for a in parts)
+        for out, a in zip(outs, parts):
+            out[r : r + a.shape[0]] = a
+    return outs
+
+
 def _plane(codes: np.ndarray, bit: int) -> np.ndarray:
     """codes [..., 32] uint8 -> [..., 4] bytes: bit `bit` of code k at bit k (little-endian)."""
     return np.packbits((codes >> bit) & 1, axis=-1, bitorder="little")

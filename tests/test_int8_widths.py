@@ -21,6 +21,7 @@ from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.cpu_fast import FastCpuDevice
 from zinfer.kernels import cpu_int8 as ci
 from zinfer.kernels import cpu_quant as cq
+from zinfer.kernels import int8_bitplanes as bp
 from zinfer.kernels import int8_ir
 from zinfer.kernels.quants import dequantize
 from zinfer.models.forward import round_logits
@@ -125,3 +126,14 @@ def test_a_q5_0_model_gives_the_widened_paths_logits(tiny_q5_0, monkeypatch):
     widened, widened_kinds = logits(tiny_q5_0, FastCpuDevice())
     assert (kinds, widened_kinds) == ({"u5"}, {"p8"})
     np.testing.assert_array_equal(own, widened)
+
+
+@pytest.mark.parametrize("qt", list(OWN_WIDTH), ids=lambda q: q.name)
+def test_converting_by_chunks_of_rows_gives_the_whole_matrixs_layout(qt, monkeypatch):
+    t = random_tensor(qt, 37, 256, seed=5)
+    whole = ci.from_gguf(qt, t.data, t.shape)
+    monkeypatch.setattr(bp, "CHUNK_ROWS", 8)  # 37 rows: four whole chunks and a part
+    chunked = ci.from_gguf(qt, t.data, t.shape)
+    for a, b in zip(whole, chunked):
+        if isinstance(a, np.ndarray):
+            np.testing.assert_array_equal(a, b)
