@@ -21,6 +21,7 @@ import trio
 from conftest import _model
 from http_server import running_server
 from pydantic import BaseModel, Field
+from structured_schemas import ask_messages
 from structured_schemas import models as schema_models
 from tiny import write_tiny_gguf
 
@@ -346,27 +347,43 @@ def test_the_openai_client_parses_into_a_pydantic_model(real_oai, real_server):
     assert isinstance(city, City) and city.name and city.population >= 0
 
 
+def inside_a_string(text: str) -> bool:
+    """Whether JSON text, cut short, ends inside a string (an odd count of unescaped quotes)."""
+    inside, escaped = False, False
+    for ch in text:
+        if inside and escaped:
+            escaped = False
+        elif inside and ch == "\\":
+            escaped = True
+        elif ch == '"':
+            inside = not inside
+    return inside
+
+
 @pytest.mark.slow
 def test_varied_schemas_at_temperature_0_8_all_parse_and_validate(real_oai, real_server):
+    """Every output validates. The one exception the engine leaves to the model is a string
+    the schema does not bound (no maxLength) that the model never ends: smollm2 at 0.8 does,
+    about 1 in 50 (tests/benchmarks/schema_acceptance.py); an output cut anywhere else (a
+    number, between values) fails. qwen2.5-coder-0.5b, the main model, ends every one."""
     drawn = schema_models(SCHEMA_RUN)
 
     def ask(i: int):
         m = drawn[i]
         schema = m.model_json_schema()
         r = real_oai.chat.completions.create(
-            model=real_server.model, temperature=0.8, seed=i, max_tokens=SCHEMA_MAX_TOKENS,
-            messages=[{"role": "user", "content": f"Give an example of a {m.__name__} as JSON matching this schema: {json.dumps(schema)}"}],
+            model=real_server.model, temperature=0.8, seed=i, max_tokens=SCHEMA_MAX_TOKENS, messages=ask_messages(m),
             response_format={"type": "json_schema", "json_schema": {"name": m.__name__, "schema": schema, "strict": True}},
         )
         return m, r.choices[0]
 
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(ask, range(SCHEMA_RUN)))
-    finished = [(m, c) for m, c in results if c.finish_reason == "stop"]
-    # An output cut by max_tokens is not JSON ("length": a number or string the model never
-    # ends, which a schema without bounds allows); 800 tokens leave that rare, not impossible.
-    assert len(finished) >= SCHEMA_RUN - 2, [c.finish_reason for _, c in results]
-    for m, c in finished:
+    for m, c in results:
+        if c.finish_reason == "length" and "smollm2" in real_server.model.lower():
+            assert inside_a_string(c.message.content), f"{m.__name__} cut outside a string: ...{c.message.content[-200:]}"
+            continue
+        assert c.finish_reason == "stop", f"{m.__name__}: {c.finish_reason} ...{c.message.content[-200:]}"
         m.model_validate_json(c.message.content)  # raises on any output the schema does not admit
 
 
