@@ -3,7 +3,7 @@ llama-server's json_schema / grammar make the output match, on a tiny random-wei
 whose free output never would; bad constraints are refused before any work is queued.
 
 The slow tier (real models, the official openai client's parse(), 12 varied schemas at
-temperature 0.8) is at the end; tests/benchmarks/bench_constrained.py runs 50.
+temperature 0.8) is at the end; tests/benchmarks/schema_acceptance.py runs 50.
 """
 
 from __future__ import annotations
@@ -316,7 +316,7 @@ def test_stdio_passes_a_constraint_through_and_refuses_a_bad_kind(tiny_model):
 # ---- slow tier: real models, the official client's parse(), varied schemas --------------------
 
 SLOW_MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b"]
-SCHEMA_RUN = 12  # of tests/structured_schemas.py's models; the benchmark runs 50
+SCHEMA_RUN = 12  # of tests/structured_schemas.py's models; tests/benchmarks/schema_acceptance.py runs 50
 SCHEMA_MAX_TOKENS = 800
 
 

@@ -11,7 +11,9 @@ sampling): on a busy machine tok/s swing by 20%, the sampler's share of a round 
 schemas: --count varied pydantic models (tests/structured_schemas.py) asked for at
 temperature 0.8 as response_format json_schema with strict: true takes them (objects
 closed: gateway/openai_constraints.py closed_objects); every output must parse and validate
-(pydantic's model_validate_json); outputs cut by max_tokens are counted apart.
+(pydantic's model_validate_json); outputs cut by max_tokens are counted apart. The same run
+through the official openai client against `zinfer serve`, one line per schema, is
+tests/benchmarks/schema_acceptance.py.
 
     python tests/benchmarks/bench_constrained.py speed [--models smollm2-135m qwen2.5-coder-0.5b] [--runs 3]
     python tests/benchmarks/bench_constrained.py schemas [--models qwen2.5-coder-0.5b] [--count 50] [--max-tokens 800]
