@@ -48,8 +48,8 @@ class FastWeight:
 
     @property
     def nbytes(self) -> int:
-        """The resident bytes: every array held (the int8 view's where it is not packed's own)."""
-        arrays = [*(self.packed or ()), *((self.int8.qs, self.int8.d, self.int8.m) if self.int8 else ()), self.f32]
+        """The resident bytes: every array held (the int8 view's where it is not packed's own; not u4's few pad rows)."""
+        arrays = [*(self.packed or ()), *((self.int8.qs, self.int8.d, self.int8.m[: self.shape[0]] if self.int8.kind == "u4" else self.int8.m) if self.int8 else ()), self.f32]
         unique = {id(a): a for a in arrays if isinstance(a, np.ndarray)}
         return sum(a.nbytes for a in unique.values())
 

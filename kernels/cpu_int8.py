@@ -36,7 +36,7 @@ class Int8Weight(NamedTuple):
     half: bool  # d and m stored as f16 (exactly: GGUF's own scales), else f32
     qs: np.ndarray  # [rows, cols/2] uint8 (u4), [rows, cols] int8 (p8: in u4's order), u5/u6: [rows, steps * step bytes] uint8
     d: np.ndarray  # [rows, groups] scales (u6: [rows, cols/256], the super-block scales; k4: [rows, cols/256 * 20] bytes)
-    m: np.ndarray  # [rows, blocks] u4 offsets, readable 8 values past the end; i8: d again (not read)
+    m: np.ndarray  # [rows + pad, blocks] u4 offsets, zero rows after the last (the kernel reads 8 past it); i8: d again (not read)
     nsteps: int  # 8-lane steps per row
 
     @property
@@ -47,7 +47,7 @@ class Int8Weight(NamedTuple):
     @property
     def nbytes(self) -> int:
         """The bytes one product streams."""
-        return self.qs.nbytes + self.d.nbytes + (self.m.nbytes if self.kind == "u4" else 0)
+        return self.qs.nbytes + self.d.nbytes + (self.m[: self.qs.shape[0]].nbytes if self.kind == "u4" else 0)  # u4: not its pad rows
 
 
 def _as_f16_if_exact(*arrays: np.ndarray) -> tuple[bool, list[np.ndarray]]:
@@ -91,9 +91,11 @@ def prepare(p: Packed) -> Int8Weight | None:
     rows, cols = p.shape
     if p.kind == "u4" and cols % 64 == 0:
         half, (d, m) = _as_f16_if_exact(p.d, p.m)
-        padded = np.zeros(m.size + 8, m.dtype)  # the offsets loop reads whole vectors of 8
-        padded[: m.size] = m.reshape(-1)
-        return Int8Weight("u4", 2, half, p.qs, d, padded[: m.size].reshape(m.shape), cols // 64)
+        # The offsets loop reads whole vectors of 8, past the last row: zero rows after it,
+        # inside the array itself, so a copy (the weight cache's pickle) keeps them.
+        padded = np.zeros((rows + -(-8 // m.shape[1]), m.shape[1]), m.dtype)
+        padded[:rows] = m
+        return Int8Weight("u4", 2, half, p.qs, d, padded, cols // 64)
     if p.kind == "i8" and cols % 64 == 0 and p.group == 32:
         half, (d,) = _as_f16_if_exact(p.d)
         pairs = p.qs.reshape(rows, cols // 64, 2, 2, 16)  # [rows, pair, block, half, 16]

@@ -4,6 +4,7 @@ from --max-running and --max-model-len, and what a user sees when a request cann
 from __future__ import annotations
 
 import os
+import pickle
 import re
 
 import gguf
@@ -203,6 +204,38 @@ def test_a_warm_load_rebuilds_the_same_weights_from_the_cache_without_uploading(
     os.utime(path, ns=(1, 1))  # the file changed: a new entry
     _, cache = cached_weights(path, tmp_path / "cache", device)
     assert cache.hits == 0 and len(list((tmp_path / "cache").iterdir())) == 2
+
+
+def _followed_by_nan(weight):
+    """weight through pickle protocol 5 as the cache stores it, each array now followed in
+    memory by NaN bytes (in the cache's data file, the next array's bytes follow)."""
+    buffers: list[pickle.PickleBuffer] = []
+    blob = pickle.dumps(weight, protocol=5, buffer_callback=buffers.append)
+    views = []
+    for buf in buffers:
+        raw = buf.raw()
+        room = bytearray(b"\xff" * (raw.nbytes + 256))
+        room[: raw.nbytes] = raw
+        views.append(memoryview(room)[: raw.nbytes])
+    return pickle.loads(blob, buffers=views)
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0])
+def test_cached_matrices_compute_what_uploaded_ones_do(tmp_path, qtype):
+    """A stored matrix's products equal the uploaded one's whatever bytes follow its arrays:
+    the kernels read past a row's last block (u4's offsets: whole vectors of 8), so what they
+    read must be inside the arrays the cache keeps. 320 columns: 10 blocks, 6 read past."""
+    path = write_tiny_gguf(tmp_path / "m.gguf", "qwen2", qtype=qtype, hidden_size=320, intermediate_size=640)
+    device = make_device("cpu-fast", None)
+    source = open_model(path)
+    x = np.random.default_rng(0).standard_normal((3, 320)).astype(np.float32)  # [T, hidden]
+    checked = 0
+    for name, tensor in source.tensors.items():
+        w = device.upload(name, tensor)
+        if not isinstance(w, np.ndarray) and w.shape[1] == 320:
+            assert np.array_equal(_followed_by_nan(w).compute(x), w.compute(x)), name
+            checked += 1
+    assert checked
 
 
 def test_an_unreadable_entry_falls_back_to_uploading(tmp_path):
