@@ -94,7 +94,8 @@ class LlamaCpuDevice(CpuDevice):
         rows = self._out_rows
         if w.ffn_layer is not None and w.ffn_layer == self._last_layer and rows is not None and len(rows) < len(x):
             y = np.zeros((len(x), w.exact.d.shape[0] if w.exact is not None else w.w.shape[0]), np.float32)
-            y[rows] = self._product(x[rows], w, b)
+            if len(rows):  # a prefill chunk that returns no logits computes none of these rows
+                y[rows] = self._product(x[rows], w, b)
             return y
         return self._product(x, w, b)
 
