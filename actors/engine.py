@@ -191,13 +191,28 @@ async def open_engine(config: EngineConfig = EngineConfig(), addrs: Addresses | 
         log_start(source, config)
         async with trio.open_nursery() as nursery:
             for name in ACTOR_ORDER:
-                await nursery.start(actors[name].run)
+                await nursery.start(_fail_requests_if_it_raises, name, actors[name], actors["tokenizer"])
             yield Engine(ctx, addrs, source, actors, config)
             nursery.cancel_scope.cancel()
     finally:
         ctx.destroy(linger=0)
         if tracing is not None:
             tracing.close()
+
+
+async def _fail_requests_if_it_raises(name: str, actor: Any, tokenizer: Any, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run one in-process actor. If it raises, every open request first gets its one terminal
+    event (Failed, naming the actor and the error), as an actor process's exit gives them
+    (actors/processes.py); then the exception cancels the engine."""
+    try:
+        await actor.run(task_status=task_status)
+    except Exception as exc:
+        log.error("actor failed", actor=name, error=f"{type(exc).__name__}: {exc}")
+        if name != "tokenizer":
+            tokenizer.fail_all(f"{name} failed: {type(exc).__name__}: {exc}")
+            with trio.CancelScope(shield=True):
+                await trio.sleep(0.2)  # the tokenizer's sender delivers the failures before the nursery cancels it
+        raise
 
 
 def log_start(source: ModelSource, config: EngineConfig) -> None:
