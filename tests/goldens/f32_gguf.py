@@ -15,8 +15,8 @@ import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 
-def write_f32_copy(src: Path, dst: Path) -> Path:
-    reader = GGUFReader(src)
+def writer_with_metadata(reader: GGUFReader, dst: Path) -> GGUFWriter:
+    """A GGUFWriter to dst holding every metadata key of reader's file (no tensors yet)."""
     writer = GGUFWriter(dst, reader.fields["general.architecture"].contents())
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
@@ -24,6 +24,12 @@ def write_f32_copy(src: Path, dst: Path) -> Path:
         vtype = field.types[0]
         sub = field.types[1] if vtype == GGUFValueType.ARRAY else None
         writer.add_key_value(key, field.contents(), vtype, sub_type=sub)
+    return writer
+
+
+def write_f32_copy(src: Path, dst: Path) -> Path:
+    reader = GGUFReader(src)
+    writer = writer_with_metadata(reader, dst)
     for t in reader.tensors:
         writer.add_tensor(t.name, gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32))
     writer.write_header_to_file()

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFReader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from f32_gguf import writer_with_metadata  # noqa: E402
 from tiny import write_tiny_gguf  # noqa: E402
 
 PROMPT = [0, 5, 9, 13, 17, 21]  # 6 rows: a 4-row gemm group and 2 gemv rows
@@ -42,12 +43,7 @@ def write_tiny_q4k(path: Path, seed: int = 0) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         src = write_tiny_gguf(Path(tmp) / "f32.gguf", "llama", seed, **CONFIG)
         reader = GGUFReader(src)
-        writer = GGUFWriter(path, reader.fields["general.architecture"].contents())
-        for key, field in reader.fields.items():
-            if key.startswith("GGUF.") or key == "general.architecture":
-                continue
-            vtype = field.types[0]
-            writer.add_key_value(key, field.contents(), vtype, sub_type=field.types[1] if vtype == GGUFValueType.ARRAY else None)
+        writer = writer_with_metadata(reader, path)
         for t in reader.tensors:
             data = np.asarray(t.data)
             if t.name.startswith("blk.") and data.ndim == 2:
