@@ -39,8 +39,8 @@ class CpuLlamaConfig(_Options, tag="cpu-llama"):
 class CpuFastConfig(_Options, tag="cpu-fast"):
     """The numba device (devices/cpu_fast.py).
 
-    threads: numba threads, 0 for every core. int8: the int8 VNNI kernels (None: wherever
-    the CPU has AVX512-VNNI; True on a CPU without it falls back to the float kernels).
+    threads: numba threads, 0 for every core. int8: the int8 kernels (None: wherever
+    the CPU has AVX512-VNNI or AVX2; True on a CPU with neither falls back to the float kernels).
     kv_f16: K and V kept in f16 as llama.cpp does (else f32, as the oracle). f32_cache_mib:
     memory for f32 copies of quantized matrices, which large rounds multiply through BLAS
     on CPUs without VNNI (0: dequantize tiles on the fly instead)."""

@@ -4,7 +4,7 @@ Same protocol as the numpy oracle (devices/cpu.py) and its numbers up to f32
 summation order, except where the int8 kernels round activations as llama.cpp does.
 
 Linears: each matrix's kernel is chosen once, at upload (devices/cpu_fast_linears.py):
-int8 VNNI kernels where the CPU has them (activations rounded to int8 per 32 values, as
+int8 kernels (VNNI, else AVX2) where the CPU has them (activations rounded to int8 per 32 values, as
 llama.cpp computes), else the float quantized kernel for small rounds and BLAS for
 larger ones, else (types without a packed kernel) f32 through BLAS.
 
@@ -46,7 +46,7 @@ LONG_CHUNK = 32  # a sequence's rows from which attention gathers its keys and g
 class FastCpuDevice(DeviceBase):
     """Numba CPU device. `threads`: numba threads (default: all); `f32_cache_bytes`:
     memory allowed for f32 copies of quantized matrices (used for large batches);
-    `int8`: use the int8 kernels (default: where the CPU has VNNI); `kv_f16`: keep K and V
+    `int8`: use the int8 kernels (default: where the CPU has VNNI or AVX2); `kv_f16`: keep K and V
     in f16, as llama.cpp does by default (half the bytes that attention reads; at 16
     streams those are as many as the weights), else f32 as the oracle does."""
 

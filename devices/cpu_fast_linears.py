@@ -2,13 +2,13 @@
 
 `linear_for` picks once per matrix, from its type and the device's options:
 
-- Int8Linear: a packed type with an int8 VNNI kernel (kernels/cpu_int8.py), where the
+- Int8Linear: a packed type with an int8 kernel (VNNI or AVX2) (kernels/cpu_int8.py), where the
   CPU has one. Activations rounded to int8 per 32 values, as llama.cpp does; at 512 rows
   this beats BLAS on f32 copies (SmolLM2: ~150 vs ~90 GMAC/s on 2 cores), so no copy.
   The device groups these by activation layout (one rounding of x, one launch). They
   keep only the int8 kernels' layout (no packed blocks next to it): Q5_0 and Q6_K at
   the file's width, Q8_0 and Q4_1 too, Q4_0 and Q4_K at 5 and 6 bits per weight.
-- QuantLinear: a packed type without int8 kernels (no VNNI, int8 off, or a shape the
+- QuantLinear: a packed type without int8 kernels (neither VNNI nor AVX2, int8 off, or a shape the
   int8 kernels do not take). Its kernel switches by batch size, the one place it does:
   up to `small_rows` rows the float quantized kernel (kernels/cpu_quant.py), streaming
   ~1/6 of the bytes of an f32 matrix; above, BLAS on an f32 copy kept at upload (while
@@ -100,7 +100,7 @@ class QuantLinear(FastWeight):
 
 
 class Int8Linear(FastWeight):
-    """The int8 kernels' view alone (packed is None): the int8 VNNI kernels at every batch size.
+    """The int8 kernels' view alone (packed is None): the int8 kernels at every batch size.
     The device computes these in groups (one rounding of x per layout); this is one alone."""
 
     def compute(self, x: np.ndarray) -> np.ndarray:

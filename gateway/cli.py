@@ -46,7 +46,7 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto (the default: cuda where a GPU works, else cpu-fast where its kernels compile, else cpu), cpu (the numpy float32 oracle), "
                    "cpu-llama (numpy with llama.cpp's exact arithmetic), cpu-fast (numba and int8 kernels), cuda or cuda:N")
     p.add_argument("--threads", type=int, default=None, help="cpu-fast: numba threads (default: every core); bench: llama.cpp's threads too")
-    p.add_argument("--no-int8", action="store_true", help="cpu-fast: float quantized kernels and BLAS instead of the int8 VNNI kernels")
+    p.add_argument("--no-int8", action="store_true", help="cpu-fast: float quantized kernels and BLAS instead of the int8 kernels (VNNI or AVX2)")
     p.add_argument("--no-repack", action="store_true", help="cpu-llama: llama.cpp's plain kernels, as with use_extra_bufts=False (default: its repacked ones where llama.cpp repacks)")
     p.add_argument("--kv-f32", action="store_true", help="cpu-fast: keep K and V in f32, as the oracle (default: f16, as llama.cpp)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None, help="cuda: capture decode rounds as CUDA graphs (default: off)")

@@ -1,4 +1,4 @@
-"""Quantized products with int8 activations on VNNI (kernels/int8_ir.py), driven by numba.
+"""Quantized products with int8 activations on VNNI or AVX2 (kernels/int8_ir.py), driven by numba.
 
 llama.cpp's recipe: round each 32-block of activations to int8 with a float scale
 (d = amax / 127), multiply by the integer weight codes exactly, apply the scales in

@@ -1,11 +1,13 @@
-"""int8 dot-product kernels (VNNI vpdpbusd) written in LLVM IR and compiled by llvmlite.
+"""int8 dot-product kernels (VNNI vpdpbusd, or AVX2's vpmaddubsw) written in LLVM IR and compiled by llvmlite.
 
 numba's loop vectorizer does not turn int8 dot products into vpdpbusd (measured: 24
 GMAC/s on one core with widening multiplies), and a C extension would need a compiler
 at install. llvmlite is LLVM itself in a wheel (numba's dependency), so we write the
 inner kernel as IR with the VNNI intrinsic and let LLVM do register allocation and
-instruction selection for the host CPU. Absent VNNI (`available()` False), the numba
-float kernels of kernels/cpu_quant.py are used instead.
+instruction selection for the host CPU. On AVX2 CPUs without VNNI the same kernels are
+built with vpmaddubsw + vpmaddwd in its place (kernels/int8_ir_dot.py: the same integers,
+so the same outputs bit for bit). Without either (`available()` False), the numba float
+kernels of kernels/cpu_quant.py are used instead.
 
 One kernel computes a tile: weight rows [r0, r1) times TILE activation rows from t0,
 over `nsteps` steps of 8 int32 lanes each. Per step and lane, one or two vpdpbusd give
@@ -31,7 +33,7 @@ layouts:
 Two more read a type at the file's own width, codes unsigned with a bit plane for their
 high bits (kernels/int8_bitplanes.py writes them): per step and weight row, the 32-bit
 word of a plane, as <32 x i1>, selects 16 (or 32) into the byte of each code whose bit is
-set (AVX512BW's masked byte move, on every VNNI host). vpdpbusd then multiplies the
+set (AVX512BW's masked byte move on VNNI hosts; a compare of the bits on AVX2). vpdpbusd then multiplies the
 unsigned codes by the activations directly, and the code offset (16 or 32 times the
 activations' sum in each lane, from one more vpdpbusd per activation row) starts the
 integer sum, so each lane's integer is exactly p8's or i8's, and so is every float
@@ -62,7 +64,9 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-from zinfer.kernels import llvm_host
+from zinfer.kernels import int8_ir_dot, llvm_host
+from zinfer.kernels.int8_ir_dot import DECLS as DOT_DECLS
+from zinfer.kernels.int8_ir_dot import dot, dot2_small
 from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, k4_vector, plane, scale_vector, splat, u6_scales
 from zinfer.kernels.kernel_signature import KernelSignature
 
@@ -107,7 +111,6 @@ STEP64 = ("u4", "p8", "u5", "k4")  # the kinds of 64 columns per step, their act
 STEP_BYTES = {"u4": 32, "p8": 64, "i8": 32, "u5": 40, "u6": 26, "k4": 32}  # weight bytes per step and row
 
 _DECLS = """
-declare <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32>, <8 x i32>, <8 x i32>)
 declare <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8>, <32 x i8>)
 declare <32 x i8> @llvm.abs.v32i8(<32 x i8>, i1)
 declare <8 x float> @llvm.fma.v8f32(<8 x float>, <8 x float>, <8 x float>)
@@ -124,7 +127,7 @@ def kernel_name(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
     return f"{kind}_d{dps}_{'h' if half else 'f'}_t{tile}_r{rows}"
 
 
-def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
+def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = "vnni") -> str:
     """IR of one kernel: void(i64 x 18) with the parameters of Int8Args (addresses and byte strides).
 
     It computes out[t0 + t, r] for t < tile and r in [r0, r1), `rows` weight rows per
@@ -233,12 +236,12 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
         else:
             e(f"  %a{t} = load <32 x i8>, ptr %ap{t}, align 1")
         if kind == "u5":  # -16 * the sum of each lane's 8 activations: the codes' offset
-            e(f"  %c0_{t} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} zeroinitializer, {_I8} {splat(8, 'i32', _BYTES16)}, {_I8} %alo{t})")
-            e(f"  %c{t} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} %c0_{t}, {_I8} {splat(8, 'i32', _BYTES16)}, {_I8} %ahi{t})")
+            sixteens = splat(8, "i32", _BYTES16)
+            dot2_small(e, isa, f"c{t}", "zeroinitializer", sixteens, f"%alo{t}", sixteens, f"%ahi{t}")
             e(f"  %nc{t} = sub {_I8} zeroinitializer, %c{t}")
         elif kind == "u6":  # -32 * the sum of each lane's 4 activations
             e(f"  %a32{t} = bitcast <32 x i8> %a{t} to {_I8}")
-            e(f"  %c{t} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} zeroinitializer, {_I8} {splat(8, 'i32', 2 * _BYTES16)}, {_I8} %a32{t})")
+            dot(e, isa, f"c{t}", "zeroinitializer", splat(8, "i32", 2 * _BYTES16), f"%a32{t}")
             e(f"  %nc{t} = sub {_I8} zeroinitializer, %c{t}")
         if kind == "p8":
             e(f"  %aph{t} = getelementptr i8, ptr %ap{t}, i64 32")
@@ -247,19 +250,18 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
         k = f"{i}_{t}"
         if nibbles:  # u5: from the offset
             start = f"%nc{t}" if planes else "zeroinitializer"
-            e(f"  %ia{k} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} {start}, {_I8} %lo32{i}, {_I8} %alo{t})")
-            e(f"  %ib{k} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} %ia{k}, {_I8} %hi32{i}, {_I8} %ahi{t})")
+            dot2_small(e, isa, f"ib{k}", start, f"%lo32{i}", f"%alo{t}", f"%hi32{i}", f"%ahi{t}")
         elif kind == "u6":
-            e(f"  %ib{k} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} %nc{t}, {_I8} %q32{i}, {_I8} %a32{t})")
+            dot(e, isa, f"ib{k}", f"%nc{t}", f"%q32{i}", f"%a32{t}")
         else:  # |w| times a * sign(w)
             e(f"  %as{k} = call <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8> %a{t}, <32 x i8> %w{i})")
             e(f"  %as32{k} = bitcast <32 x i8> %as{k} to {_I8}")
             last = "ib" if kind == "i8" else "ia"
-            e(f"  %{last}{k} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} zeroinitializer, {_I8} %wabs32{i}, {_I8} %as32{k})")
+            dot(e, isa, f"{last}{k}", "zeroinitializer", f"%wabs32{i}", f"%as32{k}")
         if kind == "p8":  # both blocks' second halves into the same lanes
             e(f"  %ahs{k} = call <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8> %ah{t}, <32 x i8> %wh{i})")
             e(f"  %ahs32{k} = bitcast <32 x i8> %ahs{k} to {_I8}")
-            e(f"  %ib{k} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} %ia{k}, {_I8} %whabs32{i}, {_I8} %ahs32{k})")
+            dot(e, isa, f"ib{k}", f"%ia{k}", f"%whabs32{i}", f"%ahs32{k}")
         e(f"  %f{k} = sitofp {_I8} %ib{k} to {_F8}")
         e(f"  %ds{k} = fmul {_F8} %dx{i}, %sc{t}")
         e(f"  %accn{k} = call {_F8} @llvm.fma.v8f32({_F8} %f{k}, {_F8} %ds{k}, {_F8} %acc{k})")
@@ -306,28 +308,34 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int) -> str:
     return "\n".join(lines)
 
 
-def _host_has_vnni(features: str) -> bool:
-    flags = set(features.split(","))
-    return {"+avx512vnni", "+avx512vl", "+avx512bw"} <= flags
-
-
 KEYS = tuple((k, d, h, t, r) for k, d, h in VARIANTS for t, r in SHAPES)  # every kernel: (kind, dps, half, tile, rows)
 
 
-def module_ir() -> str:
-    """IR of the module of every kernel of KEYS (with the intrinsics' declarations)."""
-    return _DECLS + "\n".join(kernel_ir(*key) for key in KEYS)
+def module_ir(isa: str = "vnni") -> str:
+    """IR of the module of every kernel of KEYS for an instruction set of int8_ir_dot.ISAS
+    (with the intrinsics' declarations)."""
+    return _DECLS + DOT_DECLS + "\n".join(kernel_ir(*key, isa=isa) for key in KEYS)
 
 
 @functools.cache
 def addresses() -> dict[tuple[str, int, bool, int, int], int] | None:
     """Machine-code addresses of every kernel, (kind, dps, half, tile, rows) -> address; None when
-    the host CPU lacks AVX512-VNNI or llvmlite cannot compile for it."""
+    the host CPU has neither AVX512-VNNI nor AVX2 or llvmlite cannot compile for it."""
     try:
-        if not _host_has_vnni(llvm_host.host_features()):
+        isa = host_isa()
+        if isa is None:
             return None
-        addr = llvm_host.compile_for_host(module_ir(), [kernel_name(*key) for key in KEYS])
+        addr = llvm_host.compile_for_host(module_ir(isa), [kernel_name(*key) for key in KEYS])
         return {key: addr[kernel_name(*key)] for key in KEYS}
+    except (ImportError, RuntimeError, OSError):
+        return None
+
+
+@functools.cache
+def host_isa() -> str | None:
+    """The int8 kernels' instruction set on this machine ("vnni", "avx2"), or None."""
+    try:
+        return int8_ir_dot.host_isa(llvm_host.host_features())
     except (ImportError, RuntimeError, OSError):
         return None
 

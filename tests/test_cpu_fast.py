@@ -1,7 +1,7 @@
 """The fast CPU device gives the numpy oracle's numbers.
 
 Every numba kernel against kernels.reference / kernels.quants.dequantize on random
-inputs (odd batch sizes, one row) and on real tensors. The int8 kernels (on VNNI CPUs)
+inputs (odd batch sizes, one row) and on real tensors. The int8 kernels (on VNNI or AVX2 CPUs)
 round activations to int8 as llama.cpp does: their products equal the oracle's product
 of the rounded activations, within float rounding. Then the kernel each weight gets at
 upload. Whole forwards against the oracle: test_cpu_fast_forward.py.
@@ -27,7 +27,7 @@ from zinfer.devices.tensor import TensorData
 from zinfer.models.gguf_file import GGUFFile
 
 FAST_TYPES = cq.U4_TYPES + cq.I8_TYPES
-needs_vnni = pytest.mark.skipif(not int8_ir.available(), reason="the int8 kernels need AVX512-VNNI")
+needs_vnni = pytest.mark.skipif(not int8_ir.available(), reason="the int8 kernels need AVX512-VNNI or AVX2")
 
 
 def random_tensor(qt: QT, rows: int, cols: int, seed: int) -> TensorData:
@@ -225,12 +225,12 @@ def expected_kernel(qt: QT, int8: bool):
 @pytest.mark.parametrize("int8", [True, False], ids=["int8", "float"])
 @pytest.mark.parametrize("cache", [1 << 30, 0], ids=["f32-copy", "no-copy"])
 def test_each_weight_gets_its_kernel_at_upload_and_the_oracles_product(qt, int8, cache):
-    """Int8Linear (VNNI) or QuantLinear for packed types, F32Linear for the rest; every
+    """Int8Linear (VNNI or AVX2) or QuantLinear for packed types, F32Linear for the rest; every
     product equals the oracle's (f64 product of the dequantized matrix; int8: of the
     rounded activations) within 1e-5 of its largest value, at T on both sides of
     QuantLinear's switch from the quantized kernel to BLAS."""
     if int8 and not int8_ir.available():
-        pytest.skip("the int8 kernels need AVX512-VNNI")
+        pytest.skip("the int8 kernels need AVX512-VNNI or AVX2")
     rows, cols = 37, 512
     t = random_tensor(qt, rows, cols, seed=4) if qt in FAST_TYPES else written_tensor(qt, rows, cols, seed=4)
     dev = FastCpuDevice(f32_cache_bytes=cache, int8=int8)

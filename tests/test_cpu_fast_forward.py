@@ -89,7 +89,7 @@ class Pair:
 def pair(request):
     model, _, int8 = request.param.partition("-")
     if int8 and not int8_ir.available():
-        pytest.skip("the int8 kernels need AVX512-VNNI")
+        pytest.skip("the int8 kernels need AVX512-VNNI or AVX2")
     pair = Pair(request.getfixturevalue(f"{model}_path"), bool(int8))
     pair.name = model  # for INT8_TOL
     return pair

@@ -28,7 +28,7 @@ from zinfer.models.forward import round_logits
 from zinfer.models.loader import open_model
 from zinfer.models.weights import build_weights
 
-pytestmark = pytest.mark.skipif(not int8_ir.available(), reason="the int8 kernels need AVX512-VNNI")
+pytestmark = pytest.mark.skipif(not int8_ir.available(), reason="the int8 kernels need AVX512-VNNI or AVX2")
 
 OWN_WIDTH = {QT.Q5_0: ("u5", "p8"), QT.Q6_K: ("u6", "i8"), QT.Q4_K: ("k4", "u4")}  # kind, the widened kind
 # kind, bits per weight held (the file's: 5.5, 6.5625, 8.5, 5.0; Q4_0 4.5: its m = -8 d is kept; Q4_K 4.5: its 6-bit scales as bytes)

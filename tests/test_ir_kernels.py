@@ -2,7 +2,7 @@
 
 Every int8 kernel (int8_ir: all VARIANTS x SHAPES) parses, verifies and compiles for
 named VNNI CPUs, and its machine code uses vpdpbusd, the instruction the fast path is
-for; the gemm kernel compiles for x86-64 and AArch64 with fused multiply-adds. Each
+for; built for AVX2 (no VNNI) it uses vpmaddubsw and vpmaddwd instead, and no AVX-512; the gemm kernel compiles for x86-64 and AArch64 with fused multiply-adds. Each
 kernel's IR parameters are its declared signature, and an argument list that does not
 match that signature is a Python error naming the argument, not a wild pointer.
 """
@@ -16,7 +16,7 @@ import pytest
 from numba import njit
 from numba.core.errors import TypingError
 
-from zinfer.kernels import gemm_ir, int8_ir, llvm_host
+from zinfer.kernels import gemm_ir, int8_ir, int8_ir_dot, llvm_host
 from zinfer.kernels.gemm_ir import GemmArgs
 from zinfer.kernels.kernel_signature import call_kernel
 
@@ -45,6 +45,22 @@ def test_every_int8_kernel_compiles_to_vpdpbusd(cpu):
             assert "vpsignb" in bodies[name] and "vpabsb" in bodies[name], name
         if kind in ("u5", "u6"):  # the high bits' planes as byte masks, codes unsigned
             assert "kmovd" in bodies[name] and "vpsignb" not in bodies[name], name
+
+
+@pytest.mark.parametrize("cpu", ["znver1", "haswell"])  # AVX2 CPUs without AVX-512
+def test_every_int8_kernel_builds_for_avx2_without_avx512(cpu):
+    names = [int8_ir.kernel_name(*key) for key in int8_ir.KEYS]
+    bodies = functions_of(llvm_host.compile_for_target(int8_ir.module_ir("avx2"), cpu, "+avx2,+fma,+f16c"), names)
+    for name in names:
+        assert "vpmaddubsw" in bodies[name] and "vpmaddwd" in bodies[name], name
+        assert "vpdpbusd" not in bodies[name] and "zmm" not in bodies[name] and "kmov" not in bodies[name], name
+
+
+def test_the_host_picks_vnni_over_avx2_and_neither_without_avx2():
+    vnni = "+avx2,+fma,+f16c,+avx512f,+avx512vnni,+avx512vl,+avx512bw"
+    assert int8_ir_dot.host_isa(vnni) == "vnni"
+    assert int8_ir_dot.host_isa("+avx2,+fma,+f16c,-avx512vnni") == "avx2"
+    assert int8_ir_dot.host_isa("+sse4.2,+avx,-avx2") is None
 
 
 @pytest.mark.parametrize(("triple", "cpu", "features", "fma"), [
