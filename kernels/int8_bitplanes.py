@@ -1,18 +1,24 @@
 """Q5_0 and Q6_K at the file's width for the int8 kernels' u5 and u6 layouts (kernels/int8_ir.py).
 
 The codes are stored unsigned (Q5_0: 0..31, value (code - 16) * d; Q6_K: 0..63,
-value (code - 32) * d * scale): their low 4 bits as nibbles, each higher bit as a plane
-of 32 bits per 32 codes (bit k of a little-endian u32 belongs to byte k of the vector the
-kernel builds), next to the nibbles of the same step so that one stream holds them.
+value (code - 32) * d * scale): their low 4 bits as nibbles, their high bits in 8 bytes
+per step next to the nibbles of the same step, so that one stream holds them. The high
+bits of byte k of a 32-byte vector the kernel builds lie in byte k % 8 of those 8, at a
+position set by k // 8 (the 64-bit lane of the vector), so the kernel spreads them to
+bytes with one shift per 64-bit lane and one mask (AVX2's vpsrlvq, vpsllvq), on AVX2 as
+on AVX-512; as 32-bit planes they cost AVX2 five instructions each.
 
 - u5, per 64 columns (two 32-blocks, 40 bytes): 32 nibble bytes as kernels/cpu_quant's
-  U4 (block b's byte i holds codes i and i + 16), the plane of bit 4 for the low-nibble
-  vector [block0 0..15, block1 0..15], then for the high-nibble one [block0 16..31,
-  block1 16..31]. d: GGUF's f16 scales, [rows, cols / 32].
+  U4 (block b's byte i holds codes i and i + 16), then bit 4 of the codes of the
+  low-nibble vector [block0 0..15, block1 0..15] and the high-nibble one [block0 16..31,
+  block1 16..31] in 8 bytes: byte j holds, of byte 8l + j of each vector (l = 0..3), the
+  low vector's bit at bit l and the high vector's at bit 4 + l. d: GGUF's f16 scales,
+  [rows, cols / 32].
 - k4 (Q4_K): U4's nibbles; D per 256 columns (20 bytes): the file's f16 d and dmin, then
   its 8 6-bit scales and 8 mins as bytes.
-- u6, per 32 columns (26 bytes): 16 nibble bytes (byte i: codes i and i + 16), the
-  planes of bit 4 and bit 5 of codes 0..31, the int8 scales of the two 16-groups.
+- u6, per 32 columns (26 bytes): 16 nibble bytes (byte i: codes i and i + 16), then the
+  high two bits of codes 0..31 in 8 bytes: byte j holds code 8l + j's bits 4-5 at bits
+  2l, 2l + 1 (l = 0..3); then the int8 scales of the two 16-groups.
   d: the f16 super-block scales, [rows, cols / 256].
 
 `dequantize_rows_*` give the f32 rows bit for bit as kernels.quants.dequantize does
@@ -55,9 +61,18 @@ def by_rows(convert, raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarra
     return outs
 
 
-def _plane(codes: np.ndarray, bit: int) -> np.ndarray:
-    """codes [..., 32] uint8 -> [..., 4] bytes: bit `bit` of code k at bit k (little-endian)."""
-    return np.packbits((codes >> bit) & 1, axis=-1, bitorder="little")
+def _bit4s(low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Two vectors of codes [..., 32] uint8 (below 32) -> [..., 8]: byte j holds bit 4 of
+    low[8l + j] at bit l and of high[8l + j] at bit 4 + l."""
+    lo = ((low >> 4) & 1).reshape(*low.shape[:-1], 4, 8)  # [..., l, j]
+    hi = ((high >> 4) & 1).reshape(*high.shape[:-1], 4, 8)
+    return sum((lo[..., l, :] << l) | (hi[..., l, :] << (4 + l)) for l in range(4)).astype(np.uint8)
+
+
+def _high_pairs(codes: np.ndarray) -> np.ndarray:
+    """codes [..., 32] uint8 (below 64) -> [..., 8]: byte j holds code 8l + j's bits 4-5 at bits 2l, 2l + 1."""
+    pairs = (codes >> 4).reshape(*codes.shape[:-1], 4, 8)  # [..., l, j]
+    return (pairs[..., 0, :] | (pairs[..., 1, :] << 2) | (pairs[..., 2, :] << 4) | (pairs[..., 3, :] << 6)).astype(np.uint8)
 
 
 def _nibble_bytes(codes: np.ndarray) -> np.ndarray:
@@ -73,7 +88,7 @@ def u5_from_q5_0(raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, n
     codes = (p.qs.view(np.uint8) + np.uint8(16)).reshape(rows, cols // 64, 2, 32)  # [row, step, block, code]
     low_vector = codes[..., :16].reshape(rows, cols // 64, 32)  # [block0 0..15, block1 0..15]
     high_vector = codes[..., 16:].reshape(rows, cols // 64, 32)
-    parts = (_nibble_bytes(codes).reshape(rows, cols // 64, 32), _plane(low_vector, 4), _plane(high_vector, 4))
+    parts = (_nibble_bytes(codes).reshape(rows, cols // 64, 32), _bit4s(low_vector, high_vector))
     qs = np.concatenate(parts, axis=-1).reshape(rows, -1)
     b = np.ascontiguousarray(raw).reshape(-1).view(np.uint8).reshape(-1, 22)
     return qs, np.ascontiguousarray(b[:, 0:2]).view(np.float16).reshape(rows, cols // 32)
@@ -97,14 +112,8 @@ def u6_from_q6_k(raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, n
     codes = (p.qs.view(np.uint8) + np.uint8(32)).reshape(rows, cols // 32, 32)  # [row, step, code]
     b = np.ascontiguousarray(raw).reshape(-1).view(np.uint8).reshape(-1, 210)
     scales = np.ascontiguousarray(b[:, 192:208]).reshape(rows, cols // 32, 2)  # int8 bytes per 16-group
-    qs = np.concatenate((_nibble_bytes(codes), _plane(codes, 4), _plane(codes, 5), scales), axis=-1).reshape(rows, -1)
+    qs = np.concatenate((_nibble_bytes(codes), _high_pairs(codes), scales), axis=-1).reshape(rows, -1)
     return qs, np.ascontiguousarray(b[:, 208:210]).view(np.float16).reshape(rows, cols // 256)
-
-
-@njit(cache=True, inline="always")
-def _bit(qs_row, at, k):
-    """Bit k (0..31) of the plane whose 4 bytes start at qs_row[at]."""
-    return (np.int64(qs_row[at + k // 8]) >> (k % 8)) & 1
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -120,8 +129,9 @@ def dequantize_rows_u5(qs, d, rows, out):
                 scale = as_f32(dr[2 * s + blk])
                 for i in range(16):
                     byte, k = np.int64(q[base + blk * 16 + i]), blk * 16 + i  # k: the byte of both vectors
-                    low = (byte & 15) | (_bit(q, base + 32, k) << 4)
-                    high = (byte >> 4) | (_bit(q, base + 36, k) << 4)
+                    bits = np.int64(q[base + 32 + k % 8]) >> (k // 8)
+                    low = (byte & 15) | ((bits & 1) << 4)
+                    high = (byte >> 4) | (((bits >> 4) & 1) << 4)
                     o[s * 64 + blk * 32 + i] = np.float32(low - 16) * scale
                     o[s * 64 + blk * 32 + 16 + i] = np.float32(high - 16) * scale
 
@@ -141,7 +151,8 @@ def dequantize_rows_u6(qs, d, rows, out):
                     k = g * 16 + i
                     byte = np.int64(q[base + i])
                     nibble = (byte >> 4) if g else (byte & 15)
-                    code = nibble | (_bit(q, base + 16, k) << 4) | (_bit(q, base + 20, k) << 5)
+                    high = (np.int64(q[base + 16 + k % 8]) >> (2 * (k // 8))) & 3
+                    code = nibble | (high << 4)
                     o[s * 32 + k] = np.float32(code - 32) * scale
 
 

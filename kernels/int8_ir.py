@@ -30,21 +30,20 @@ layouts:
   the float work per weight is half of i8's (Gemma's Q5_0 prefill: the step loop is
   float-bound).
 
-Two more read a type at the file's own width, codes unsigned with a bit plane for their
-high bits (kernels/int8_bitplanes.py writes them): per step and weight row, the 32-bit
-word of a plane, as <32 x i1>, selects 16 (or 32) into the byte of each code whose bit is
-set (AVX512BW's masked byte move on VNNI hosts; a compare of the bits on AVX2). vpdpbusd then multiplies the
+Two more read a type at the file's own width, codes unsigned with their high bits apart
+(kernels/int8_bitplanes.py writes them), 8 bytes per step and weight row that shifts per
+64-bit lane and a mask spread to the bytes of the codes (int8_ir_scales.bit4s and
+high_pairs). vpdpbusd then multiplies the
 unsigned codes by the activations directly, and the code offset (16 or 32 times the
 activations' sum in each lane, from one more vpdpbusd per activation row) starts the
 integer sum, so each lane's integer is exactly p8's or i8's, and so is every float
 after it: the outputs equal those paths bit for bit.
 
-- u5 (Q5_0): p8's 64 weights per step, 40 bytes: u4's 32 nibble bytes, then the plane
-  of bit 4 for the low-nibble vector's 32 codes and the plane for the high-nibble
-  vector's; activations in the u4 order; d_w GGUF's f16 scales, two per step. 5.5 bits
+- u5 (Q5_0): p8's 64 weights per step, 40 bytes: u4's 32 nibble bytes, then 8 bytes of
+  bit 4 of the low-nibble vector's 32 codes and of the high-nibble vector's; activations in the u4 order; d_w GGUF's f16 scales, two per step. 5.5 bits
   per weight with the scales (p8: 8.5).
 - u6 (Q6_K): i8's 32 weights per step (group 16), 26 bytes: 16 nibble bytes (byte i holds
-  codes i and i + 16), the planes of bit 4 and bit 5, and the two groups' int8 scales;
+  codes i and i + 16), 8 bytes of the codes' bits 4-5, and the two groups' int8 scales;
   D holds the f16 super-block scale per 8 steps, and d_w = f16 * int8 is formed in the
   kernel (exact in f32: 11 by 8 significant bits), so 6.5625 bits per weight, the file's
   width (i8 with f32 scales: 10).
@@ -67,7 +66,7 @@ from typing import NamedTuple
 from zinfer.kernels import int8_ir_dot, llvm_host
 from zinfer.kernels.int8_ir_dot import DECLS as DOT_DECLS
 from zinfer.kernels.int8_ir_dot import dot, dot2_small
-from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, k4_vector, plane, scale_vector, splat, u6_scales
+from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, bit4s, high_pairs, k4_vector, scale_vector, splat, u6_scales
 from zinfer.kernels.kernel_signature import KernelSignature
 
 
@@ -140,7 +139,7 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
     one more fma per step (which made the step loop float-bound).
     """
     u4 = kind in ("u4", "k4")  # offsets m_w after the steps
-    planes = kind in ("u5", "u6")  # unsigned codes with high-bit planes, offset in the integer sum
+    planes = kind in ("u5", "u6")  # unsigned codes with their high bits apart, offset in the integer sum
     nibbles = kind in ("u4", "u5", "k4")  # two 32-byte vectors of codes per step, from nibbles
     step64 = kind in STEP64
     size = 2 if half else 4
@@ -193,21 +192,19 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
         if nibbles:
             e(f"  %lo{i} = and <32 x i8> %w{i}, {splat(32, 'i8', 15)}")
             e(f"  %hi{i} = lshr <32 x i8> %w{i}, {splat(32, 'i8', 4)}")
-            if kind == "u5":  # bit 4 of each code from the two planes
-                for v, offset in (("lo", 32), ("hi", 36)):
-                    plane(e, f"{v}b{i}", f"%wp{i}", offset, 16)
+            if kind == "u5":  # bit 4 of each code
+                bit4s(e, f"lob{i}", f"hib{i}", f"%wp{i}", 32)
+                for v in ("lo", "hi"):
                     e(f"  %{v}q{i} = or <32 x i8> %{v}{i}, %{v}b{i}")
             src = "q" if kind == "u5" else ""
             e(f"  %lo32{i} = bitcast <32 x i8> %lo{src}{i} to {_I8}")
             e(f"  %hi32{i} = bitcast <32 x i8> %hi{src}{i} to {_I8}")
-        elif kind == "u6":  # codes 0..15 from the low nibbles, 16..31 from the high, bits 4 and 5 from the planes
+        elif kind == "u6":  # codes 0..15 from the low nibbles, 16..31 from the high, bits 4 and 5 from their 2-bit fields
             e(f"  %lo{i} = and <16 x i8> %w{i}, {splat(16, 'i8', 15)}")
             e(f"  %hi{i} = lshr <16 x i8> %w{i}, {splat(16, 'i8', 4)}")
             e(f"  %nib{i} = shufflevector <16 x i8> %lo{i}, <16 x i8> %hi{i}, <32 x i32> <{', '.join(f'i32 {j}' for j in range(32))}>")
-            plane(e, f"b4_{i}", f"%wp{i}", 16, 16)
-            plane(e, f"b5_{i}", f"%wp{i}", 20, 32)
-            e(f"  %q4_{i} = or <32 x i8> %nib{i}, %b4_{i}")
-            e(f"  %q{i} = or <32 x i8> %q4_{i}, %b5_{i}")
+            high_pairs(e, f"hb{i}", f"%wp{i}", 16)
+            e(f"  %q{i} = or <32 x i8> %nib{i}, %hb{i}")
             e(f"  %q32{i} = bitcast <32 x i8> %q{i} to {_I8}")
         else:
             e(f"  %wabs{i} = call <32 x i8> @llvm.abs.v32i8(<32 x i8> %w{i}, i1 false)")

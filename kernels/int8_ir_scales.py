@@ -1,7 +1,7 @@
 """IR snippets of kernels/int8_ir.py that turn a weight row's stored bytes into what the
 step loop multiplies: scales spread over the 8 int32 lanes (f16 or f32 as stored; u6's and
 k4's formed from the file's f16 and integer scales, exactly as kernels/cpu_quant forms
-them in f32) and bit planes turned into bytes. Each appends lines through `e` and
+them in f32) and high bits turned into bytes. Each appends lines through `e` and
 defines the named values; names are the caller's, unique per weight row."""
 
 from __future__ import annotations
@@ -33,12 +33,37 @@ def scale_vector(e, name: str, ptr: str, offset: str, count: int, half: bool) ->
         e(f"  %{name} = shufflevector {_F8} %{name}i, {_F8} poison, <8 x i32> zeroinitializer")
 
 
-def plane(e, name: str, ptr: str, offset: int, value: int) -> None:
-    """%name = <32 x i8>: `value` in byte k where bit k of the i32 plane at ptr + offset is set, else 0."""
+def _broadcast8(e, name: str, ptr: str, offset: int) -> None:
+    """%name = <4 x i64>: the 8 bytes at ptr + offset in each 64-bit lane."""
     e(f"  %{name}p = getelementptr i8, ptr {ptr}, i64 {offset}")
-    e(f"  %{name}w = load i32, ptr %{name}p, align 1")
-    e(f"  %{name}m = bitcast i32 %{name}w to <32 x i1>")
-    e(f"  %{name} = select <32 x i1> %{name}m, <32 x i8> {splat(32, 'i8', value)}, <32 x i8> zeroinitializer")
+    e(f"  %{name}w = load i64, ptr %{name}p, align 1")
+    e(f"  %{name}i = insertelement <4 x i64> poison, i64 %{name}w, i64 0")
+    e(f"  %{name} = shufflevector <4 x i64> %{name}i, <4 x i64> poison, <4 x i32> zeroinitializer")
+
+
+def _masked(e, name: str, shifted: str, mask: int) -> None:
+    """%name = <32 x i8>: the bytes of <4 x i64> `shifted`, each and `mask`."""
+    e(f"  %{name}c = bitcast <4 x i64> {shifted} to <32 x i8>")
+    e(f"  %{name} = and <32 x i8> %{name}c, {splat(32, 'i8', mask)}")
+
+
+def bit4s(e, low: str, high: str, ptr: str, offset: int) -> None:
+    """%low, %high = <32 x i8>: byte k = 16 * bit 4 of the low (high) vector's code k, from the
+    8 bytes at ptr + offset where byte j holds code 8l + j's bit at l (4 + l) (the u5 layout)."""
+    _broadcast8(e, f"{low}q", ptr, offset)
+    e(f"  %{low}s = shl <4 x i64> %{low}q, <i64 4, i64 3, i64 2, i64 1>")  # lane l: bit l to bit 4
+    _masked(e, low, f"%{low}s", 0x10)
+    e(f"  %{high}s = lshr <4 x i64> %{low}q, <i64 0, i64 1, i64 2, i64 3>")  # lane l: bit 4 + l to bit 4
+    _masked(e, high, f"%{high}s", 0x10)
+
+
+def high_pairs(e, name: str, ptr: str, offset: int) -> None:
+    """%name = <32 x i8>: byte k = (bits 4-5 of code k) << 4, from the 8 bytes at ptr + offset
+    where byte j holds code 8l + j's two bits at 2l (kernels/int8_bitplanes.py's u6)."""
+    _broadcast8(e, f"{name}q", ptr, offset)
+    e(f"  %{name}s = lshr <4 x i64> %{name}q, <i64 0, i64 2, i64 4, i64 6>")  # lane l: code 8l + j's bits at byte j's bits 0-1
+    e(f"  %{name}u = shl <4 x i64> %{name}s, {splat(4, 'i64', 4)}")
+    _masked(e, name, f"%{name}u", 0x30)
 
 
 def u6_scales(e, i: int) -> None:
