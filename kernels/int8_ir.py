@@ -5,8 +5,8 @@ GMAC/s on one core with widening multiplies), and a C extension would need a com
 at install. llvmlite is LLVM itself in a wheel (numba's dependency), so we write the
 inner kernel as IR with the VNNI intrinsic and let LLVM do register allocation and
 instruction selection for the host CPU. On AVX2 CPUs without VNNI the same kernels are
-built with vpmaddubsw + vpmaddwd in its place (kernels/int8_ir_dot.py: the same integers,
-so the same outputs bit for bit). Without either (`available()` False), the numba float
+built with vpmaddubsw + vpmaddwd in its place (kernels/int8_ir_dot.py: the same integers and
+the same float operations after them). Without either (`available()` False), the numba float
 kernels of kernels/cpu_quant.py are used instead.
 
 One kernel computes a tile: weight rows [r0, r1) times TILE activation rows from t0,
@@ -40,7 +40,8 @@ integer sum, so each lane's integer is exactly p8's or i8's, and so is every flo
 after it: the outputs equal those paths bit for bit.
 
 - u5 (Q5_0): p8's 64 weights per step, 40 bytes: u4's 32 nibble bytes, then 8 bytes of
-  bit 4 of the low-nibble vector's 32 codes and of the high-nibble vector's; activations in the u4 order; d_w GGUF's f16 scales, two per step. 5.5 bits
+  bit 4 of the low-nibble vector's 32 codes and of the high-nibble vector's; activations
+  in the u4 order; d_w GGUF's f16 scales, two per step. 5.5 bits
   per weight with the scales (p8: 8.5).
 - u6 (Q6_K): i8's 32 weights per step (group 16), 26 bytes: 16 nibble bytes (byte i holds
   codes i and i + 16), 8 bytes of the codes' bits 4-5, and the two groups' int8 scales;

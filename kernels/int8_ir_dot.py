@@ -6,8 +6,9 @@ Per int32 lane, acc + the sum of 4 products of an unsigned byte (u) by a signed 
   (pairs of int16 into int32) and an add, as llama.cpp's AVX2 kernels do. Exact where no
   pair sum leaves int16: every caller's unsigned bytes are at most 128 (|w|, or codes
   below 64) and its signed ones at least -127 (activations rounded to [-127, 127]), so
-  |u0 s0 + u1 s1| <= 2 * 128 * 127 = 32512. The integers, and so every float after them,
-  equal VNNI's bit for bit.
+  |u0 s0 + u1 s1| <= 2 * 128 * 127 = 32512. The integers equal VNNI's, and the float
+  operations after them are the same IR (the host's LLVM may order the final 8-lane sum
+  differently).
 
 Operands are IR values of type <8 x i32> (4 bytes a lane); each call appends lines through
 `e` and defines %name.
