@@ -310,8 +310,8 @@ KEYS = tuple((k, d, h, t, r) for k, d, h in VARIANTS for t, r in SHAPES)  # ever
 
 
 def module_ir(isa: str = "vnni") -> str:
-    """IR of the module of every kernel of KEYS for an instruction set of int8_ir_dot.ISAS
-    (with the intrinsics' declarations)."""
+    """IR of the module of every kernel of KEYS for an instruction set, "vnni" or
+    "avx2" (int8_ir_dot), with the intrinsics' declarations."""
     return _DECLS + DOT_DECLS + "\n".join(kernel_ir(*key, isa=isa) for key in KEYS)
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from zinfer.kernels.int8_ir_scales import splat
 
-ISAS = ("vnni", "avx2")
 DECLS = """
 declare <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32>, <8 x i32>, <8 x i32>)
 declare <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8>, <32 x i8>)
@@ -47,8 +46,12 @@ def _pairs16(e, name: str, u: str, s: str) -> None:
 
 def _widen_add(e, name: str, acc: str, pairs: str) -> None:
     """%name = acc + the <16 x i16> `pairs` summed two by two into int32 lanes (vpmaddwd by 1)."""
-    e(f"  %{name}w = call {_I8} @llvm.x86.avx2.pmadd.wd({_W16} {pairs}, {_W16} {splat(16, 'i16', 1)})")
-    e(f"  %{name} = add {_I8} {acc}, %{name}w" if acc != "zeroinitializer" else f"  %{name} = add {_I8} %{name}w, zeroinitializer")
+    widened = f"call {_I8} @llvm.x86.avx2.pmadd.wd({_W16} {pairs}, {_W16} {splat(16, 'i16', 1)})"
+    if acc == "zeroinitializer":
+        e(f"  %{name} = {widened}")
+        return
+    e(f"  %{name}w = {widened}")
+    e(f"  %{name} = add {_I8} {acc}, %{name}w")
 
 
 def dot(e, isa: str, name: str, acc: str, u: str, s: str) -> None:
