@@ -4,8 +4,8 @@ Same protocol as the numpy oracle (devices/cpu.py) and its numbers up to f32
 summation order, except where the int8 kernels round activations as llama.cpp does.
 
 Linears: each matrix's kernel is chosen once, at upload (devices/cpu_fast_linears.py):
-int8 kernels (VNNI, else AVX2) where the CPU has them (activations rounded to int8 per 32 values, as
-llama.cpp computes), else the float quantized kernel for small rounds and BLAS for
+int8 kernels (VNNI, else AVX2) where the CPU has them (activations rounded to int8 per 32 values, per
+256 for K-quants, as llama.cpp computes), else the float quantized kernel for small rounds and BLAS for
 larger ones, else (types without a packed kernel) f32 through BLAS.
 
 Attention: one numba kernel over every short row of the round (decode, small appends),

@@ -3,7 +3,7 @@
 `linear_for` picks once per matrix, from its type and the device's options:
 
 - Int8Linear: a packed type with an int8 kernel (VNNI or AVX2) (kernels/cpu_int8.py), where the
-  CPU has one. Activations rounded to int8 per 32 values, as llama.cpp does; at 512 rows
+  CPU has one. Activations rounded to int8 per 32 values (K-quants per 256), as llama.cpp does; at 512 rows
   this beats BLAS on f32 copies (SmolLM2: ~150 vs ~90 GMAC/s on 2 cores), so no copy.
   The device groups these by activation layout (one rounding of x, one launch). They
   keep only the int8 kernels' layout (no packed blocks next to it): Q5_0 and Q6_K at

@@ -1,8 +1,8 @@
 """Quantized products with int8 activations on VNNI or AVX2 (kernels/int8_ir.py), driven by numba.
 
 llama.cpp's recipe: round each 32-block of activations to int8 with a float scale
-(d = amax / 127), multiply by the integer weight codes exactly, apply the scales in
-float. Our scales stay f32 (llama.cpp rounds them to fp16), so the rounding is never
+(d = amax / 127; per 256 columns for Q4_K and Q6_K, as llama.cpp's Q8_K), multiply by
+the integer weight codes exactly, apply the scales in float. Our scales stay f32 (llama.cpp rounds them to fp16), so the rounding is never
 coarser than llama.cpp's. `prepare` adds what the kernels need to a packed matrix of
 kernels/cpu_quant.py (or, for Q5_0 and Q6_K, `from_gguf` reads the file's blocks at their
 own width), `matmul` computes out [T, rows] = x [T, cols] @ W.T.
@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType as QT
 from numba import njit, prange
 
 from zinfer.kernels import int8_bitplanes as bp
-from zinfer.kernels import int8_ir
+from zinfer.kernels import int8_ir, int8_ir_super
 from zinfer.kernels.cpu_ops import PARALLEL_ROWS, compile_twice
 from zinfer.kernels.cpu_quant import Packed
 from zinfer.kernels.int8_ir import Int8Args
@@ -119,40 +119,41 @@ def _block_scale(xb):
     return amax / np.float32(127), (np.float32(127) / amax if amax > 0 else np.float32(0))
 
 
-def _quantize_for_u4(x, A, S, N):
-    """A [T, cols] int8 in the u4 step order; S lanes = d_a; N [T, chunks * 8] = d_a * sum(codes)
-    per block, zero-padded."""
+def _quantize_for_u4(x, A, S, N, group):
+    """A [T, cols] int8 in the u4 step order, rounded per `group` columns (32 or 256); S
+    lanes = d_a; N [T, chunks * 8] = d_a * sum(codes) per 32-block, zero-padded."""
     T, K = x.shape
     for t in prange(T):
         xt, At = x[t], A[t]
-        for b in range(K // 32):
-            xb = xt[b * 32 : b * 32 + 32]
-            d, inv = _block_scale(xb)
-            s, half = b // 2, b % 2  # step and which of its two blocks
-            lo = At[s * 64 + half * 16 : s * 64 + half * 16 + 16]  # the block's codes 0..15
-            hi = At[s * 64 + 32 + half * 16 : s * 64 + 32 + half * 16 + 16]  # and 16..31
-            total = np.float32(0)  # exact: at most 32 * 127
-            for i in range(16):  # straight-line over slices: LLVM vectorizes it
-                c0 = np.rint(xb[i] * inv)
-                c1 = np.rint(xb[16 + i] * inv)
-                lo[i] = np.int8(c0)
-                hi[i] = np.int8(c1)
-                total += c0 + c1
-            S[t, s * 8 + half * 4 : s * 8 + half * 4 + 4] = d
-            N[t, b] = d * total
+        for g in range(K // group):
+            d, inv = _block_scale(xt[g * group : g * group + group])
+            for b in range(g * group // 32, (g + 1) * group // 32):
+                xb = xt[b * 32 : b * 32 + 32]
+                s, half = b // 2, b % 2  # step and which of its two blocks
+                lo = At[s * 64 + half * 16 : s * 64 + half * 16 + 16]  # the block's codes 0..15
+                hi = At[s * 64 + 32 + half * 16 : s * 64 + 32 + half * 16 + 16]  # and 16..31
+                total = np.float32(0)  # exact: at most 32 * 127
+                for i in range(16):  # straight-line over slices: LLVM vectorizes it
+                    c0 = np.rint(xb[i] * inv)
+                    c1 = np.rint(xb[16 + i] * inv)
+                    lo[i] = np.int8(c0)
+                    hi[i] = np.int8(c1)
+                    total += c0 + c1
+                S[t, s * 8 + half * 4 : s * 8 + half * 4 + 4] = d
+                N[t, b] = d * total
         N[t, K // 32 :] = 0
 
 
-def _quantize_for_i8(x, A, S):
-    """A [T, cols] int8 codes; S lanes = d_a (8 per 32-block)."""
+def _quantize_for_i8(x, A, S, group):
+    """A [T, cols] int8 codes, rounded per `group` columns (32 or 256); S lanes = d_a (8 per 32 columns)."""
     T, K = x.shape
     for t in prange(T):
-        for b in range(K // 32):
-            d, inv = _block_scale(x[t, b * 32 : b * 32 + 32])
-            for i in range(32):
-                A[t, b * 32 + i] = int(np.rint(x[t, b * 32 + i] * inv))
-            for lane in range(8):
-                S[t, b * 8 + lane] = d
+        for g in range(K // group):
+            d, inv = _block_scale(x[t, g * group : g * group + group])
+            for i in range(g * group, g * group + group):
+                A[t, i] = int(np.rint(x[t, i] * inv))
+            for lane in range(g * group // 4, (g * group + group) // 4):
+                S[t, lane] = d
 
 
 # reductions (amax, code sums) may be reordered and vectorized; no approximate division,
@@ -205,15 +206,21 @@ def _run(jobs, A, S, N, nsteps, nchunks, out):
             t += _KTILE if wide else 1
 
 
-def rounded(x: np.ndarray) -> np.ndarray:
-    """x [T, cols] f32 as the int8 kernels see it: per 32 values, codes rint(x * 127 / amax)
-    times amax / 127 (numpy, the reference for tests)."""
+def rounded(x: np.ndarray, group: int = 32) -> np.ndarray:
+    """x [T, cols] f32 as the int8 kernels see it: per `group` values (rounding_group's),
+    codes rint(x * 127 / amax) times amax / 127 (numpy, the reference for tests)."""
     T, cols = x.shape
-    xb = x.reshape(T, cols // 32, 32)
+    xb = x.reshape(T, cols // group, group)
     amax = np.abs(xb).max(axis=-1, keepdims=True)
     with np.errstate(divide="ignore"):
         inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
     return (np.rint(xb * inv) * (amax / np.float32(127))).astype(np.float32).reshape(T, cols)
+
+
+def rounding_group(w: Int8Weight) -> int:
+    """The columns that share one activation scale for w's kernels: 256 for k4 and u6
+    (a super-block: their sub-block scales apply as integers), else 32."""
+    return 256 if w.kind in int8_ir_super.KINDS else 32
 
 
 def _u4_order(w: Int8Weight) -> bool:
@@ -224,7 +231,7 @@ def _u4_order(w: Int8Weight) -> bool:
 def same_layout(a: Int8Weight, b: Int8Weight) -> bool:
     """Whether a and b read the same activation rounding (one matmul_many can do both,
     each matrix with its own layout's kernels)."""
-    return (_u4_order(a), a.nsteps) == (_u4_order(b), b.nsteps)
+    return (_u4_order(a), a.nsteps, rounding_group(a)) == (_u4_order(b), b.nsteps, rounding_group(b))
 
 
 class Jobs(NamedTuple):
@@ -266,12 +273,12 @@ def matmul_many(jobs: Jobs, x: np.ndarray) -> list[np.ndarray]:
 
 def _launch(jobs: Jobs, x: np.ndarray, out: np.ndarray) -> None:
     w = jobs.weights[0]
-    _product(jobs.table, x, _u4_order(w), w.nsteps, w.nchunks, out)
+    _product(jobs.table, x, _u4_order(w), rounding_group(w), w.nsteps, w.nchunks, out)
 
 
 @njit(cache=True, nogil=True)
-def _product(jobs, x, u4, nsteps, nchunks, out):
-    """x [T, cols] rounded for the jobs' kernels (u4: in the u4 order, as p8 and u5 read
+def _product(jobs, x, u4, group, nsteps, nchunks, out):
+    """x [T, cols] rounded per `group` columns for the jobs' kernels (u4: in the u4 order, as p8, u5 and k4 read
     it too), then _run: one call from Python per launch (each numba call costs
     microseconds, and decode makes ~120 per token)."""
     T, cols = x.shape
@@ -279,13 +286,13 @@ def _product(jobs, x, u4, nsteps, nchunks, out):
     S = np.empty((T, nsteps * 8), np.float32)  # d_a per lane
     N = np.empty((T, nchunks * 8 if u4 else 1), np.float32)  # u4: d_a * sum(codes) per block
     if u4 and T < PARALLEL_ROWS:
-        _quantize_u4_one(x, A, S, N)
+        _quantize_u4_one(x, A, S, N, group)
     elif u4:
-        _quantize_u4(x, A, S, N)
+        _quantize_u4(x, A, S, N, group)
     elif T < PARALLEL_ROWS:
-        _quantize_i8_one(x, A, S)
+        _quantize_i8_one(x, A, S, group)
     else:
-        _quantize_i8(x, A, S)
+        _quantize_i8(x, A, S, group)
     _run(jobs, A, S, N, nsteps, nchunks, out)
 
 

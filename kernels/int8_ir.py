@@ -45,14 +45,15 @@ after it: the outputs equal those paths bit for bit.
   per weight with the scales (p8: 8.5).
 - u6 (Q6_K): i8's 32 weights per step (group 16), 26 bytes: 16 nibble bytes (byte i holds
   codes i and i + 16), 8 bytes of the codes' bits 4-5, and the two groups' int8 scales;
-  D holds the f16 super-block scale per 8 steps, and d_w = f16 * int8 is formed in the
-  kernel (exact in f32: 11 by 8 significant bits), so 6.5625 bits per weight, the file's
+  D holds the f16 super-block scale per 8 steps: 6.5625 bits per weight, the file's
   width (i8 with f32 scales: 10).
-- k4 (Q4_K): u4's nibbles and kernel, but D holds the file's scales per super-block of
-  256 (f16 d, f16 dmin, the 8 6-bit scales and 8 mins as bytes: 20 bytes), and d_w =
-  d * scale and m_w = -dmin * min are formed in the kernel, exactly as kernels/cpu_quant
-  forms them in f32 (11 by 6 significant bits): 4.625 bits per weight (u4 with f32 d
-  and m: 6; the file: 4.5).
+- k4 (Q4_K): u4's nibbles, but D holds the file's scales per super-block of 256 (f16 d,
+  f16 dmin, the 8 6-bit scales and 8 mins as bytes: 20 bytes): 4.625 bits per weight
+  (u4 with f32 d and m: 6; the file: 4.5).
+
+u6 and k4 have kernels of their own (kernels/int8_ir_super.py): their activations are
+rounded per 256 columns, as llama.cpp's Q8_K, and their sub-block scales multiply the
+integer sums, so the float work is once per super-block.
 
 Scales are stored as f16 where that is exact (Q4_0, Q4_1, Q8_0, Q5_0 keep GGUF's own
 f16 scales, so the kernels stream no more bytes than llama.cpp), else f32 (K-quants,
@@ -64,10 +65,11 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-from zinfer.kernels import int8_ir_dot, llvm_host
+from zinfer.kernels import int8_ir_dot, int8_ir_super, llvm_host
+from zinfer.kernels import int8_ir_frame as frame
 from zinfer.kernels.int8_ir_dot import DECLS as DOT_DECLS
 from zinfer.kernels.int8_ir_dot import dot, dot2_small
-from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, bit4s, high_pairs, k4_vector, scale_vector, splat, u6_scales
+from zinfer.kernels.int8_ir_scales import bit4s, scale_vector, splat
 from zinfer.kernels.kernel_signature import KernelSignature
 
 
@@ -138,56 +140,28 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
     u4's offsets: out += sum over blocks of m_w * N, N [t, nchunks * 8] = d_a * sum(codes)
     per 32-block (zero-padded); it runs after the steps, 8 blocks per vector, instead of
     one more fma per step (which made the step loop float-bound).
+    k4 and u6 are kernels/int8_ir_super.py's (the same contract, integer sub-block scales).
     """
-    u4 = kind in ("u4", "k4")  # offsets m_w after the steps
-    planes = kind in ("u5", "u6")  # unsigned codes with their high bits apart, offset in the integer sum
-    nibbles = kind in ("u4", "u5", "k4")  # two 32-byte vectors of codes per step, from nibbles
+    name = kernel_name(kind, dps, half, tile, rows)
+    if kind in int8_ir_super.KINDS:
+        return int8_ir_super.kernel_ir(kind, tile, rows, name, SIGNATURE, PREFETCH_BYTES, STEP_BYTES[kind])
+    nibbles = kind in ("u4", "u5")  # two 32-byte vectors of codes per step, from nibbles
     step64 = kind in STEP64
-    size = 2 if half else 4
     pairs = [(i, t) for i in range(rows) for t in range(tile)]
     lines: list[str] = []
     e = lines.append
-    e(SIGNATURE.define(kernel_name(kind, dps, half, tile, rows)))
-    e("entry:")
-    for p in SIGNATURE.addresses:
-        e(f"  %{p}p = inttoptr i64 %{p} to ptr")
-    for t in range(tile):  # per activation row of the tile: its A, S, N rows and out offset
-        e(f"  %trow{t} = add i64 %t0, {t}")
-        for v, base, stride in (("a", "Ap", "astride"), ("s", "Sp", "sstride"), ("n", "Np", "nstride")):
-            e(f"  %{v}off{t} = mul i64 %trow{t}, %{stride}")
-            e(f"  %{v}row{t} = getelementptr i8, ptr %{base}, i64 %{v}off{t}")
-        e(f"  %ooff{t} = mul i64 %trow{t}, %ostride")
-    e("  br label %rloop")
-
-    e("rloop:")  # over passes of `rows` weight rows
-    e("  %r = phi i64 [ %r0, %entry ], [ %rn, %rlatch ]")
-    for i in range(rows):
-        e(f"  %row{i} = add i64 %r, {i}")
-        e(f"  %woff{i} = mul i64 %row{i}, %wstride")
-        e(f"  %wrow{i} = getelementptr i8, ptr %Wp, i64 %woff{i}")
-        e(f"  %doff{i} = mul i64 %row{i}, %dstride")
-        e(f"  %drow{i} = getelementptr i8, ptr %Dp, i64 %doff{i}")
-        e(f"  %mrow{i} = getelementptr i8, ptr %Mp, i64 %doff{i}")
-    e("  br label %sloop")
+    frame.entry(e, SIGNATURE, name, tile)
+    frame.row_pass(e, rows, "sloop")
 
     e("sloop:")  # over steps of 8 lanes
     e("  %s = phi i64 [ 0, %rloop ], [ %sn, %sloop ]")
     for i, t in pairs:
         e(f"  %acc{i}_{t} = phi {_F8} [ zeroinitializer, %rloop ], [ %accn{i}_{t}, %sloop ]")
     e(f"  %wo = mul i64 %s, {STEP_BYTES[kind]}")
-    e(f"  %do = mul i64 %s, {dps * size}")
-    if kind == "u6":
-        e("  %sups = lshr i64 %s, 3")  # the super-block: 8 steps of 32
-        e("  %supo = shl i64 %sups, 1")
-    if kind == "k4":  # the super-block: 4 steps of 64; the step's two scales at 4 + 2 * (s % 4)
-        e("  %ks = lshr i64 %s, 2")
-        e(f"  %ksup = mul i64 %ks, {K4_SUPER_BYTES}")
-        e("  %ksr = and i64 %s, 3")
-        e("  %ksr2 = shl i64 %ksr, 1")
-        e("  %ksco = add i64 %ksr2, 4")
+    e(f"  %do = mul i64 %s, {dps * (2 if half else 4)}")
     for i in range(rows):
         e(f"  %wp{i} = getelementptr i8, ptr %wrow{i}, i64 %wo")
-        e(f"  %w{i} = load <{16 if kind == 'u6' else 32} x i8>, ptr %wp{i}, align 1")
+        e(f"  %w{i} = load <32 x i8>, ptr %wp{i}, align 1")
         e(f"  %pf{i} = getelementptr i8, ptr %wp{i}, i64 {PREFETCH_BYTES}")
         e(f"  call void @llvm.prefetch.p0(ptr %pf{i}, i32 0, i32 0, i32 1)")  # read, streamed once
         if nibbles:
@@ -200,13 +174,6 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
             src = "q" if kind == "u5" else ""
             e(f"  %lo32{i} = bitcast <32 x i8> %lo{src}{i} to {_I8}")
             e(f"  %hi32{i} = bitcast <32 x i8> %hi{src}{i} to {_I8}")
-        elif kind == "u6":  # codes 0..15 from the low nibbles, 16..31 from the high, bits 4 and 5 from their 2-bit fields
-            e(f"  %lo{i} = and <16 x i8> %w{i}, {splat(16, 'i8', 15)}")
-            e(f"  %hi{i} = lshr <16 x i8> %w{i}, {splat(16, 'i8', 4)}")
-            e(f"  %nib{i} = shufflevector <16 x i8> %lo{i}, <16 x i8> %hi{i}, <32 x i32> <{', '.join(f'i32 {j}' for j in range(32))}>")
-            high_pairs(e, f"hb{i}", f"%wp{i}", 16)
-            e(f"  %q{i} = or <32 x i8> %nib{i}, %hb{i}")
-            e(f"  %q32{i} = bitcast <32 x i8> %q{i} to {_I8}")
         else:
             e(f"  %wabs{i} = call <32 x i8> @llvm.abs.v32i8(<32 x i8> %w{i}, i1 false)")
             e(f"  %wabs32{i} = bitcast <32 x i8> %wabs{i} to {_I8}")
@@ -215,12 +182,7 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
             e(f"  %wh{i} = load <32 x i8>, ptr %wq{i}, align 1")
             e(f"  %whabs{i} = call <32 x i8> @llvm.abs.v32i8(<32 x i8> %wh{i}, i1 false)")
             e(f"  %whabs32{i} = bitcast <32 x i8> %whabs{i} to {_I8}")
-        if kind == "u6":
-            u6_scales(e, i)
-        elif kind == "k4":
-            k4_vector(e, f"dx{i}", i, "%ksup", "%ksco", 0, 2)
-        else:
-            scale_vector(e, f"dx{i}", f"%drow{i}", "%do", dps, half)
+        scale_vector(e, f"dx{i}", f"%drow{i}", "%do", dps, half)
     e(f"  %ao = shl i64 %s, {6 if step64 else 5}")
     e("  %so = shl i64 %s, 5")
     for t in range(tile):
@@ -237,20 +199,14 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
             sixteens = splat(8, "i32", _BYTES16)
             dot2_small(e, isa, f"c{t}", "zeroinitializer", sixteens, f"%alo{t}", sixteens, f"%ahi{t}")
             e(f"  %nc{t} = sub {_I8} zeroinitializer, %c{t}")
-        elif kind == "u6":  # -32 * the sum of each lane's 4 activations
-            e(f"  %a32{t} = bitcast <32 x i8> %a{t} to {_I8}")
-            dot(e, isa, f"c{t}", "zeroinitializer", splat(8, "i32", 2 * _BYTES16), f"%a32{t}")
-            e(f"  %nc{t} = sub {_I8} zeroinitializer, %c{t}")
         if kind == "p8":
             e(f"  %aph{t} = getelementptr i8, ptr %ap{t}, i64 32")
             e(f"  %ah{t} = load <32 x i8>, ptr %aph{t}, align 1")
     for i, t in pairs:
         k = f"{i}_{t}"
         if nibbles:  # u5: from the offset
-            start = f"%nc{t}" if planes else "zeroinitializer"
+            start = f"%nc{t}" if kind == "u5" else "zeroinitializer"
             dot2_small(e, isa, f"ib{k}", start, f"%lo32{i}", f"%alo{t}", f"%hi32{i}", f"%ahi{t}")
-        elif kind == "u6":
-            dot(e, isa, f"ib{k}", f"%nc{t}", f"%q32{i}", f"%a32{t}")
         else:  # |w| times a * sign(w)
             e(f"  %as{k} = call <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8> %a{t}, <32 x i8> %w{i})")
             e(f"  %as32{k} = bitcast <32 x i8> %as{k} to {_I8}")
@@ -265,44 +221,13 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
         e(f"  %accn{k} = call {_F8} @llvm.fma.v8f32({_F8} %f{k}, {_F8} %ds{k}, {_F8} %acc{k})")
     e("  %sn = add i64 %s, 1")
     e("  %more = icmp ult i64 %sn, %nsteps")
-    e(f"  br i1 %more, label %sloop, label %{'mloop' if u4 else 'rlatch'}")
-
-    total = "accn"
-    if u4:
-        e("mloop:")  # offsets: 8 blocks of m_w . N per vector
-        e("  %c = phi i64 [ 0, %sloop ], [ %cn, %mloop ]")
-        for i, t in pairs:
-            e(f"  %macc{i}_{t} = phi {_F8} [ %accn{i}_{t}, %sloop ], [ %maccn{i}_{t}, %mloop ]")
-        e(f"  %mo = mul i64 %c, {K4_SUPER_BYTES if kind == 'k4' else 8 * size}")
-        e("  %no = shl i64 %c, 5")
-        for i in range(rows):
-            if kind == "k4":  # a chunk of 8 blocks is one super-block: m = -dmin * min
-                k4_vector(e, f"mx{i}", i, "%mo", "12", 2, 8)
-            else:
-                scale_vector(e, f"mx{i}", f"%mrow{i}", "%mo", 8, half)
-        for t in range(tile):
-            e(f"  %np{t} = getelementptr i8, ptr %nrow{t}, i64 %no")
-            e(f"  %nv{t} = load {_F8}, ptr %np{t}, align 4")
-        for i, t in pairs:
-            e(f"  %maccn{i}_{t} = call {_F8} @llvm.fma.v8f32({_F8} %mx{i}, {_F8} %nv{t}, {_F8} %macc{i}_{t})")
-        e("  %cn = add i64 %c, 1")
-        e("  %cmore = icmp ult i64 %cn, %nchunks")
-        e("  br i1 %cmore, label %mloop, label %rlatch")
-        total = "maccn"
-
-    e("rlatch:")  # 8 lanes -> out[t, r]
-    for i, t in pairs:
-        k = f"{i}_{t}"
-        e(f"  %red{k} = call reassoc float @llvm.vector.reduce.fadd.v8f32(float -0.0, {_F8} %{total}{k})")
-        e(f"  %oi{k} = add i64 %ooff{t}, %row{i}")
-        e(f"  %op{k} = getelementptr float, ptr %outp, i64 %oi{k}")
-        e(f"  store float %red{k}, ptr %op{k}, align 4")
-    e(f"  %rn = add i64 %r, {rows}")
-    e("  %rmore = icmp ult i64 %rn, %r1")
-    e("  br i1 %rmore, label %rloop, label %exit")
-    e("exit:")
-    e("  ret void")
-    e("}")
+    if kind == "u4":
+        e("  br i1 %more, label %sloop, label %mloop")
+        accs = frame.offsets_loop(e, "u4", half, pairs, rows, tile, "sloop", "accn")
+    else:
+        e("  br i1 %more, label %sloop, label %rlatch")
+        accs = "accn"
+    frame.store(e, pairs, rows, accs)
     return "\n".join(lines)
 
 

@@ -1,8 +1,9 @@
-"""IR snippets of kernels/int8_ir.py that turn a weight row's stored bytes into what the
-step loop multiplies: scales spread over the 8 int32 lanes (f16 or f32 as stored; u6's and
-k4's formed from the file's f16 and integer scales, exactly as kernels/cpu_quant forms
-them in f32) and high bits turned into bytes. Each appends lines through `e` and
-defines the named values; names are the caller's, unique per weight row."""
+"""IR snippets of the int8 kernels (kernels/int8_ir.py, int8_ir_super.py) that turn a
+weight row's stored bytes into what the step loop multiplies: scales spread over the 8
+lanes (f16 or f32 as stored; k4's mins formed from the file's f16 dmin and integer mins,
+exactly as kernels/cpu_quant forms them in f32) and high bits turned into bytes. Each
+appends lines through `e` and defines the named values; names are the caller's, unique
+per weight row."""
 
 from __future__ import annotations
 
@@ -66,36 +67,17 @@ def high_pairs(e, name: str, ptr: str, offset: int) -> None:
     _masked(e, name, f"%{name}u", 0x30)
 
 
-def u6_scales(e, i: int) -> None:
-    """%dx{i}: row i's two group scales of the step, f16 super scale * int8 scale, over 8 lanes."""
-    e(f"  %gsp{i} = getelementptr i8, ptr %wp{i}, i64 24")
-    e(f"  %gs{i} = load <2 x i8>, ptr %gsp{i}, align 1")
-    e(f"  %gsf{i} = sitofp <2 x i8> %gs{i} to <2 x float>")
-    e(f"  %sup{i} = getelementptr i8, ptr %drow{i}, i64 %supo")
-    e(f"  %suph{i} = load half, ptr %sup{i}, align 2")
-    e(f"  %supf{i} = fpext half %suph{i} to float")
-    e(f"  %supi{i} = insertelement <2 x float> poison, float %supf{i}, i64 0")
-    e(f"  %supv{i} = shufflevector <2 x float> %supi{i}, <2 x float> poison, <2 x i32> zeroinitializer")
-    e(f"  %dx2{i} = fmul <2 x float> %supv{i}, %gsf{i}")
-    e(f"  %dx{i} = shufflevector <2 x float> %dx2{i}, <2 x float> poison, {SPREAD2}")
-
-
-def k4_vector(e, name: str, i: int, sup: str, at: str, half_at: int, count: int) -> None:
-    """%name over 8 lanes: k4's f16 at D row i + sup + half_at (d, or dmin negated) times
-    the `count` uint8 scales (or mins) at + at: exact in f32 (11 by 6 significant bits)."""
-    vec = f"<{count} x float>"
+def k4_mins(e, name: str, i: int, sup: str) -> None:
+    """%name over 8 lanes: k4's -dmin (the f16 at D row i + sup + 2) times the super-block's
+    8 uint8 mins (at + 12): exact in f32 (11 by 6 significant bits)."""
     e(f"  %{name}sp = getelementptr i8, ptr %drow{i}, i64 {sup}")
-    e(f"  %{name}hp = getelementptr i8, ptr %{name}sp, i64 {half_at}")
+    e(f"  %{name}hp = getelementptr i8, ptr %{name}sp, i64 2")
     e(f"  %{name}h = load half, ptr %{name}hp, align 1")
     e(f"  %{name}f = fpext half %{name}h to float")
-    if half_at:
-        e(f"  %{name}g = fneg float %{name}f")
-    e(f"  %{name}i = insertelement {vec} poison, float %{name}{'g' if half_at else 'f'}, i64 0")
-    e(f"  %{name}b = shufflevector {vec} %{name}i, {vec} poison, <{count} x i32> zeroinitializer")
-    e(f"  %{name}qp = getelementptr i8, ptr %{name}sp, i64 {at}")
-    e(f"  %{name}q = load <{count} x i8>, ptr %{name}qp, align 1")
-    e(f"  %{name}qf = uitofp <{count} x i8> %{name}q to {vec}")
-    target = name if count == 8 else f"{name}2"
-    e(f"  %{target} = fmul {vec} %{name}b, %{name}qf")
-    if count == 2:
-        e(f"  %{name} = shufflevector <2 x float> %{name}2, <2 x float> poison, {SPREAD2}")
+    e(f"  %{name}g = fneg float %{name}f")
+    e(f"  %{name}i = insertelement {_F8} poison, float %{name}g, i64 0")
+    e(f"  %{name}b = shufflevector {_F8} %{name}i, {_F8} poison, <8 x i32> zeroinitializer")
+    e(f"  %{name}qp = getelementptr i8, ptr %{name}sp, i64 12")
+    e(f"  %{name}q = load <8 x i8>, ptr %{name}qp, align 1")
+    e(f"  %{name}qf = uitofp <8 x i8> %{name}q to {_F8}")
+    e(f"  %{name} = fmul {_F8} %{name}b, %{name}qf")

@@ -91,8 +91,9 @@ def test_int8_linear_is_the_product_of_rounded_activations(qt, T):
     assert w.int8 is not None
     out = np.empty((T, rows), np.float32)
     ci.matmul(w.int8, x, out)  # the kernel itself, at every T
-    close(out, ci.rounded(x) @ wf.T)
-    close(dev.linear(x, w), ci.rounded(x) @ wf.T)
+    want = ci.rounded(x, ci.rounding_group(w.int8)) @ wf.T
+    close(out, want)
+    close(dev.linear(x, w), want)
     close(out, x @ wf.T, 2e-2)  # what int8 activations cost
 
 
@@ -108,7 +109,7 @@ def test_linear_on_real_tensors(smollm2_path, gemma3_path):
             w = dev.upload(name, t)
             wf = dequantize(t.data, t.qtype, t.shape)
             x = np.random.default_rng(0).standard_normal((3, t.shape[1]), dtype=np.float32)
-            close(dev.linear(x, w), (ci.rounded(x) if w.int8 is not None else x) @ wf.T)
+            close(dev.linear(x, w), (ci.rounded(x, ci.rounding_group(w.int8)) if w.int8 is not None else x) @ wf.T)
             ids = np.array([0, 5, t.shape[0] - 1])
             np.testing.assert_array_equal(dev.embed(cq_only(w), ids), wf[ids])
     assert {QT(q) for q in seen} == {QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q5_0, QT.Q6_K}
@@ -244,7 +245,7 @@ def test_each_weight_gets_its_kernel_at_upload_and_the_oracles_product(qt, int8,
         assert w.f32 is None and w.int8 is not None  # no f32 copy: the int8 kernels serve every T
     for T in (1, switch, switch + 1, 33):
         x = np.random.default_rng(T).standard_normal((T, cols), dtype=np.float32)
-        want = (ci.rounded(x) if w.int8 is not None else x) @ wf.T
+        want = (ci.rounded(x, ci.rounding_group(w.int8)) if w.int8 is not None else x) @ wf.T
         close(dev.linear(x, w), want)
         close(w.compute(x), want)
 

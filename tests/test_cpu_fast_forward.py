@@ -28,9 +28,11 @@ from zinfer.models.weights import build_weights
 
 
 class Int8Rounded(NamedTuple):
-    """An oracle matrix [out, in] whose products FastCpuDevice gives its int8 kernels."""
+    """An oracle matrix [out, in] whose products FastCpuDevice gives its int8 kernels, and
+    the columns that share one activation scale there (cpu_int8.rounding_group)."""
 
     w: np.ndarray
+    group: int
 
 
 class Int8Oracle(CpuDevice):
@@ -39,8 +41,11 @@ class Int8Oracle(CpuDevice):
 
     def upload(self, name, tensor):
         m = super().upload(name, tensor)
-        if QT(tensor.qtype) in FAST_TYPES and ci.prepare(cq.repack(tensor.qtype, tensor.data, tuple(tensor.shape))):
-            return Int8Rounded(m)
+        qt, shape = QT(tensor.qtype), tuple(tensor.shape)
+        if qt in FAST_TYPES:
+            int8 = ci.from_gguf(qt, tensor.data, shape) or ci.prepare(cq.repack(qt, tensor.data, shape))
+            if int8 is not None:
+                return Int8Rounded(m, ci.rounding_group(int8))
         return m
 
     def embed(self, table, token_ids):
@@ -48,7 +53,7 @@ class Int8Oracle(CpuDevice):
 
     def linear(self, x, w, b=None):
         if isinstance(w, Int8Rounded):
-            return ref.linear(ci.rounded(x), w.w, b)
+            return ref.linear(ci.rounded(x, w.group), w.w, b)
         return ref.linear(x, w, b)
 
 
@@ -95,7 +100,7 @@ def pair(request):
     return pair
 
 
-INT8_TOL = {"smollm2": (0.3, 0.25), "gemma3": (0.3, 1.0)}
+INT8_TOL = {"smollm2": (0.3, 0.25), "gemma3": (0.4, 1.5)}
 """Per model, with int8 activations: (largest total variation distance between cpu-fast's
 and the oracle's next-token distributions, oracle top-2 logit margin under which cpu-fast
 may pick the runner-up). Both round each activation to int8 the same way, but float noise
@@ -107,7 +112,10 @@ most 0.15 / 0.19, the runner-up picked at margins 0.08, 0.15, 0.18, 0.43 (greedy
 depend on the host's float noise (numba's vector width, LLVM's reduction order): on an
 AVX2 host (AMD Zen 1, the int8 kernels' AVX2 build, the same integers) Gemma 3 picked the
 runner-up at margin 0.69 (greedy, step 1), with its centered logits up to 2.2 off the
-oracle's, while every step's TV distance stayed under the 0.3 bound; hence 1.0."""
+oracle's, while every step's TV distance stayed under the 0.3 bound; hence 1.0. Gemma 3's
+Q4_K and Q6_K activations are rounded per 256 columns (kernels/int8_ir_super.py), so a
+flip costs a larger quantum: on the AVX2 host the mixed round's TV reached 0.325 and its
+prefill rows picked the runner-up at margins 0.76 and 1.1; hence 0.4 and 1.5."""
 
 
 def logit_tol(pair) -> tuple[float, float, float]:

@@ -137,9 +137,12 @@ CASES = [
     # to int8 turns a 1-ulp change anywhere upstream into whole code steps: RoPE
     # compiled with and without fma contraction moved the prompts that stay equal
     # between 2 and 4 of 8, while teacher-forced agreement stayed above 0.95
-    # (SmolLM2 236-241 of 245, Gemma 248-251 of 256); so the full-match floor is 2
+    # (SmolLM2 236-241 of 245, Gemma 248-251 of 256); so the full-match floor is 2.
+    # Gemma's Q4_K and Q6_K activations round per 256 columns as llama.cpp's Q8_K: then
+    # teacher forcing agreed as the oracle's (250/256 both) while 1 of 8 prompts stayed
+    # equal (the oracle 4), every divergence at a logit margin under 0.22; so Gemma's is 1
     ("smollm2-135m", "smollm2-135m", "cpu-fast", None, slice(None), 2, 0.95),
-    ("gemma3-270m", "gemma3-270m", "cpu-fast", None, slice(None), 2, 0.95),
+    ("gemma3-270m", "gemma3-270m", "cpu-fast", None, slice(None), 1, 0.96),
 ]
 
 

@@ -1,9 +1,9 @@
 """cpu-fast reads Q5_0, Q6_K and Q4_K at (about) the file's width (kernels/int8_bitplanes.py, int8_ir's u5, u6, k4).
 
 Each product equals the oracle's (the dequantized matrix times the activations rounded
-as the int8 kernels round them) and, bit for bit, the widened int8 path it replaces
-(p8 for Q5_0, i8 for Q6_K, u4 with f32 scales for Q4_K): the integer dot of every lane is the same and so is every
-float operation after it. The resident bytes are the file's: 5.5 bits per weight for
+as the int8 kernels round them: per 32 columns, per 256 for the K-quants) and, for Q5_0,
+bit for bit the widened int8 path it replaces (p8): the integer dot of every lane is the
+same and so is every float operation after it. The resident bytes are the file's: 5.5 bits per weight for
 Q5_0, 6.5625 for Q6_K, 4.625 for Q4_K (and every other int8 matrix keeps only its kernels' layout, no
 packed blocks next to it). A whole tiny Q5_0 model gives the same logits either way.
 """
@@ -35,23 +35,49 @@ OWN_WIDTH = {QT.Q5_0: ("u5", "p8"), QT.Q6_K: ("u6", "i8"), QT.Q4_K: ("k4", "u4")
 RESIDENT = {QT.Q5_0: ("u5", 5.5), QT.Q6_K: ("u6", 6.5625), QT.Q8_0: ("p8", 8.5), QT.Q4_1: ("u4", 5.0), QT.Q4_0: ("u4", 5.0), QT.Q4_K: ("k4", 4.625)}
 
 
-@pytest.mark.parametrize("qt", list(OWN_WIDTH), ids=lambda q: q.name)
-@pytest.mark.parametrize("T", [1, 3, 4, 5, 13, 130])
-def test_own_width_product_is_the_oracles_and_the_widened_paths_bit_for_bit(qt, T):
-    rows, cols = 37, 512  # rows: not a multiple of the kernels' rows or of a parallel task's
+def _product_case(qt, T):
+    """A [37, 512] matrix of type qt (37 rows: not a multiple of the kernels' rows or of a
+    parallel task's), its f64 values, and activations x [T, 512] with an all-zero block and
+    one block far larger than the rest."""
+    rows, cols = 37, 512
     t = random_tensor(qt, rows, cols, seed=T)
     wf = dequantize(t.data, qt, t.shape).astype(np.float64)
     x = np.random.default_rng(T).standard_normal((T, cols), dtype=np.float32)
-    x[0, :32] = 0  # an all-zero block
-    x[-1, 64:96] *= 1e4  # one block far larger than the rest
+    x[0, :32] = 0
+    x[-1, 64:96] *= 1e4
+    return t, wf, x
+
+
+@pytest.mark.parametrize("qt", list(OWN_WIDTH), ids=lambda q: q.name)
+@pytest.mark.parametrize("T", [1, 3, 4, 5, 13, 130])
+def test_own_width_product_is_the_oracles(qt, T):
+    """The product equals the dequantized matrix times the activations rounded per 32
+    columns (Q5_0) or per 256 (Q4_K, Q6_K: their sub-block scales apply as integers) to
+    f32 accuracy; the other rounding is measurably off, so the group is the one claimed."""
+    t, wf, x = _product_case(qt, T)
     own = ci.from_gguf(qt, t.data, t.shape)
-    widened = ci.prepare(cq.repack(qt, t.data, t.shape))
-    assert (own.kind, widened.kind) == OWN_WIDTH[qt]
-    out, want = np.empty((T, rows), np.float32), np.empty((T, rows), np.float32)
+    assert own.kind == OWN_WIDTH[qt][0]
+    out = np.empty((T, t.shape[0]), np.float32)
+    ci.matmul(own, x, out)
+    group = ci.rounding_group(own)
+    assert group == (32 if qt == QT.Q5_0 else 256)
+    assert close(out, ci.rounded(x, group) @ wf.T, tol=1e-6) < 1e-6
+    other = np.abs(out - ci.rounded(x, 256 if group == 32 else 32) @ wf.T).max() / np.abs(out).max()
+    assert other > 1e-5
+
+
+@pytest.mark.parametrize("T", [1, 4, 5, 130])
+def test_q5_0_at_its_width_is_the_widened_path_bit_for_bit(T):
+    """u5 and p8 (Q5_0 widened to int8) give every lane the same integer and the same
+    float operations after it."""
+    t, _, x = _product_case(QT.Q5_0, T)
+    own = ci.from_gguf(QT.Q5_0, t.data, t.shape)
+    widened = ci.prepare(cq.repack(QT.Q5_0, t.data, t.shape))
+    assert (own.kind, widened.kind) == OWN_WIDTH[QT.Q5_0]
+    out, want = np.empty((T, t.shape[0]), np.float32), np.empty((T, t.shape[0]), np.float32)
     ci.matmul(own, x, out)
     ci.matmul(widened, x, want)
     np.testing.assert_array_equal(out, want)
-    close(out, ci.rounded(x) @ wf.T)
 
 
 @pytest.mark.parametrize("qt", list(RESIDENT), ids=lambda q: q.name)
@@ -77,16 +103,18 @@ def test_q5_0_rows_of_odd_32_blocks_keep_the_widened_kernel():
     np.testing.assert_array_equal(FastCpuDevice().embed(w, np.array([8, 0])), wf[[8, 0]])
 
 
-def test_matrices_of_one_activation_order_share_a_launch_whatever_their_types():
-    """Q5_0 (u5), Q8_0 (p8), Q4_0 (u4) and Q4_K (k4) read activations in one order: one rounding, one launch."""
+def test_matrices_of_one_activation_layout_share_a_launch_whatever_their_types():
+    """Q5_0 (u5), Q8_0 (p8) and Q4_0 (u4) read activations in one order and rounding: one
+    launch. Q4_K (k4) reads that order rounded per 256: a launch of its own, and so does
+    Q6_K (u6: 32 columns per step)."""
     rows, cols = 40, 256
-    types = (QT.Q5_0, QT.Q8_0, QT.Q4_0, QT.Q4_K)
+    types = (QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q4_0, QT.Q6_K)
     ws = tuple(FastCpuDevice().upload(str(i), random_tensor(qt, rows, cols, seed=i)) for i, qt in enumerate(types))
-    assert [w.int8.kind for w in ws] == ["u5", "p8", "u4", "k4"]
+    assert [w.int8.kind for w in ws] == ["u5", "p8", "k4", "u4", "u6"]
     dev = FastCpuDevice()
     x = np.random.default_rng(0).standard_normal((5, cols), dtype=np.float32)
-    outs = dev.linears(x, ws, (None,) * 4)
-    assert [len(m) for _, m in dev._int8_jobs(ws)] == [4]
+    outs = dev.linears(x, ws, (None,) * len(ws))
+    assert [m for _, m in dev._int8_jobs(ws)] == [[0, 1, 3], [2], [4]]
     for out, w in zip(outs, ws):
         np.testing.assert_array_equal(out, w.compute(x))
 

@@ -1,0 +1,90 @@
+"""The loops around the step loop of every int8 kernel (kernels/int8_ir.py, int8_ir_super.py):
+the entry (pointers to each activation row of the tile), the pass over `rows` weight rows,
+u4's and k4's offsets loop, and the store of each 8-lane sum to out[t, r].
+
+Each function appends IR lines through `e`. The names it defines are the kernels' shared
+vocabulary: %arow{t} %srow{t} %nrow{t} (activation row t's A, S and N), %ooff{t}, and per
+weight row i of a pass %row{i} %wrow{i} %drow{i} %mrow{i}.
+"""
+
+from __future__ import annotations
+
+from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, k4_mins, scale_vector
+from zinfer.kernels.kernel_signature import KernelSignature
+
+_F8 = "<8 x float>"
+
+
+def entry(e, signature: KernelSignature, name: str, tile: int) -> None:
+    """Open kernel `name`: its pointers, and per activation row t its A, S, N rows and out offset."""
+    e(signature.define(name))
+    e("entry:")
+    for p in signature.addresses:
+        e(f"  %{p}p = inttoptr i64 %{p} to ptr")
+    for t in range(tile):
+        e(f"  %trow{t} = add i64 %t0, {t}")
+        for v, base, stride in (("a", "Ap", "astride"), ("s", "Sp", "sstride"), ("n", "Np", "nstride")):
+            e(f"  %{v}off{t} = mul i64 %trow{t}, %{stride}")
+            e(f"  %{v}row{t} = getelementptr i8, ptr %{base}, i64 %{v}off{t}")
+        e(f"  %ooff{t} = mul i64 %trow{t}, %ostride")
+    e("  br label %rloop")
+
+
+def row_pass(e, rows: int, first: str) -> None:
+    """The block `rloop` over passes of `rows` weight rows from %r0 (entered from entry),
+    with row i's W, D and M pointers; it falls into block `first`."""
+    e("rloop:")
+    e("  %r = phi i64 [ %r0, %entry ], [ %rn, %rlatch ]")
+    for i in range(rows):
+        e(f"  %row{i} = add i64 %r, {i}")
+        e(f"  %woff{i} = mul i64 %row{i}, %wstride")
+        e(f"  %wrow{i} = getelementptr i8, ptr %Wp, i64 %woff{i}")
+        e(f"  %doff{i} = mul i64 %row{i}, %dstride")
+        e(f"  %drow{i} = getelementptr i8, ptr %Dp, i64 %doff{i}")
+        e(f"  %mrow{i} = getelementptr i8, ptr %Mp, i64 %doff{i}")
+    e(f"  br label %{first}")
+
+
+def offsets_loop(e, kind: str, half: bool, pairs: list[tuple[int, int]], rows: int, tile: int, after: str, accs: str) -> str:
+    """The block `mloop` (entered from block `after` with the step loop's sums %{accs}{i}_{t}):
+    out += sum over 32-blocks of m_w * N, 8 blocks per vector (u4: m_w stored; k4: -dmin *
+    min formed from D). It branches to rlatch; returns the prefix of its sums."""
+    size = 2 if half else 4
+    e("mloop:")
+    e(f"  %c = phi i64 [ 0, %{after} ], [ %cn, %mloop ]")
+    for i, t in pairs:
+        e(f"  %macc{i}_{t} = phi {_F8} [ %{accs}{i}_{t}, %{after} ], [ %maccn{i}_{t}, %mloop ]")
+    e(f"  %mo = mul i64 %c, {K4_SUPER_BYTES if kind == 'k4' else 8 * size}")
+    e("  %no = shl i64 %c, 5")
+    for i in range(rows):
+        if kind == "k4":  # a chunk of 8 blocks is one super-block: m = -dmin * min
+            k4_mins(e, f"mx{i}", i, "%mo")
+        else:
+            scale_vector(e, f"mx{i}", f"%mrow{i}", "%mo", 8, half)
+    for t in range(tile):
+        e(f"  %np{t} = getelementptr i8, ptr %nrow{t}, i64 %no")
+        e(f"  %nv{t} = load {_F8}, ptr %np{t}, align 4")
+    for i, t in pairs:
+        e(f"  %maccn{i}_{t} = call {_F8} @llvm.fma.v8f32({_F8} %mx{i}, {_F8} %nv{t}, {_F8} %macc{i}_{t})")
+    e("  %cn = add i64 %c, 1")
+    e("  %cmore = icmp ult i64 %cn, %nchunks")
+    e("  br i1 %cmore, label %mloop, label %rlatch")
+    return "maccn"
+
+
+def store(e, pairs: list[tuple[int, int]], rows: int, accs: str) -> None:
+    """The block `rlatch`: each pair's 8 lanes %{accs}{i}_{t} summed into out[t, r]; the next
+    pass or the end of the kernel."""
+    e("rlatch:")
+    for i, t in pairs:
+        k = f"{i}_{t}"
+        e(f"  %red{k} = call reassoc float @llvm.vector.reduce.fadd.v8f32(float -0.0, {_F8} %{accs}{k})")
+        e(f"  %oi{k} = add i64 %ooff{t}, %row{i}")
+        e(f"  %op{k} = getelementptr float, ptr %outp, i64 %oi{k}")
+        e(f"  store float %red{k}, ptr %op{k}, align 4")
+    e(f"  %rn = add i64 %r, {rows}")
+    e("  %rmore = icmp ult i64 %rn, %r1")
+    e("  br i1 %rmore, label %rloop, label %exit")
+    e("exit:")
+    e("  ret void")
+    e("}")
