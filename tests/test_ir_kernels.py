@@ -2,9 +2,11 @@
 
 Every int8 kernel (int8_ir: all VARIANTS x SHAPES) parses, verifies and compiles for
 named VNNI CPUs, and its machine code uses vpdpbusd, the instruction the fast path is
-for (k4 and u6, whose sub-block scales apply as integers: vpmaddubsw and vpmaddwd); built for AVX2 (no VNNI) it uses vpmaddubsw and vpmaddwd instead, and no AVX-512; the gemm kernel compiles for x86-64 and AArch64 with fused multiply-adds. Each
-kernel's IR parameters are its declared signature, and an argument list that does not
-match that signature is a Python error naming the argument, not a wild pointer.
+for (k4 and u6, whose sub-block scales apply as integers: vpmaddubsw and vpmaddwd);
+built for AVX2 (no VNNI) it uses vpmaddubsw and vpmaddwd instead, and no AVX-512. The
+gemm kernel compiles for x86-64 and AArch64 with fused multiply-adds. Each kernel's IR
+parameters are its declared signature, and an argument list that does not match that
+signature is a Python error naming the argument, not a wild pointer.
 """
 
 from __future__ import annotations
