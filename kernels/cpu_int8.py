@@ -17,7 +17,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from numba import njit, prange
 
-from zinfer.kernels import int8_bitplanes as bp
+from zinfer.kernels import int8_layouts as bp
 from zinfer.kernels import int8_ir, int8_ir_super
 from zinfer.kernels.cpu_ops import PARALLEL_ROWS, compile_twice
 from zinfer.kernels.cpu_quant import Packed

@@ -31,7 +31,7 @@ layouts:
   float-bound).
 
 Two more read a type at the file's own width, codes unsigned with their high bits apart
-(kernels/int8_bitplanes.py writes them), 8 bytes per step and weight row that shifts per
+(kernels/int8_layouts.py writes them), 8 bytes per step and weight row that shifts per
 64-bit lane and a mask spread to the bytes of the codes (int8_ir_scales.bit4s and
 high_pairs). vpdpbusd then multiplies the
 unsigned codes by the activations directly, and the code offset (16 or 32 times the

@@ -60,7 +60,7 @@ def bit4s(e, low: str, high: str, ptr: str, offset: int) -> None:
 
 def high_pairs(e, name: str, ptr: str, offset: int) -> None:
     """%name = <32 x i8>: byte k = (bits 4-5 of code k) << 4, from the 8 bytes at ptr + offset
-    where byte j holds code 8l + j's two bits at 2l (kernels/int8_bitplanes.py's u6)."""
+    where byte j holds code 8l + j's two bits at 2l (kernels/int8_layouts.py's u6)."""
     _broadcast8(e, f"{name}q", ptr, offset)
     e(f"  %{name}s = lshr <4 x i64> %{name}q, <i64 0, i64 2, i64 4, i64 6>")  # lane l: code 8l + j's bits at byte j's bits 0-1
     e(f"  %{name}u = shl <4 x i64> %{name}s, {splat(4, 'i64', 4)}")

@@ -1,4 +1,4 @@
-"""cpu-fast reads Q5_0, Q6_K and Q4_K at (about) the file's width (kernels/int8_bitplanes.py, int8_ir's u5, u6, k4).
+"""cpu-fast reads Q5_0, Q6_K and Q4_K at (about) the file's width (kernels/int8_layouts.py, int8_ir's u5, u6, k4).
 
 Each product equals the oracle's (the dequantized matrix times the activations rounded
 as the int8 kernels round them: per 32 columns, per 256 for the K-quants) and, for Q5_0,
@@ -21,7 +21,7 @@ from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.cpu_fast import FastCpuDevice
 from zinfer.kernels import cpu_int8 as ci
 from zinfer.kernels import cpu_quant as cq
-from zinfer.kernels import int8_bitplanes as bp
+from zinfer.kernels import int8_layouts as bp
 from zinfer.kernels import int8_ir
 from zinfer.kernels.quants import dequantize
 from zinfer.models.forward import round_logits

@@ -1,4 +1,5 @@
-"""Q5_0 and Q6_K at the file's width for the int8 kernels' u5 and u6 layouts (kernels/int8_ir.py).
+"""The weight layouts cpu-fast's int8 kernels read: Q5_0, Q4_K and Q6_K at the file's width
+(u5: kernels/int8_ir.py; k4, u6: kernels/int8_ir_super.py), and p8, u4, i8.
 
 The codes are stored unsigned (Q5_0: 0..31, value (code - 16) * d; Q6_K: 0..63,
 value (code - 32) * d * scale): their low 4 bits as nibbles, their high bits in 8 bytes
