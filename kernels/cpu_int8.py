@@ -4,7 +4,7 @@ llama.cpp's recipe: round each 32-block of activations to int8 with a float scal
 (d = amax / 127; per 256 columns for Q4_K and Q6_K, as llama.cpp's Q8_K), multiply by
 the integer weight codes exactly, apply the scales in float. Our scales stay f32 (llama.cpp rounds them to fp16), so the rounding is never
 coarser than llama.cpp's. `prepare` adds what the kernels need to a packed matrix of
-kernels/cpu_quant.py (or, for Q5_0 and Q6_K, `from_gguf` reads the file's blocks at their
+kernels/cpu_quant.py (or, for Q5_0, Q4_K and Q6_K, `from_gguf` reads the file's blocks at their
 own width), `matmul` computes out [T, rows] = x [T, cols] @ W.T.
 """
 
@@ -35,7 +35,7 @@ class Int8Weight(NamedTuple):
     dps: int  # d numbers per 8-lane step
     half: bool  # d and m stored as f16 (exactly: GGUF's own scales), else f32
     qs: np.ndarray  # [rows, cols/2] uint8 (u4), [rows, cols] int8 (p8: in u4's order), u5/u6: [rows, steps * step bytes] uint8
-    d: np.ndarray  # [rows, groups] scales (u6: [rows, cols/256], the super-block scales; k4: [rows, cols/256 * 20] bytes)
+    d: np.ndarray  # [rows, groups] scales (k4, u6: [rows, cols/256 * 20 or 18] bytes, the super-blocks' scales)
     m: np.ndarray  # [rows + pad, blocks] u4 offsets, zero rows after the last (the kernel reads 8 past it); i8: d again (not read)
     nsteps: int  # 8-lane steps per row
 
@@ -60,7 +60,7 @@ def _as_f16_if_exact(*arrays: np.ndarray) -> tuple[bool, list[np.ndarray]]:
 
 def from_gguf(qt: QT, raw: np.ndarray, shape: tuple[int, int]) -> Int8Weight | None:
     """The file's blocks of a Q5_0 (cols % 64 == 0), Q4_K or Q6_K matrix [rows, cols] read
-    near their own width (u5: 5.5 bits per weight, k4: 4.625, u6: 6.5625), or None for
+    near their own width (u5: 5.5 bits per weight, k4: 4.625, u6: 6.5625, the file's), or None for
     other types and shapes (then `prepare` on kernels/cpu_quant's repack)."""
     rows, cols = shape
     if qt == QT.Q5_0 and cols % 64 == 0:
@@ -70,8 +70,8 @@ def from_gguf(qt: QT, raw: np.ndarray, shape: tuple[int, int]) -> Int8Weight | N
         qs, sup = bp.by_rows(bp.k4_from_q4_k, raw, shape)
         return Int8Weight("k4", 2, True, qs, sup, sup, cols // 64)
     if qt == QT.Q6_K and cols % 256 == 0:
-        qs, d = bp.by_rows(bp.u6_from_q6_k, raw, shape)
-        return Int8Weight("u6", 2, True, qs, d, d, cols // 32)
+        qs, sup = bp.by_rows(bp.u6_from_q6_k, raw, shape)
+        return Int8Weight("u6", 2, True, qs, sup, sup, cols // 64)
     return None
 
 
@@ -80,10 +80,10 @@ def dequantize_rows(w: Int8Weight, rows: np.ndarray, out: np.ndarray) -> None:
     d, m = (w.d.view(np.uint16), w.m.view(np.uint16)) if w.half else (w.d, w.m)
     if w.kind == "u4":
         bp.dequantize_rows_u4(w.qs, d, m, rows, out)
-    elif w.kind == "k4":
-        bp.dequantize_rows_k4(w.qs, w.d, rows, out)
+    elif w.kind in ("k4", "u6"):
+        (bp.dequantize_rows_k4 if w.kind == "k4" else bp.dequantize_rows_u6)(w.qs, w.d, rows, out)
     else:
-        {"u5": bp.dequantize_rows_u5, "u6": bp.dequantize_rows_u6, "p8": bp.dequantize_rows_p8, "i8": bp.dequantize_rows_i8}[w.kind](w.qs, d, rows, out)
+        {"u5": bp.dequantize_rows_u5, "p8": bp.dequantize_rows_p8, "i8": bp.dequantize_rows_i8}[w.kind](w.qs, d, rows, out)
 
 
 def prepare(p: Packed) -> Int8Weight | None:
@@ -107,7 +107,7 @@ def prepare(p: Packed) -> Int8Weight | None:
     return None
 
 
-# ---- activations: [T, cols] f32 -> int8 codes A and per-lane scales S, N [T, steps * 8] (N: u4 only) ----
+# ---- activations: [T, cols] f32 -> int8 codes A and per-lane scales S, N [T, steps * 8] (N: u4's order only) ----
 
 
 @njit(cache=True, nogil=True)
@@ -144,6 +144,25 @@ def _quantize_for_u4(x, A, S, N, group):
         N[t, K // 32 :] = 0
 
 
+def _quantize_for_u6(x, A, S, group):
+    """A [T, cols] int8 in the u6 step order (per 64 columns: columns 0..7 of each of its
+    four 16-groups, then their 8..15; kernels/int8_layouts.U6_LOW and U6_HIGH), rounded per
+    `group` columns (256); S lanes = d_a (8 per step)."""
+    T, K = x.shape
+    for t in prange(T):
+        xt, At = x[t], A[t]
+        for gr in range(K // group):
+            d, inv = _block_scale(xt[gr * group : gr * group + group])
+            for g in range(gr * group // 16, (gr + 1) * group // 16):
+                xg = xt[g * 16 : g * 16 + 16]
+                at = (g // 4) * 64 + (g % 4) * 8  # the group's 8 bytes of its step's low vector
+                lo, hi = At[at : at + 8], At[at + 32 : at + 40]
+                for i in range(8):  # straight-line over slices: LLVM vectorizes it
+                    lo[i] = np.int8(np.rint(xg[i] * inv))
+                    hi[i] = np.int8(np.rint(xg[8 + i] * inv))
+            S[t, gr * group // 8 : (gr + 1) * group // 8] = d
+
+
 def _quantize_for_i8(x, A, S, group):
     """A [T, cols] int8 codes, rounded per `group` columns (32 or 256); S lanes = d_a (8 per 32 columns)."""
     T, K = x.shape
@@ -161,6 +180,7 @@ def _quantize_for_i8(x, A, S, group):
 _REDUCE = {"reassoc", "nsz", "nnan", "ninf"}
 _quantize_u4, _quantize_u4_one = compile_twice(_quantize_for_u4, fastmath=_REDUCE)
 _quantize_i8, _quantize_i8_one = compile_twice(_quantize_for_i8, fastmath=_REDUCE)
+_quantize_u6, _quantize_u6_one = compile_twice(_quantize_for_u6, fastmath=_REDUCE)
 
 
 # ---- the parallel driver ----
@@ -223,15 +243,19 @@ def rounding_group(w: Int8Weight) -> int:
     return 256 if w.kind in int8_ir_super.KINDS else 32
 
 
-def _u4_order(w: Int8Weight) -> bool:
-    """Whether w's kernels read activations in the u4 step order (else plain, 32 per step)."""
-    return w.kind in int8_ir.STEP64
+PLAIN, U4_ORDER, U6_ORDER = 0, 1, 2  # the orders of activations in a step
+
+
+def activation_order(w: Int8Weight) -> int:
+    """The order w's kernels read activations in: plain (32 per step, i8), u4's (p8, u5, k4
+    and u4) or u6's (kernels/int8_layouts.py)."""
+    return U6_ORDER if w.kind == "u6" else U4_ORDER if w.kind in int8_ir.STEP64 else PLAIN
 
 
 def same_layout(a: Int8Weight, b: Int8Weight) -> bool:
     """Whether a and b read the same activation rounding (one matmul_many can do both,
     each matrix with its own layout's kernels)."""
-    return (_u4_order(a), a.nsteps, rounding_group(a)) == (_u4_order(b), b.nsteps, rounding_group(b))
+    return (activation_order(a), a.nsteps, rounding_group(a)) == (activation_order(b), b.nsteps, rounding_group(b))
 
 
 class Jobs(NamedTuple):
@@ -273,23 +297,28 @@ def matmul_many(jobs: Jobs, x: np.ndarray) -> list[np.ndarray]:
 
 def _launch(jobs: Jobs, x: np.ndarray, out: np.ndarray) -> None:
     w = jobs.weights[0]
-    _product(jobs.table, x, _u4_order(w), rounding_group(w), w.nsteps, w.nchunks, out)
+    _product(jobs.table, x, activation_order(w), rounding_group(w), w.nsteps, w.nchunks, out)
 
 
 @njit(cache=True, nogil=True)
-def _product(jobs, x, u4, group, nsteps, nchunks, out):
-    """x [T, cols] rounded per `group` columns for the jobs' kernels (u4: in the u4 order, as p8, u5 and k4 read
-    it too), then _run: one call from Python per launch (each numba call costs
+def _product(jobs, x, order, group, nsteps, nchunks, out):
+    """x [T, cols] rounded per `group` columns for the jobs' kernels, in their activation
+    order, then _run: one call from Python per launch (each numba call costs
     microseconds, and decode makes ~120 per token)."""
     T, cols = x.shape
     A = np.empty((T, cols), np.int8)
     S = np.empty((T, nsteps * 8), np.float32)  # d_a per lane
-    N = np.empty((T, nchunks * 8 if u4 else 1), np.float32)  # u4: d_a * sum(codes) per block
-    if u4 and T < PARALLEL_ROWS:
+    N = np.empty((T, nchunks * 8 if order == U4_ORDER else 1), np.float32)  # u4's order: d_a * sum(codes) per block
+    one = T < PARALLEL_ROWS  # one thread: the parallel loop's start costs more than it saves
+    if order == U4_ORDER and one:
         _quantize_u4_one(x, A, S, N, group)
-    elif u4:
+    elif order == U4_ORDER:
         _quantize_u4(x, A, S, N, group)
-    elif T < PARALLEL_ROWS:
+    elif order == U6_ORDER and one:
+        _quantize_u6_one(x, A, S, group)
+    elif order == U6_ORDER:
+        _quantize_u6(x, A, S, group)
+    elif one:
         _quantize_i8_one(x, A, S, group)
     else:
         _quantize_i8(x, A, S, group)

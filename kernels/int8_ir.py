@@ -31,22 +31,22 @@ layouts:
   float-bound).
 
 Two more read a type at the file's own width, codes unsigned with their high bits apart
-(kernels/int8_layouts.py writes them), 8 bytes per step and weight row that shifts per
-64-bit lane and a mask spread to the bytes of the codes (int8_ir_scales.bit4s and
-high_pairs). vpdpbusd then multiplies the
-unsigned codes by the activations directly, and the code offset (16 or 32 times the
-activations' sum in each lane, from one more vpdpbusd per activation row) starts the
-integer sum, so each lane's integer is exactly p8's or i8's, and so is every float
-after it: the outputs equal those paths bit for bit.
+(kernels/int8_layouts.py writes them): 8 or 16 bytes per step and weight row that
+shifts per 64-bit lane and a mask spread to the bytes of the codes (int8_ir_scales.bit4s
+and high_pairs), and the codes' offset (16 or 32 times the activations) is taken off in
+the integers. u5's vpdpbusd multiplies the unsigned codes by the activations directly
+and its offset (one more vpdpbusd per activation row) starts the integer sum, so each
+lane's integer is exactly p8's, and so is every float after it: u5 equals p8 bit for bit.
 
 - u5 (Q5_0): p8's 64 weights per step, 40 bytes: u4's 32 nibble bytes, then 8 bytes of
   bit 4 of the low-nibble vector's 32 codes and of the high-nibble vector's; activations
   in the u4 order; d_w GGUF's f16 scales, two per step. 5.5 bits
   per weight with the scales (p8: 8.5).
-- u6 (Q6_K): i8's 32 weights per step (group 16), 26 bytes: 16 nibble bytes (byte i holds
-  codes i and i + 16), 8 bytes of the codes' bits 4-5, and the two groups' int8 scales;
-  D holds the f16 super-block scale per 8 steps: 6.5625 bits per weight, the file's
-  width (i8 with f32 scales: 10).
+- u6 (Q6_K): 64 weights per step, 48 bytes, in an order of its own (two vectors whose
+  byte k lies in the step's 16-group k // 8, kernels/int8_layouts.py): 32 nibble bytes,
+  then 16 bytes of the codes' bits 4-5; D holds per super-block of 256 the f16 d and the
+  16 int8 scales (18 bytes): 6.5625 bits per weight, the file's width (i8 with f32
+  scales: 10).
 - k4 (Q4_K): u4's nibbles, but D holds the file's scales per super-block of 256 (f16 d,
   f16 dmin, the 8 6-bit scales and 8 mins as bytes: 20 bytes): 4.625 bits per weight
   (u4 with f32 d and m: 6; the file: 4.5).
@@ -109,8 +109,8 @@ PREFETCH_BYTES = 16384
 SHAPES = ((1, 1), (1, ROWS), (TILE, 1), (TILE, ROWS))  # (activation rows, weight rows) of the kernels
 # (weight layout, d_w numbers per step, scales in f16); u5, u6 and k4 read the file's f16 scales
 VARIANTS = tuple((k, d, h) for k, d in (("u4", 2), ("p8", 2), ("i8", 1), ("i8", 2)) for h in (True, False)) + (("u5", 2, True), ("u6", 2, True), ("k4", 2, True))
-STEP64 = ("u4", "p8", "u5", "k4")  # the kinds of 64 columns per step, their activations in the u4 order
-STEP_BYTES = {"u4": 32, "p8": 64, "i8": 32, "u5": 40, "u6": 26, "k4": 32}  # weight bytes per step and row
+STEP64 = ("u4", "p8", "u5", "k4", "u6")  # the kinds of 64 columns per step (activations: u4's order, u6's its own)
+STEP_BYTES = {"u4": 32, "p8": 64, "i8": 32, "u5": 40, "u6": 48, "k4": 32}  # weight bytes per step and row
 
 _DECLS = """
 declare <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8>, <32 x i8>)

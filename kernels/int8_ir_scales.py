@@ -8,6 +8,7 @@ per weight row."""
 from __future__ import annotations
 
 K4_SUPER_BYTES = 20  # k4's D per 256 columns: f16 d, f16 dmin, 8 uint8 scales, 8 uint8 mins
+U6_SUPER_BYTES = 18  # u6's D per 256 columns: f16 d, 16 int8 scales (one per 16 columns)
 SPREAD2 = "<8 x i32> <i32 0, i32 0, i32 0, i32 0, i32 1, i32 1, i32 1, i32 1>"  # 2 values over lanes 0-3, 4-7
 _F8 = "<8 x float>"
 
@@ -58,13 +59,19 @@ def bit4s(e, low: str, high: str, ptr: str, offset: int) -> None:
     _masked(e, high, f"%{high}s", 0x10)
 
 
-def high_pairs(e, name: str, ptr: str, offset: int) -> None:
-    """%name = <32 x i8>: byte k = (bits 4-5 of code k) << 4, from the 8 bytes at ptr + offset
-    where byte j holds code 8l + j's two bits at 2l (kernels/int8_layouts.py's u6)."""
-    _broadcast8(e, f"{name}q", ptr, offset)
-    e(f"  %{name}s = lshr <4 x i64> %{name}q, <i64 0, i64 2, i64 4, i64 6>")  # lane l: code 8l + j's bits at byte j's bits 0-1
-    e(f"  %{name}u = shl <4 x i64> %{name}s, {splat(4, 'i64', 4)}")
-    _masked(e, name, f"%{name}u", 0x30)
+def high_pairs(e, low: str, high: str, ptr: str, offset: int) -> None:
+    """%low, %high = <32 x i8>: byte k = (bits 4-5 of the low (high) vector's code k) << 4,
+    from the 16 bytes at ptr + offset where byte j holds at bits 0-1, 2-3, 4-5, 6-7 those
+    of the low vector's codes j and 16 + j and of the high vector's j and 16 + j
+    (kernels/int8_layouts.py's u6): the 16 bytes in both 128-bit halves, then half h
+    shifts its field to bits 4-5."""
+    e(f"  %{low}p = getelementptr i8, ptr {ptr}, i64 {offset}")
+    e(f"  %{low}w = load <2 x i64>, ptr %{low}p, align 1")
+    e(f"  %{low}q = shufflevector <2 x i64> %{low}w, <2 x i64> poison, <4 x i32> <i32 0, i32 1, i32 0, i32 1>")
+    e(f"  %{low}s = shl <4 x i64> %{low}q, <i64 4, i64 4, i64 2, i64 2>")  # bits 2h to 4
+    _masked(e, low, f"%{low}s", 0x30)
+    e(f"  %{high}s = lshr <4 x i64> %{low}q, <i64 0, i64 0, i64 2, i64 2>")  # bits 4 + 2h to 4
+    _masked(e, high, f"%{high}s", 0x30)
 
 
 def k4_mins(e, name: str, i: int, sup: str) -> None:

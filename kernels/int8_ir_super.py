@@ -4,37 +4,44 @@ as llama.cpp's K-quant kernels apply them.
 Their activations are rounded to int8 per 256 columns (one scale d_a per super-block, as
 llama.cpp's Q8_K), so a super-block's sum needs no float until its end. Per step,
 vpmaddubsw gives the int16 pair sums of codes by activations, and vpmaddwd by the
-step's two sub-block scales (as int16, 8 lanes each) sums them into 8 int32 lanes
+sub-block scales of their columns (as int16) sums them into 8 int32 lanes
 already scaled; the lanes add up over the super-block's steps, and then, once per 256
 columns and pair of weight row and activation row,
 
     acc[t] += float(isum) * (d_w * d_a[t])
 
 where the kernels of kernels/int8_ir.py convert, multiply and fma per step. The same
-instructions on AVX2 and AVX-512 hosts (no VNNI needed). Every integer is exact:
+instructions on AVX2 and AVX-512 hosts (no VNNI needed).
 
-- k4, 4 steps of 64 columns (int8_ir's u4 layout and activation order; lanes 0-3 one
-  32-block, 4-7 the other): the pair sums of the low- and high-nibble vectors added,
-  |.| <= 4 * 15 * 127 = 7620; times 6-bit scales, <= 960120 a lane and step. The mins
-  after the steps, in float: -dmin * min * N (int8_ir_frame.offsets_loop), N = d_a times
-  the block's code sum.
-- u6, 8 steps of 32 columns: codes 0..63 are the file's plus 32, so the pair sums of the
-  codes by a minus those of 32 by a (each exact in int16; the difference |.| <= 2 * 32 *
-  127 = 8128); times int8 scales, |.| <= 2 * 8128 * 128 a lane and step.
+Both read 4 steps of 64 columns per super-block, a low- and a high-nibble vector each:
 
-Both stay under 2^24 over a super-block, so float(isum) is exact: the output is the
-oracle's sum of dequantized weights times the rounded activations, up to f32 rounding of
-the scale products and of the sums across super-blocks.
+- k4, in int8_ir's u4 layout and activation order: each vector [block 2j 0..15, block
+  2j + 1 0..15] of step j (the high one: columns 16..31 of the blocks), so vpmaddwd's
+  lanes 0-3 take one 32-block and 4-7 the other. The pair sums of the two vectors added
+  (they share each block's scale), |.| <= 4 * 15 * 127 = 7620; times 6-bit scales, <=
+  960120 a lane and step. The mins after the steps, in float: -dmin * min * N
+  (int8_ir_frame.offsets_loop), N = d_a times the block's code sum.
+- u6, in an order of its own (kernels/int8_layouts.py's, and cpu_int8's activations):
+  byte k of both vectors lies in the step's 16-group k // 8, so their pair sums add
+  before one vpmaddwd by the 4 groups' int8 scales. Codes 0..63 are the file's plus 32,
+  so the sum is that of the codes by a minus that of 32 by a (each exact in int16, <= 4
+  * 63 * 127 = 32004; the difference |.| <= 4 * 32 * 127 = 16256); over a super-block a
+  lane sums 32 products, |.| <= 32 * 32 * 127 * 128 < 2^24.
+
+Every integer is exact and under 2^24 over a super-block, so float(isum) is exact: the
+output is the oracle's sum of dequantized weights times the rounded activations, up to
+f32 rounding of the scale products and of the sums across super-blocks.
 """
 
 from __future__ import annotations
 
 from zinfer.kernels import int8_ir_frame as frame
-from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, high_pairs, splat
+from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, U6_SUPER_BYTES, high_pairs, splat
 
 KINDS = ("k4", "u6")
-SUPER_STEPS = {"k4": 4, "u6": 8}  # steps per super-block of 256 columns
-SUPER_SHIFT = {"k4": 2, "u6": 3}  # log2 of SUPER_STEPS
+SUPER_STEPS = 4  # steps of 64 columns per super-block of 256
+SUPER_SHIFT = 2  # log2 of SUPER_STEPS
+SUPER_BYTES = {"k4": K4_SUPER_BYTES, "u6": U6_SUPER_BYTES}  # D per super-block
 
 _F8 = "<8 x float>"
 _I8 = "<8 x i32>"
@@ -55,8 +62,8 @@ def _pairs(e, name: str, u: str, s: str) -> None:
 
 def kernel_ir(kind: str, tile: int, rows: int, name: str, signature, prefetch: int, step_bytes: int) -> str:
     """IR of the kernel `name` of kind k4 or u6 for `tile` activation rows and `rows` weight
-    rows per pass (int8_ir.kernel_ir's contract; nsteps a multiple of SUPER_STEPS[kind])."""
-    n = SUPER_STEPS[kind]
+    rows per pass (int8_ir.kernel_ir's contract; nsteps a multiple of SUPER_STEPS)."""
+    n = SUPER_STEPS
     pairs = [(i, t) for i in range(rows) for t in range(tile)]
     lines: list[str] = []
     e = lines.append
@@ -67,12 +74,9 @@ def kernel_ir(kind: str, tile: int, rows: int, name: str, signature, prefetch: i
     e("  %b = phi i64 [ 0, %rloop ], [ %bn, %bloop ]")
     for i, t in pairs:
         e(f"  %acc{i}_{t} = phi {_F8} [ zeroinitializer, %rloop ], [ %accn{i}_{t}, %bloop ]")
-    e(f"  %bs = shl i64 %b, {SUPER_SHIFT[kind]}")  # its first step
-    for i in range(rows):  # the super-block's f16 d_w (k4: and its 8 scales, in both 128-bit halves)
-        if kind == "k4":
-            e(f"  %dof{i} = mul i64 %b, {K4_SUPER_BYTES}")
-        else:
-            e(f"  %dof{i} = shl i64 %b, 1")
+    e(f"  %bs = shl i64 %b, {SUPER_SHIFT}")  # its first step
+    for i in range(rows):  # the super-block's f16 d_w and sub-block scales as int16 (k4: 8, in both 128-bit halves; u6: 16)
+        e(f"  %dof{i} = mul i64 %b, {SUPER_BYTES[kind]}")
         e(f"  %dp{i} = getelementptr i8, ptr %drow{i}, i64 %dof{i}")
         e(f"  %dh{i} = load half, ptr %dp{i}, align 1")
         e(f"  %df{i} = fpext half %dh{i} to float")
@@ -81,8 +85,12 @@ def kernel_ir(kind: str, tile: int, rows: int, name: str, signature, prefetch: i
             e(f"  %scb{i} = load <8 x i8>, ptr %scp{i}, align 1")
             e(f"  %scw{i} = zext <8 x i8> %scb{i} to <8 x i16>")
             e(f"  %scr{i} = shufflevector <8 x i16> %scw{i}, <8 x i16> poison, <16 x i32> {_mask(list(range(8)) * 2)}")
+        else:
+            e(f"  %scp{i} = getelementptr i8, ptr %dp{i}, i64 2")
+            e(f"  %scb{i} = load <16 x i8>, ptr %scp{i}, align 1")
+            e(f"  %scr{i} = sext <16 x i8> %scb{i} to {_W16}")
     for t in range(tile):  # the super-block's d_a: lane 0 of its first step in S
-        e(f"  %so{t} = shl i64 %b, {SUPER_SHIFT[kind] + 5}")
+        e(f"  %so{t} = shl i64 %b, {SUPER_SHIFT + 5}")
         e(f"  %sp{t} = getelementptr i8, ptr %srow{t}, i64 %so{t}")
         e(f"  %sa{t} = load float, ptr %sp{t}, align 4")
     for j in range(n):
@@ -95,7 +103,7 @@ def kernel_ir(kind: str, tile: int, rows: int, name: str, signature, prefetch: i
         e(f"  %f{k} = sitofp {_I8} %is{n - 1}_{k} to {_F8}")
         e(f"  %accn{k} = call {_F8} @llvm.fma.v8f32({_F8} %f{k}, {_F8} %ddv{k}, {_F8} %acc{k})")
     e("  %bn = add i64 %b, 1")
-    e(f"  %nsup = lshr i64 %nsteps, {SUPER_SHIFT[kind]}")
+    e(f"  %nsup = lshr i64 %nsteps, {SUPER_SHIFT}")
     e("  %more = icmp ult i64 %bn, %nsup")
     if kind == "k4":
         e("  br i1 %more, label %bloop, label %mloop")
@@ -116,45 +124,38 @@ def _step(e, kind: str, j: int, rows: int, tile: int, pairs, prefetch: int, step
         e(f"  %wp{w} = getelementptr i8, ptr %wrow{i}, i64 %wo{j}")
         e(f"  %pf{w} = getelementptr i8, ptr %wp{w}, i64 {prefetch}")
         e(f"  call void @llvm.prefetch.p0(ptr %pf{w}, i32 0, i32 0, i32 1)")  # read, streamed once
+        e(f"  %w{w} = load {_B32}, ptr %wp{w}, align 1")
+        e(f"  %lo{w} = and {_B32} %w{w}, {splat(32, 'i8', 15)}")
+        e(f"  %hi{w} = lshr {_B32} %w{w}, {splat(32, 'i8', 4)}")
         if kind == "k4":  # block 2j's scale in lanes 0-3 (int16 0-7), block 2j + 1's in 4-7
-            e(f"  %w{w} = load {_B32}, ptr %wp{w}, align 1")
-            e(f"  %lo{w} = and {_B32} %w{w}, {splat(32, 'i8', 15)}")
-            e(f"  %hi{w} = lshr {_B32} %w{w}, {splat(32, 'i8', 4)}")
             e(f"  %sc{w} = shufflevector {_W16} %scr{i}, {_W16} poison, <16 x i32> {_mask([2 * j] * 8 + [8 + 2 * j + 1] * 8)}")
-        else:  # codes 0..15 from the low nibbles, 16..31 from the high, bits 4-5 from their fields
-            e(f"  %w{w} = load <16 x i8>, ptr %wp{w}, align 1")
-            e(f"  %lo{w} = and <16 x i8> %w{w}, {splat(16, 'i8', 15)}")
-            e(f"  %hi{w} = lshr <16 x i8> %w{w}, {splat(16, 'i8', 4)}")
-            e(f"  %nib{w} = shufflevector <16 x i8> %lo{w}, <16 x i8> %hi{w}, <32 x i32> {_mask(list(range(32)))}")
-            high_pairs(e, f"hb{w}", f"%wp{w}", 16)
-            e(f"  %q{w} = or {_B32} %nib{w}, %hb{w}")
-            e(f"  %gp{w} = getelementptr i8, ptr %wp{w}, i64 24")  # the two groups' int8 scales
-            e(f"  %g{w} = load <2 x i8>, ptr %gp{w}, align 1")
-            e(f"  %gw{w} = sext <2 x i8> %g{w} to <2 x i16>")
-            e(f"  %sc{w} = shufflevector <2 x i16> %gw{w}, <2 x i16> poison, <16 x i32> {_mask([0] * 8 + [1] * 8)}")
+        else:  # codes 0..63: bits 4-5 from their fields; int16 lane l: the scale of group 4j + l // 4
+            high_pairs(e, f"hl{w}", f"hh{w}", f"%wp{w}", 32)
+            e(f"  %qlo{w} = or {_B32} %lo{w}, %hl{w}")
+            e(f"  %qhi{w} = or {_B32} %hi{w}, %hh{w}")
+            e(f"  %sc{w} = shufflevector {_W16} %scr{i}, {_W16} poison, <16 x i32> {_mask([4 * j + g for g in range(4) for _ in range(4)])}")
     for t in range(tile):
         a = f"{t}_{j}"
-        if kind == "k4":
-            e(f"  %ao{a} = shl i64 %s{j}, 6")
-            e(f"  %ap{a} = getelementptr i8, ptr %arow{t}, i64 %ao{a}")
-            e(f"  %alo{a} = load {_B32}, ptr %ap{a}, align 1")
-            e(f"  %aph{a} = getelementptr i8, ptr %ap{a}, i64 32")
-            e(f"  %ahi{a} = load {_B32}, ptr %aph{a}, align 1")
-        else:
-            e(f"  %ao{a} = shl i64 %s{j}, 5")
-            e(f"  %ap{a} = getelementptr i8, ptr %arow{t}, i64 %ao{a}")
-            e(f"  %a{a} = load {_B32}, ptr %ap{a}, align 1")
-            _pairs(e, f"m{a}", splat(32, "i8", 32), f"%a{a}")  # the codes' offset: 32 * a in pairs
+        e(f"  %ao{a} = shl i64 %s{j}, 6")
+        e(f"  %ap{a} = getelementptr i8, ptr %arow{t}, i64 %ao{a}")
+        e(f"  %alo{a} = load {_B32}, ptr %ap{a}, align 1")
+        e(f"  %aph{a} = getelementptr i8, ptr %ap{a}, i64 32")
+        e(f"  %ahi{a} = load {_B32}, ptr %aph{a}, align 1")
+        if kind == "u6":  # the codes' offset: 32 * a in pairs, both vectors'
+            for v in ("lo", "hi"):
+                _pairs(e, f"m{v}{a}", splat(32, "i8", 32), f"%a{v}{a}")
+            e(f"  %m{a} = add {_W16} %mlo{a}, %mhi{a}")
+    lo, hi = ("lo", "hi") if kind == "k4" else ("qlo", "qhi")  # the code vectors
     for i, t in pairs:
         k, w, a = f"{i}_{t}", f"{i}_{j}", f"{t}_{j}"
-        if kind == "k4":
-            _pairs(e, f"pl{j}_{k}", f"%lo{w}", f"%alo{a}")
-            _pairs(e, f"ph{j}_{k}", f"%hi{w}", f"%ahi{a}")
-            e(f"  %p{j}_{k} = add {_W16} %pl{j}_{k}, %ph{j}_{k}")
-        else:
-            _pairs(e, f"pq{j}_{k}", f"%q{w}", f"%a{a}")
-            e(f"  %p{j}_{k} = sub {_W16} %pq{j}_{k}, %m{a}")
-        scaled = f"call {_I8} {_MADDWD}({_W16} %p{j}_{k}, {_W16} %sc{w})"
+        _pairs(e, f"pl{j}_{k}", f"%{lo}{w}", f"%alo{a}")
+        _pairs(e, f"ph{j}_{k}", f"%{hi}{w}", f"%ahi{a}")
+        e(f"  %p{j}_{k} = add {_W16} %pl{j}_{k}, %ph{j}_{k}")
+        p = f"%p{j}_{k}"
+        if kind == "u6":
+            e(f"  %po{j}_{k} = sub {_W16} %p{j}_{k}, %m{a}")
+            p = f"%po{j}_{k}"
+        scaled = f"call {_I8} {_MADDWD}({_W16} {p}, {_W16} %sc{w})"
         if j == 0:
             e(f"  %is0_{k} = {scaled}")
         else:

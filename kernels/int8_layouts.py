@@ -2,12 +2,13 @@
 (u5: kernels/int8_ir.py; k4, u6: kernels/int8_ir_super.py), and p8, u4, i8.
 
 The codes are stored unsigned (Q5_0: 0..31, value (code - 16) * d; Q6_K: 0..63,
-value (code - 32) * d * scale): their low 4 bits as nibbles, their high bits in 8 bytes
-per step next to the nibbles of the same step, so that one stream holds them. The high
-bits of byte k of a 32-byte vector the kernel builds lie in byte k % 8 of those 8, at a
-position set by k // 8 (the 64-bit lane of the vector), so the kernel spreads them to
-bytes with one shift per 64-bit lane and one mask (AVX2's vpsrlvq, vpsllvq), on AVX2 as
-on AVX-512; as 32-bit planes they cost AVX2 five instructions each.
+value (code - 32) * d * scale): their low 4 bits as nibbles, their high bits in 8 (u5) or
+16 (u6) bytes per step next to the nibbles of the same step, so that one stream holds
+them. The kernel spreads them to the bytes of its 32-byte code vectors with one shift
+per 64-bit lane and one mask (AVX2's vpsrlvq, vpsllvq), on AVX2 as on AVX-512: u5's
+bit of byte k lies in byte k % 8 at a position set by k // 8 (the 64-bit lane), u6's
+two in byte k % 16 at a position set by k // 16 (the 128-bit half). As 32-bit planes
+they cost AVX2 five instructions each.
 
 - u5, per 64 columns (two 32-blocks, 40 bytes): 32 nibble bytes as kernels/cpu_quant's
   U4 (block b's byte i holds codes i and i + 16), then bit 4 of the codes of the
@@ -17,10 +18,13 @@ on AVX-512; as 32-bit planes they cost AVX2 five instructions each.
   [rows, cols / 32].
 - k4 (Q4_K): U4's nibbles; D per 256 columns (20 bytes): the file's f16 d and dmin, then
   its 8 6-bit scales and 8 mins as bytes.
-- u6, per 32 columns (26 bytes): 16 nibble bytes (byte i: codes i and i + 16), then the
-  high two bits of codes 0..31 in 8 bytes: byte j holds code 8l + j's bits 4-5 at bits
-  2l, 2l + 1 (l = 0..3); then the int8 scales of the two 16-groups.
-  d: the f16 super-block scales, [rows, cols / 256].
+- u6, per 64 columns (48 bytes), in an order of its own: a low and a high vector of 32
+  codes that share their 16-column groups (byte k of the low vector: column 16 * (k // 8)
+  + k % 8 of the step; of the high one: 8 columns on), their low nibbles in 32 bytes (byte
+  k: the low vector's code k, the high one's above it), then their high two bits in 16
+  bytes: byte j holds those of the low vector's codes j and 16 + j and of the high
+  vector's j and 16 + j, at bits 0-1, 2-3, 4-5, 6-7. D per 256 columns (18 bytes): the
+  file's f16 d, then its 16 int8 scales.
 
 `dequantize_rows_*` give the f32 rows bit for bit as kernels.quants.dequantize does
 (embedding lookups of a table kept only in this form), for these two and for the other
@@ -36,11 +40,11 @@ from numba import njit, prange
 
 from zinfer.kernels import cpu_quant as cq
 from zinfer.kernels.cpu_ops import as_f32
-from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES
+from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, U6_SUPER_BYTES
 from zinfer.kernels.quants import _k4_scales_mins
 
 U5_STEP_BYTES = 40  # per 64 columns
-U6_STEP_BYTES = 26  # per 32 columns
+U6_STEP_BYTES = 48  # per 64 columns
 
 
 CHUNK_ROWS = 1024  # rows converted at a time: the conversions' temporaries (~5 bytes a weight) stay small
@@ -70,10 +74,10 @@ def _bit4s(low: np.ndarray, high: np.ndarray) -> np.ndarray:
     return sum((lo[..., l, :] << l) | (hi[..., l, :] << (4 + l)) for l in range(4)).astype(np.uint8)
 
 
-def _high_pairs(codes: np.ndarray) -> np.ndarray:
-    """codes [..., 32] uint8 (below 64) -> [..., 8]: byte j holds code 8l + j's bits 4-5 at bits 2l, 2l + 1."""
-    pairs = (codes >> 4).reshape(*codes.shape[:-1], 4, 8)  # [..., l, j]
-    return (pairs[..., 0, :] | (pairs[..., 1, :] << 2) | (pairs[..., 2, :] << 4) | (pairs[..., 3, :] << 6)).astype(np.uint8)
+def _high_pairs(low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Two vectors of codes [..., 32] uint8 (below 64) -> [..., 16]: byte j holds bits 4-5
+    of low[j], low[16 + j], high[j] and high[16 + j] at bits 0-1, 2-3, 4-5 and 6-7."""
+    return ((low[..., :16] >> 4) | ((low[..., 16:] >> 4) << 2) | ((high[..., :16] >> 4) << 4) | ((high[..., 16:] >> 4) << 6)).astype(np.uint8)
 
 
 def _nibble_bytes(codes: np.ndarray) -> np.ndarray:
@@ -105,16 +109,21 @@ def k4_from_q4_k(raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, n
     return qs, np.concatenate((b[:, 0:4], sc, mn), axis=1).reshape(rows, -1)
 
 
+U6_LOW = np.array([16 * (k // 8) + k % 8 for k in range(32)])  # the column of a step of byte k of its low vector
+U6_HIGH = U6_LOW + 8  # and of its high vector: the same 16-column group
+
+
 def u6_from_q6_k(raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Raw Q6_K bytes of a [rows, cols] matrix -> (qs [rows, cols/32 * 26] uint8, d
-    [rows, cols/256] f16): the u6 layout."""
+    """Raw Q6_K bytes of a [rows, cols] matrix -> (qs [rows, cols/64 * 48] uint8, D [rows,
+    cols/256 * 18] uint8: per super-block the f16 d, then the 16 int8 scales): the u6 layout."""
     rows, cols = shape
     p = cq.repack(QT.Q6_K, raw, shape)  # codes - 32 as int8
-    codes = (p.qs.view(np.uint8) + np.uint8(32)).reshape(rows, cols // 32, 32)  # [row, step, code]
+    codes = (p.qs.view(np.uint8) + np.uint8(32)).reshape(rows, cols // 64, 64)  # [row, step, column]
+    low, high = codes[..., U6_LOW], codes[..., U6_HIGH]  # [row, step, 32] each
+    nibbles = (low & 15) | ((high & 15) << 4)
+    qs = np.concatenate((nibbles, _high_pairs(low, high)), axis=-1).reshape(rows, -1)
     b = np.ascontiguousarray(raw).reshape(-1).view(np.uint8).reshape(-1, 210)
-    scales = np.ascontiguousarray(b[:, 192:208]).reshape(rows, cols // 32, 2)  # int8 bytes per 16-group
-    qs = np.concatenate((_nibble_bytes(codes), _high_pairs(codes), scales), axis=-1).reshape(rows, -1)
-    return qs, np.ascontiguousarray(b[:, 208:210]).view(np.float16).reshape(rows, cols // 256)
+    return qs, np.concatenate((b[:, 208:210], b[:, 192:208]), axis=1).reshape(rows, -1)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -138,23 +147,22 @@ def dequantize_rows_u5(qs, d, rows, out):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def dequantize_rows_u6(qs, d, rows, out):
-    """out[j] = f32 row rows[j] of a u6 matrix. qs [R, steps * 26] uint8, d [R, steps / 8]
-    f16 bits as uint16, out [n, steps * 32]."""
+def dequantize_rows_u6(qs, sup, rows, out):
+    """out[j] = f32 row rows[j] of a u6 matrix: (code - 32) * (d * scale) per 16 columns,
+    as kernels.quants. qs [R, steps * 48] uint8, sup [R, steps / 4 * 18] uint8, out [n, steps * 64]."""
     steps = qs.shape[1] // U6_STEP_BYTES
     for j in prange(rows.shape[0]):
-        q, dr, o = qs[rows[j]], d[rows[j]], out[j]
+        q, dr, o = qs[rows[j]], sup[rows[j]], out[j]
         for s in range(steps):
-            base = s * U6_STEP_BYTES
-            for g in range(2):
-                scale = as_f32(dr[s // 8]) * np.float32(np.int8(q[base + 24 + g]))  # exact in f32
-                for i in range(16):
-                    k = g * 16 + i
-                    byte = np.int64(q[base + i])
-                    nibble = (byte >> 4) if g else (byte & 15)
-                    high = (np.int64(q[base + 16 + k % 8]) >> (2 * (k // 8))) & 3
-                    code = nibble | (high << 4)
-                    o[s * 32 + k] = np.float32(code - 32) * scale
+            base, at = s * U6_STEP_BYTES, (s // 4) * U6_SUPER_BYTES
+            d = as_f32(np.uint16(np.int64(dr[at]) | (np.int64(dr[at + 1]) << 8)))  # f16 bits, little-endian
+            for k in range(32):  # byte k of the low and high vectors
+                byte, bits = np.int64(q[base + k]), np.int64(q[base + 32 + k % 16])
+                for v in range(2):  # v = 1: the high vector, 8 columns on
+                    col = 16 * (k // 8) + k % 8 + 8 * v
+                    code = ((byte >> (4 * v)) & 15) | (((bits >> (4 * v + 2 * (k // 16))) & 3) << 4)
+                    scale = d * np.float32(np.int8(dr[at + 2 + (s % 4) * 4 + col // 16]))  # exact in f32
+                    o[s * 64 + col] = np.float32(code - 32) * scale
 
 
 @njit(parallel=True, cache=True, nogil=True)

@@ -106,7 +106,7 @@ def test_q5_0_rows_of_odd_32_blocks_keep_the_widened_kernel():
 def test_matrices_of_one_activation_layout_share_a_launch_whatever_their_types():
     """Q5_0 (u5), Q8_0 (p8) and Q4_0 (u4) read activations in one order and rounding: one
     launch. Q4_K (k4) reads that order rounded per 256: a launch of its own, and so does
-    Q6_K (u6: 32 columns per step)."""
+    Q6_K (u6: an order of its own, kernels/int8_layouts.py)."""
     rows, cols = 40, 256
     types = (QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q4_0, QT.Q6_K)
     ws = tuple(FastCpuDevice().upload(str(i), random_tensor(qt, rows, cols, seed=i)) for i, qt in enumerate(types))
