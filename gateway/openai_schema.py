@@ -35,7 +35,10 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code, **self.extra}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        # 413 is sent before the body is read, so the server must drop the connection:
+        # say so, or a client's pool reuses it and its next request meets the close
+        headers = {"Connection": "close"} if self.status == 413 else None
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
 # ---- requests ---------------------------------------------------------------------------
