@@ -80,8 +80,10 @@ def dequantize_rows(w: Int8Weight, rows: np.ndarray, out: np.ndarray) -> None:
     d, m = (w.d.view(np.uint16), w.m.view(np.uint16)) if w.half else (w.d, w.m)
     if w.kind == "u4":
         bp.dequantize_rows_u4(w.qs, d, m, rows, out)
-    elif w.kind in ("k4", "u6"):
-        (bp.dequantize_rows_k4 if w.kind == "k4" else bp.dequantize_rows_u6)(w.qs, w.d, rows, out)
+    elif w.kind == "k4":  # D: bytes per super-block
+        bp.dequantize_rows_k4(w.qs, w.d, rows, out)
+    elif w.kind == "u6":
+        bp.dequantize_rows_u6(w.qs, w.d, rows, out)
     else:
         {"u5": bp.dequantize_rows_u5, "p8": bp.dequantize_rows_p8, "i8": bp.dequantize_rows_i8}[w.kind](w.qs, d, rows, out)
 
