@@ -49,8 +49,8 @@ def zmq_ctx():
     ctx.destroy(linger=0)
 
 
-@pytest.mark.slow  # hundreds of fuzzed requests: 6-50 s
-@settings(max_examples=400, **FUZZ)
+@pytest.mark.slow  # 75-200 fuzzed requests: 5-25 s (halved for CI time; raise max_examples to fuzz longer)
+@settings(max_examples=200, **FUZZ)
 @given(request=st.sampled_from(POST_ROUTES).flatmap(lambda route: st.tuples(st.just(route), fs.http_body(route))))
 @example(request=("/v1/completions", fs.to_json({"prompt": fs.Deep(100_000, "dict"), "max_tokens": 3})))  # found: 500
 @example(request=("/v1/chat/completions", fs.to_json({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "seed": 10**30})))
@@ -112,8 +112,8 @@ def test_raw_bytes_on_the_http_port(sut, raw):
     sut.check_healthy(raw)
 
 
-@pytest.mark.slow  # hundreds of fuzzed requests: 6-50 s
-@settings(max_examples=150, **FUZZ)
+@pytest.mark.slow  # 75-200 fuzzed requests: 5-25 s (halved for CI time; raise max_examples to fuzz longer)
+@settings(max_examples=75, **FUZZ)
 @given(messages=fs.ws_messages())
 @example(messages=["0\x00"])  # found: a typed-decode error, then a raw decode that raises on the trailing byte
 @example(messages=[{"type": fs.Deep(1000), "id": "a", "prompt": "x"}])
@@ -131,8 +131,8 @@ def test_websocket_binary_frames(sut, messages):
     sut.check_healthy(messages)
 
 
-@pytest.mark.slow  # hundreds of fuzzed requests: 6-50 s
-@settings(max_examples=200, **FUZZ)
+@pytest.mark.slow  # 75-200 fuzzed requests: 5-25 s (halved for CI time; raise max_examples to fuzz longer)
+@settings(max_examples=100, **FUZZ)
 @given(case=fs.engine_requests("msgpack"), multipart=st.lists(st.lists(st.binary(max_size=16), min_size=2, max_size=3), max_size=1))
 @example(case=[{"extra": 1, "request_id": fs.Deep(100_000), "type": "cancel"}], multipart=[])  # found: killed the engine
 @example(case=[{"type": fs.Deep(1000), "request_id": "a", "params": {"max_tokens": 1}, "prompt": ""}], multipart=[])
@@ -157,8 +157,8 @@ def stdio(tiny_model):
     z.close()
 
 
-@pytest.mark.slow  # hundreds of fuzzed requests: 6-50 s
-@settings(max_examples=150, **FUZZ)
+@pytest.mark.slow  # 75-200 fuzzed requests: 5-25 s (halved for CI time; raise max_examples to fuzz longer)
+@settings(max_examples=75, **FUZZ)
 @given(case=fs.engine_requests("json"))
 @example(case=[{"type": fs.Deep(1000), "request_id": "a", "params": {"max_tokens": 1}, "prompt": ""}])  # found: killed stdio
 @example(case=[b"a" * (16 * 2**20 + 1), {"type": "stats", "request_id": "a"}])  # over stdio's 16 MiB line limit

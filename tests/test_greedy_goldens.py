@@ -117,20 +117,22 @@ def compare(golden_name: str, path, device: str, options=None, cases: slice = sl
 
 
 NO_REPACK = CpuLlamaConfig(repack=False)
-FIRST3 = slice(0, 3)
+FIRST2, FIRST4 = slice(0, 2), slice(0, 4)
 CASES = [
     # golden, model, device, options, prompts, prompts that must match all the way, teacher-forced top-1 agreement
-    ("smollm2-135m-f32", "smollm2-135m", "cpu", None, slice(None), 7, 0.99),
-    ("gemma3-270m-f32", "gemma3-270m", "cpu", None, slice(None), 7, 0.99),
+    # (CI time: the f32 oracle matched 8/8 on both; check_parity.py runs all 8)
+    ("smollm2-135m-f32", "smollm2-135m", "cpu", None, FIRST4, 4, 0.99),
+    ("gemma3-270m-f32", "gemma3-270m", "cpu", None, FIRST4, 4, 0.99),
     ("smollm2-135m", "smollm2-135m", "cpu", None, slice(None), 4, 0.95),
     ("gemma3-270m", "gemma3-270m", "cpu", None, slice(None), 3, 0.95),
     # llama.cpp's arithmetic: every prompt checked must match (check_parity.py runs all 8
     # of all four models: SmolLM2 8/8 and 245/245, Gemma 8/8 and 249/256). SmolLM2's Q4_1
     # has no weight llama.cpp repacks. Teacher forcing: llama.cpp's tokens come from its
     # decode rounds (one row: other kernels, gemv where repacked), and its own prefill of
-    # them takes other near-ties at a few positions (Gemma's first 3 prompts: 91/96)
-    ("smollm2-135m", "smollm2-135m", "cpu-llama", None, FIRST3, 3, 1.0),
-    ("gemma3-270m", "gemma3-270m", "cpu-llama", None, FIRST3, 3, 0.94),
+    # them takes other near-ties at a few positions (Gemma's first 3 prompts: 91/96).
+    # Two prompts each here (three took 43 s of CI each)
+    ("smollm2-135m", "smollm2-135m", "cpu-llama", None, FIRST2, 2, 1.0),
+    ("gemma3-270m", "gemma3-270m", "cpu-llama", None, FIRST2, 2, 0.94),
     ("gemma3-270m-norepack", "gemma3-270m", "cpu-llama", NO_REPACK, slice(0, 1), 1, 0.95),
     # the 0.5B through numpy is slow (2 prompts took 95 s of CI on a 2-core host): one here, all 8 in check_parity.py
     ("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b", "cpu-llama", None, slice(0, 1), 1, 0.95),

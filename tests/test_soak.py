@@ -84,7 +84,7 @@ async def test_soak_mixed_traffic_loses_nothing(smollm2_path):
 
         async def one(i: int) -> None:
             kind = kinds[i]
-            params = dict(temperature=0.8, seed=i, max_tokens=rng.randint(4, 16))
+            params = dict(temperature=0.8, seed=i, max_tokens=rng.randint(2, 8))
             form: dict = {"prompt": f"{PROMPTS[i % len(PROMPTS)]} ({i})"}
             if kind == "too_long":
                 form = {"prompt": "word " * (MAX_MODEL_LEN + 100)}
