@@ -1,4 +1,4 @@
-"""The actor engine end to end: batching, prefix cache, stops, rejections, cancels, soak.
+"""The actor engine end to end: batching, prefix cache, stops, rejections, cancels (the soak: tests/test_soak.py).
 
 Every test runs on a tiny random llama (fast tier) and on the real SmolLM2 (slow tier)."""
 

@@ -129,7 +129,7 @@ CASES = [
     # of all four models: SmolLM2 8/8 and 245/245, Gemma 8/8 and 249/256). SmolLM2's Q4_1
     # has no weight llama.cpp repacks. Teacher forcing: llama.cpp's tokens come from its
     # decode rounds (one row: other kernels, gemv where repacked), and its own prefill of
-    # them takes other near-ties at a few positions (Gemma's first 3 prompts: 91/96).
+    # them takes other near-ties at a few positions (Gemma's first 3 prompts: 91/96, first 2: 61/64).
     # Two prompts each here (three took 43 s of CI each)
     ("smollm2-135m", "smollm2-135m", "cpu-llama", None, FIRST2, 2, 1.0),
     ("gemma3-270m", "gemma3-270m", "cpu-llama", None, FIRST2, 2, 0.94),
