@@ -80,7 +80,7 @@ class ExecutorActor:
         rows, those rows [S_full, vocab] on the host, the others' candidates or None). With
         tracing, the forward runs on the kernel-timing wrapper and marks its layers."""
         dev = self.device if self.round_tracer is None else self.round_tracer.device
-        logits = dev.run_round(partial(forward, self.spec, self.weights, dev, self.kv, marks=marks), batch)
+        logits = dev.run_round(partial(forward, self.spec, self.weights, dev, self.kv, marks=marks), batch, self.kv)
         return reduce_logits(self.device, logits, wanting)
 
 

@@ -39,9 +39,10 @@ class Device(Protocol):
     def begin_round(self, batch: ForwardBatch) -> RoundCtx:
         """The round's context: batch's arrays on the device and the kernels' metadata, built once."""
 
-    def run_round(self, layers: Layers, batch: ForwardBatch) -> Any:
+    def run_round(self, layers: Layers, batch: ForwardBatch, kv: KVStore) -> Any:
         """Run one round: layers(ctx) on the ctx of batch, or what the device substitutes for
-        it (a replayed CUDA graph). Returns the device logits [S, vocab]."""
+        it (a replayed CUDA or cpu-fast graph, which must have been recorded over kv, the pool
+        layers writes). Returns the device logits [S, vocab]."""
 
     def kernel_clock(self) -> Any:
         """The clock kernel spans read (traces/kernels.py): None for host time (ops that
@@ -73,6 +74,15 @@ class Device(Protocol):
     def glu(self, gate: Any, up: Any, act: str) -> Any:
         """act(gate) * up, both [T, d_ff]."""
 
+    def add(self, x: Any, y: Any) -> Any:
+        """x + y, the same shape (the residual stream)."""
+
+    def scale(self, x: Any, s: float) -> Any:
+        """x * s in float32 (Gemma's embedding scale)."""
+
+    def take_rows(self, x: Any, rows: Any) -> Any:
+        """x [T, d] -> x[rows] [S, d], rows [S] int64 (device)."""
+
     def to_numpy(self, x: Any) -> np.ndarray: ...
 
     def from_numpy(self, x: np.ndarray) -> Any: ...
@@ -92,7 +102,7 @@ class DeviceBase:
     def begin_round(self, batch: ForwardBatch) -> RoundCtx:
         return RoundCtx(batch, *(self.from_numpy(a) for a in (batch.token_ids, batch.positions, batch.slots, batch.logits_rows)))
 
-    def run_round(self, layers: Layers, batch: ForwardBatch) -> Any:
+    def run_round(self, layers: Layers, batch: ForwardBatch, kv: KVStore) -> Any:
         return layers(self.begin_round(batch))
 
     def kernel_clock(self) -> Any:
@@ -100,6 +110,15 @@ class DeviceBase:
 
     def linears(self, x: Any, ws: tuple, bs: tuple) -> list:
         return [self.linear(x, w, b) for w, b in zip(ws, bs)]
+
+    def add(self, x: Any, y: Any) -> Any:
+        return x + y
+
+    def scale(self, x: Any, s: float) -> Any:
+        return x * np.float32(s)
+
+    def take_rows(self, x: Any, rows: Any) -> Any:
+        return x[rows]
 
     def to_numpy(self, x: Any) -> np.ndarray:
         return np.asarray(x)

@@ -68,3 +68,17 @@ class ForwardBatch:
             seqs=seqs,
             logits_rows=np.asarray(rows, dtype=np.int64),
         )
+
+    def padded(self, B: int, trash_block: int, block_size: int) -> "ForwardBatch":
+        """This decode round plus B - S dummy one-token sequences (token 0 at position 0,
+        writing into the trash block); logits for all B rows (the decode graphs' shape)."""
+        S = len(self.seqs)
+        n = B - S
+        table = np.array([trash_block], np.int32)
+        return ForwardBatch(
+            token_ids=np.concatenate([self.token_ids, np.zeros(n, np.int64)]),
+            positions=np.concatenate([self.positions, np.zeros(n, np.int64)]),
+            slots=np.concatenate([self.slots, np.full(n, trash_block * block_size, np.int64)]),
+            seqs=list(self.seqs) + [SeqChunk(S + i, 1, 1, table) for i in range(n)],
+            logits_rows=np.arange(B, dtype=np.int64),
+        )

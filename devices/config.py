@@ -43,12 +43,15 @@ class CpuFastConfig(_Options, tag="cpu-fast"):
     the CPU has AVX512-VNNI or AVX2; True on a CPU with neither falls back to the float kernels).
     kv_f16: K and V kept in f16 as llama.cpp does (else f32, as the oracle). f32_cache_mib:
     memory for f32 copies of quantized matrices, which large rounds multiply through BLAS
-    on CPUs without VNNI (0: dequantize tiles on the fly instead)."""
+    on CPUs without VNNI (0: dequantize tiles on the fly instead). decode_graphs: decode
+    rounds of up to 16 sequences recorded once per shape and replayed in one numba call
+    (devices/cpu_graph.py)."""
 
     threads: int = 0
     int8: bool | None = None
     kv_f16: bool = True
     f32_cache_mib: int = 1024
+    decode_graphs: bool = True
 
     def __post_init__(self):
         if self.threads < 0:

@@ -16,6 +16,11 @@ Threads: OpenBLAS's workers spin for a while after each call, and numba's parall
 kernels then fight them for the same cores (measured: 16 streams decoded 10x slower).
 So in a round whose linears go through BLAS, the numba kernels run on one thread;
 every other round uses every core and no BLAS.
+
+Decode graphs (decode_graphs=True, the engine's default): a decode round of up to 16
+sequences is recorded once per shape and then replayed in one numba call, with no Python
+between its kernels (devices/cpu_graph.py); while one records, each op below hands its
+work to devices/cpu_graph_ops.py.
 """
 
 from __future__ import annotations
@@ -26,10 +31,12 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from zinfer.devices.base import DeviceBase
+from zinfer.devices.base import DeviceBase, Layers
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.cpu import CpuKV
+from zinfer.devices import cpu_graph_ops as rec
 from zinfer.devices.cpu_fast_linears import SMALL_BATCH, SMALL_BATCH_NO_COPY, F32Budget, F32Linear, FastWeight, linear_for  # noqa: F401 (re-exported)
+from zinfer.devices.cpu_graph import DecodeGraphs, GraphBuffers, Tape
 from zinfer.devices.fallback import F32Fallbacks
 from zinfer.devices.round import RoundCtx
 from zinfer.kernels import cpu_int8 as ci
@@ -48,11 +55,14 @@ class FastCpuDevice(DeviceBase):
     memory allowed for f32 copies of quantized matrices (used for large batches);
     `int8`: use the int8 kernels (default: where the CPU has VNNI or AVX2); `kv_f16`: keep K and V
     in f16, as llama.cpp does by default (half the bytes that attention reads; at 16
-    streams those are as many as the weights), else f32 as the oracle does."""
+    streams those are as many as the weights), else f32 as the oracle does;
+    `decode_graphs`: record and replay decode rounds (devices/cpu_graph.py) over the KV
+    pool alloc_kv made last."""
 
     name = "cpu-fast"
 
-    def __init__(self, threads: int | None = None, f32_cache_bytes: int = 1 << 30, int8: bool | None = None, kv_f16: bool = True):
+    def __init__(self, threads: int | None = None, f32_cache_bytes: int = 1 << 30, int8: bool | None = None, kv_f16: bool = True,
+                 decode_graphs: bool = False):
         if threads is not None:
             numba.set_num_threads(threads)
         self.threads = numba.get_num_threads()
@@ -62,6 +72,9 @@ class FastCpuDevice(DeviceBase):
         gemm_ir.address()  # compiled here, on the constructing thread, not in the first prefill
         self.kv_dtype = np.float16 if kv_f16 else np.float32
         self._jobs: dict[tuple[int, ...], tuple] = {}  # id(matrices) -> (matrices, their int8 groups)
+        self.decode_graphs = decode_graphs
+        self._graphs: DecodeGraphs | None = None  # over the last pool alloc_kv made (decode_graphs on)
+        self.last_round_replayed = False  # whether the last run_round replayed a graph (traces/kernels.py)
 
     # ---- weights and KV ----
 
@@ -79,7 +92,39 @@ class FastCpuDevice(DeviceBase):
         return w
 
     def alloc_kv(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int) -> CpuKV:
-        return CpuKV.zeros(n_layers, n_kv_heads, head_dim, num_blocks, block_size, self.kv_dtype)
+        if not self.decode_graphs:
+            return CpuKV.zeros(n_layers, n_kv_heads, head_dim, num_blocks, block_size, self.kv_dtype)
+        kv = CpuKV.zeros(n_layers, n_kv_heads, head_dim, num_blocks + 1, block_size, self.kv_dtype)
+        kv.num_blocks = num_blocks  # block num_blocks is the graphs' trash block: padded rows write there
+        self._graphs = DecodeGraphs(self, kv, trash_block=num_blocks)
+        return kv
+
+    # ---- rounds ----
+
+    def run_round(self, layers: Layers, batch: ForwardBatch, kv: CpuKV):
+        """layers(ctx) -> logits [S, vocab]; with decode graphs, a decode round replays the
+        graph recorded for its bucket (recording it the first time) over kv, which must be
+        the pool alloc_kv made last. Until the replay kernel is compiled (on a thread, after
+        the first eager decode round) rounds run eagerly."""
+        graphs = self._graphs
+        self.last_round_replayed = False
+        if graphs is not None and kv is not graphs.kv:
+            raise RuntimeError("with decode graphs, rounds must run on the KV pool this device allocated last")
+        if graphs is None or not graphs.eligible(batch):
+            return layers(self.begin_round(batch))
+        if not graphs.ready:
+            out = layers(self.begin_round(batch))
+            graphs.compile_soon()
+            return out
+        self._threads_for(batch.n_tokens)
+        out = graphs.run(layers, batch)
+        self.last_round_replayed = graphs.last_replayed
+        return out
+
+    @property
+    def _tape(self) -> Tape | None:
+        """The tape of the round being recorded, else None (the ops compute eagerly)."""
+        return None if self._graphs is None else self._graphs.recording
 
     # ---- ops ----
 
@@ -99,6 +144,12 @@ class FastCpuDevice(DeviceBase):
         return FastRoundCtx(batch, *(np.ascontiguousarray(a, dtype=np.int64) for a in (batch.token_ids, batch.positions, batch.slots, batch.logits_rows)))
 
     def embed(self, table, token_ids: np.ndarray) -> np.ndarray:
+        if (tape := self._tape) is not None:
+            return rec.embed(tape, self, table, token_ids, table.shape[1])
+        return self.embed_eager(table, token_ids)
+
+    def embed_eager(self, table, token_ids: np.ndarray) -> np.ndarray:
+        """Rows of table (an f32 array or a FastWeight) for token_ids [T] -> a new [T, d] array."""
         ids = np.ascontiguousarray(token_ids, dtype=np.int64)
         if isinstance(table, np.ndarray):
             return table[ids]
@@ -109,6 +160,8 @@ class FastCpuDevice(DeviceBase):
         return out
 
     def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        if (tape := self._tape) is not None:
+            return rec.rms_norm(tape, x, w, eps)
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty_like(x)
         n = x.shape[-1]
@@ -122,6 +175,8 @@ class FastCpuDevice(DeviceBase):
     def linears(self, x: np.ndarray, ws: tuple, bs: tuple) -> list:
         """Each weight computes with its own kernel; Int8Linear matrices of one layout
         (q/k/v, gate/up) share one rounding of x and one launch."""
+        if (tape := self._tape) is not None:
+            return rec.linears(tape, self, x, ws, bs)
         x = np.ascontiguousarray(x, dtype=np.float32)  # [T, in]
         outs: list = [None] * len(ws)
         for jobs, members in self._int8_jobs(ws):
@@ -145,12 +200,16 @@ class FastCpuDevice(DeviceBase):
 
     def rope(self, x: np.ndarray, ctx: "FastRoundCtx", base: float, rope_dim: int, interleaved: bool, scaling: RopeScaling | None = None) -> np.ndarray:
         cos, sin = ctx.rope(base, rope_dim, scaling)  # [T, rope_dim/2] each
+        if (tape := self._tape) is not None:
+            return rec.rope(tape, x, cos, sin, interleaved)
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty_like(x)
         (ops.rope if x.shape[0] >= ops.PARALLEL_ROWS else ops.rope_one)(x, cos, sin, bool(interleaved), out)
         return out
 
     def write_kv(self, kv: CpuKV, layer: int, k: np.ndarray, v: np.ndarray, ctx: "FastRoundCtx") -> None:
+        if (tape := self._tape) is not None:
+            return rec.write_kv(tape, kv, layer, k, v, ctx.slots)
         slots = ctx.slots  # [T] int64, contiguous
         if kv.k[layer].dtype != np.float16:
             kv.k[layer][slots] = k
@@ -161,6 +220,8 @@ class FastCpuDevice(DeviceBase):
             store(pool.view(np.uint16), slots, np.ascontiguousarray(x, dtype=np.float32))
 
     def attention(self, q: np.ndarray, kv: CpuKV, layer: int, ctx: "FastRoundCtx", scale: float, window: int) -> np.ndarray:
+        if (tape := self._tape) is not None:
+            return rec.attention(tape, q, kv, layer, ctx, scale, window)
         q = np.ascontiguousarray(q, dtype=np.float32)  # [T, H, hd]
         out = np.empty_like(q)
         kp, vp = (a.view(np.uint16) if a.dtype == np.float16 else a for a in (kv.k[layer], kv.v[layer]))
@@ -187,11 +248,28 @@ class FastCpuDevice(DeviceBase):
         prefill.chunk_attention(gemm_ir.address(), q, kt, v, positions, k0, np.float32(scale), int(window), out)
 
     def glu(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
+        if (tape := self._tape) is not None:
+            return rec.glu(tape, gate, up, act)
         gate = np.ascontiguousarray(gate, dtype=np.float32)  # strided rows would not vectorize (8x slower)
         up = np.ascontiguousarray(up, dtype=np.float32)
         out = np.empty_like(gate)
         (ops.glu if gate.shape[0] >= ops.PARALLEL_ROWS else ops.glu_one)(gate, up, act != "silu", out)
         return out
+
+    def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        if (tape := self._tape) is not None:
+            return rec.add(tape, x, y)
+        return x + y
+
+    def scale(self, x: np.ndarray, s: float) -> np.ndarray:
+        if (tape := self._tape) is not None:
+            return rec.scale(tape, x, s)
+        return x * np.float32(s)
+
+    def take_rows(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        if (tape := self._tape) is not None:
+            return rec.take_rows(tape, x, rows)
+        return x[rows]
 
 
 def _int8_groups(ws: tuple) -> list[list[int]]:
@@ -246,6 +324,19 @@ class FastRoundCtx(RoundCtx):
             short = [s for s in seqs if s.n_tokens < long_chunk]
             split = self._splits[blockwise] = AttentionSplit([s for s in seqs if s.n_tokens >= long_chunk], _short_rows(self.n_tokens, short) if short else None)
         return split
+
+
+@dataclass(frozen=True, eq=False)
+class GraphRoundCtx(FastRoundCtx):
+    """The ctx a decode graph records over: its arrays are the graph's fixed buffers
+    (devices/cpu_graph.GraphBuffers), and its RoPE tables are nodes of the tape."""
+
+    buffers: GraphBuffers | None = None
+    tape: Tape | None = None
+
+    def rope_table(self, base: float, rope_dim: int, scaling: RopeScaling | None = None) -> tuple[np.ndarray, np.ndarray]:
+        inv_freq, mscale = rope_inv_freq(base, rope_dim, scaling)
+        return rec.rope_table(self.tape, self.positions, inv_freq, mscale)
 
 
 def _short_rows(T: int, seqs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

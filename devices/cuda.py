@@ -205,9 +205,12 @@ class CudaDevice(DeviceBase):
         T, S = batch.n_tokens, len(batch.logits_rows)
         return CudaRoundCtx(batch, meta.tok[:T], meta.pos[:T], meta.slots[:T], meta.rows[:S], meta)
 
-    def run_round(self, layers: Layers, batch: ForwardBatch) -> Any:
+    def run_round(self, layers: Layers, batch: ForwardBatch, kv: Any) -> Any:
         """layers(ctx) -> device logits [S, vocab]; with config.cuda_graphs, a decode round
-        that fits a bucket replays the graph captured for it instead."""
+        that fits a bucket replays the graph captured for it instead (over kv, which must be
+        the pool alloc_kv made last)."""
+        if self._graphs is not None and kv is not self._graphs.kv:
+            raise RuntimeError("with cuda_graphs, rounds must run on the KV pool this device allocated last")
         if self._graphs is not None and self._graphs.eligible(batch):
             return self._graphs.run(layers, batch)
         return layers(self.begin_round(batch))

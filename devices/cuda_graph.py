@@ -18,10 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 
 from zinfer.devices.base import Layers
-from zinfer.devices.batch import ForwardBatch, SeqChunk
+from zinfer.devices.batch import ForwardBatch
 
 
 @dataclass
@@ -55,7 +54,7 @@ class DecodeGraphs:
         would return them; the first round of a bucket captures its graph."""
         cp = self.dev.cupy
         B = next(b for b in self.buckets if b >= len(batch.seqs))
-        padded = self._pad(batch, B)
+        padded = batch.padded(B, self.kv.trash_block, self.kv.block_size)
         stream = self.dev.stream
         with stream:
             cap = self._graphs.get(B)
@@ -86,16 +85,3 @@ class DecodeGraphs:
             finally:
                 graph = stream.end_capture()
         return _Captured(graph, meta, pool, output)
-
-    def _pad(self, batch: ForwardBatch, B: int) -> ForwardBatch:
-        """batch plus B - S dummy one-token sequences into the trash block; logits for all rows."""
-        S, bs, trash = len(batch.seqs), self.kv.block_size, self.kv.trash_block
-        n = B - S
-        table = np.array([trash], np.int32)
-        return ForwardBatch(
-            token_ids=np.concatenate([batch.token_ids, np.zeros(n, np.int64)]),
-            positions=np.concatenate([batch.positions, np.zeros(n, np.int64)]),
-            slots=np.concatenate([batch.slots, np.full(n, trash * bs, np.int64)]),
-            seqs=list(batch.seqs) + [SeqChunk(S + i, 1, 1, table) for i in range(n)],
-            logits_rows=np.arange(B, dtype=np.int64),
-        )

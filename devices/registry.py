@@ -140,7 +140,7 @@ def make_device(name: str, options: DeviceConfig | None = None) -> Any:
         from zinfer.devices.cpu_fast import FastCpuDevice
 
         o = options or CpuFastConfig()
-        return FastCpuDevice(threads=o.threads or None, f32_cache_bytes=o.f32_cache_mib << 20, int8=o.int8, kv_f16=o.kv_f16)
+        return FastCpuDevice(threads=o.threads or None, f32_cache_bytes=o.f32_cache_mib << 20, int8=o.int8, kv_f16=o.kv_f16, decode_graphs=o.decode_graphs)
     from zinfer.devices.cuda import CudaDevice  # imports cupy; fails clearly without it
 
     return CudaDevice(int(name.partition(":")[2] or 0), options or CudaConfig())

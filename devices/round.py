@@ -8,9 +8,10 @@ The lifecycle, in one place:
 2. The executor (actors/executor.py) applies the deltas and flattens the round into a
    host ForwardBatch (devices/batch.py): token ids, positions and KV slots [T], one
    SeqChunk per sequence, the rows whose logits are wanted [S].
-3. It calls `device.run_round(layers, batch)`, where `layers` is models.forward.forward
-   bound to the spec, weights, device and KV pool. run_round is the device's say over
-   how the round runs: eagerly, or (CUDA decode rounds) as the replay of a captured graph.
+3. It calls `device.run_round(layers, batch, kv)`, where `layers` is models.forward.forward
+   bound to the spec, weights, device and KV pool kv. run_round is the device's say over
+   how the round runs: eagerly, or (CUDA and cpu-fast decode rounds) as the replay of a
+   captured graph, which reads and writes the pool it was captured over.
 4. `device.begin_round(batch)` builds the round's RoundCtx once: the per-token arrays on
    the device, and whatever metadata its kernels want (padded block tables, tiles,
    RoPE tables), so no op rebuilds it per layer.
@@ -22,7 +23,7 @@ The lifecycle, in one place:
    sampler, which turns each row into a token.
 
 A RoundCtx lives for one round: nothing keeps it after run_round returns, except a
-captured CUDA graph, whose fixed-capacity ctx is refilled before each replay.
+captured graph (CUDA or cpu-fast), whose fixed-capacity ctx is refilled before each replay.
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-int8", action="store_true", help="cpu-fast: float quantized kernels and BLAS instead of the int8 kernels (VNNI or AVX2)")
     p.add_argument("--no-repack", action="store_true", help="cpu-llama: llama.cpp's plain kernels, as with use_extra_bufts=False (default: its repacked ones where llama.cpp repacks)")
     p.add_argument("--kv-f32", action="store_true", help="cpu-fast: keep K and V in f32, as the oracle (default: f16, as llama.cpp)")
+    p.add_argument("--no-decode-graphs", action="store_true", help="cpu-fast: run decode rounds op by op (default: each shape recorded once, then replayed in one call)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None, help="cuda: capture decode rounds as CUDA graphs (default: off)")
     p.add_argument("--max-model-len", type=int, default=0, help="context length (default: the model's, at most 4096)")
     p.add_argument("--max-running", type=int, default=32)

@@ -28,11 +28,12 @@ def device_options(args: argparse.Namespace) -> DeviceConfig | None:
     """The typed options the device flags ask for (None: none given, the device's defaults).
     Flags of two devices together are a UsageError; flags of a device other than the one
     --device resolves to are refused when the engine starts (EngineConfig.with_resolved_device)."""
-    fast = {k: v for k, v in (("threads", args.threads), ("int8", False if args.no_int8 else None), ("kv_f16", False if args.kv_f32 else None)) if v is not None}
+    fast = {k: v for k, v in (("threads", args.threads), ("int8", False if args.no_int8 else None), ("kv_f16", False if args.kv_f32 else None),
+                                      ("decode_graphs", False if getattr(args, "no_decode_graphs", False) else None)) if v is not None}
     cuda = {"cuda_graphs": args.cuda_graphs} if args.cuda_graphs is not None else {}
     llama = {"repack": False} if getattr(args, "no_repack", False) else {}
     if sum(map(bool, (fast, cuda, llama))) > 1:
-        raise UsageError("--threads, --no-int8 and --kv-f32 are cpu-fast options, --cuda-graphs a cuda one, --no-repack a cpu-llama one: give one device's")
+        raise UsageError("--threads, --no-int8, --kv-f32 and --no-decode-graphs are cpu-fast options, --cuda-graphs a cuda one, --no-repack a cpu-llama one: give one device's")
     if fast:
         return CpuFastConfig(**fast)
     if llama:

@@ -26,7 +26,7 @@ def forward(spec: ModelSpec, w: ModelWeights, dev: Device, kv: KVStore, ctx: Rou
     (traces/kernels.py KernelRecorder), or None."""
     x = dev.embed(w.tok_embd, ctx.token_ids)  # [T, d]
     if spec.embed_scale != 1.0:
-        x = x * np.float32(spec.embed_scale)
+        x = dev.scale(x, spec.embed_scale)
     for i, layer in enumerate(w.layers):
         if marks is not None:
             marks.begin_layer(i)
@@ -35,14 +35,14 @@ def forward(spec: ModelSpec, w: ModelWeights, dev: Device, kv: KVStore, ctx: Rou
             marks.end_layer(i)
     if len(ctx.batch.logits_rows) == 0:
         return dev.from_numpy(np.zeros((0, spec.vocab_size), np.float32))
-    h = dev.rms_norm(x[ctx.logits_rows], w.out_norm, spec.rms_eps)  # [S, d]
+    h = dev.rms_norm(dev.take_rows(x, ctx.logits_rows), w.out_norm, spec.rms_eps)  # [S, d]
     return dev.linear(h, w.output)  # [S, vocab]
 
 
 def round_logits(spec: ModelSpec, w: ModelWeights, dev: Device, kv: KVStore, batch: ForwardBatch, marks: Any = None) -> np.ndarray:
     """One whole round as the executor runs it, logits [S, vocab] on the host (for tests and
     benchmarks that drive the forward without an engine)."""
-    return dev.to_numpy(dev.run_round(partial(forward, spec, w, dev, kv, marks=marks), batch))
+    return dev.to_numpy(dev.run_round(partial(forward, spec, w, dev, kv, marks=marks), batch, kv))
 
 
 def _layer(spec: ModelSpec, i: int, lw: LayerWeights, dev: Device, kv: KVStore, ctx: RoundCtx, x: Any) -> Any:
@@ -64,10 +64,10 @@ def _layer(spec: ModelSpec, i: int, lw: LayerWeights, dev: Device, kv: KVStore, 
     o = dev.linear(a.reshape(T, spec.n_heads * spec.head_dim), lw.wo)  # [T, d]
     if spec.sandwich_norms:
         o = dev.rms_norm(o, lw.post_attn_norm, spec.rms_eps)
-    x = x + o
+    x = dev.add(x, o)
     h = dev.rms_norm(x, lw.ffn_norm, spec.rms_eps)
     gate, up = dev.linears(h, (lw.w_gate, lw.w_up), (None, None))
     f = dev.linear(dev.glu(gate, up, spec.act), lw.w_down)
     if spec.sandwich_norms:
         f = dev.rms_norm(f, lw.post_ffn_norm, spec.rms_eps)
-    return x + f
+    return dev.add(x, f)

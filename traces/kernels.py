@@ -71,19 +71,25 @@ class TracedDevice:
     """The device with every kernel op timed into a recorder; all else passes through.
 
     The forward, bound to this wrapper, calls the timed ops; the real device's
-    run_round decides how the round runs (a CUDA graph replay records no kernel spans)
-    and is no span itself. begin_round called on the wrapper is one, "begin_round"."""
+    run_round decides how the round runs (a CUDA graph replay records no kernel spans; a
+    cpu-fast one is one span) and is no span itself otherwise. begin_round called on the wrapper is one, "begin_round"."""
 
     def __init__(self, device: Any, recorder: KernelRecorder):
         self.device = device
+        self._recorder = recorder
         for op in KERNEL_OPS:
             setattr(self, op, _timed(op, getattr(device, op), recorder))
         if hasattr(device, "begin_round"):
             self.begin_round = _timed("begin_round", device.begin_round, recorder)
 
-    def run_round(self, layers: Callable, batch: Any) -> Any:
-        """The real device's round; `layers` (bound to this wrapper) times the ops."""
-        return self.device.run_round(layers, batch)
+    def run_round(self, layers: Callable, batch: Any, kv: Any) -> Any:
+        """The real device's round; `layers` (bound to this wrapper) times the ops. A round
+        that cpu-fast replayed from a decode graph is one span, "graph_replay"."""
+        t0 = self._recorder.now()
+        out = self.device.run_round(layers, batch, kv)
+        if getattr(self.device, "last_round_replayed", False):
+            self._recorder.events.append(("graph_replay", t0, self._recorder.now()))
+        return out
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.device, name)

@@ -1,0 +1,132 @@
+"""cpu-fast's decode graphs (devices/cpu_graph.py) give what the same rounds give op by op.
+
+Tiny random models of each architecture the forward switches on (llama; gemma3 with
+sliding windows, GeGLU, sandwich and q/k norms, the embedding scale; qwen2 with biases,
+in f32 so its products are Python steps of the tape; llama in Q4_K (tests/goldens/tiny_q4k.py)
+and Q5_0, whose int8 kernels read the file's blocks), decoded for many rounds with graphs and without, on
+batches that fill a bucket and batches padded up to one, with sequences joining and
+leaving and tables growing past block edges: the logits must be equal bit for bit.
+Then what must never happen: a round on another KV pool, and an op fed an array made
+outside the recorded ops, which must run eagerly and still be right.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from tiny import write_tiny_gguf, write_tiny_hf
+from zinfer.devices.batch import ForwardBatch
+from zinfer.devices.cpu_fast import FastCpuDevice
+from zinfer.models.forward import forward, round_logits
+from zinfer.models.loader import open_model
+from zinfer.models.weights import build_weights
+
+sys.path.insert(0, str(Path(__file__).parent / "goldens"))
+from tiny_q4k import write_tiny_q4k  # noqa: E402
+
+BLOCK = 4  # small blocks: tables grow past block edges within a few rounds
+N_BLOCKS = 64
+SHAPE = dict(hidden_size=128, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64)
+
+
+@pytest.fixture(scope="module")
+def tiny_paths(tmp_path_factory):
+    d = tmp_path_factory.mktemp("graphs")
+    return {
+        "llama-q8_0": write_tiny_gguf(d / "llama.gguf", "llama", qtype=QT.Q8_0, **SHAPE),
+        "gemma3-q8_0": write_tiny_gguf(d / "gemma3.gguf", "gemma3", qtype=QT.Q8_0, **SHAPE),
+        "qwen2-f32": write_tiny_hf(d / "qwen2", "qwen2"),
+        "llama-q4_k": write_tiny_q4k(d / "llama-q4k.gguf"),
+        "llama-q5_0": write_tiny_gguf(d / "llama-q5.gguf", "llama", qtype=QT.Q5_0, **SHAPE),
+    }
+
+
+class Pair:
+    """One model on two cpu-fast devices, decode graphs off and on, each with its own pool."""
+
+    def __init__(self, path):
+        src = open_model(path)
+        self.spec = src.spec
+        self.devs = [FastCpuDevice(decode_graphs=False), FastCpuDevice(decode_graphs=True)]
+        self.ws = [build_weights(self.spec, src.tensors, d.upload) for d in self.devs]
+        self.kvs = [d.alloc_kv(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim, N_BLOCKS, BLOCK) for d in self.devs]
+        graphs = self.devs[1]._graphs
+        graphs.compile_soon()
+        assert graphs._compiled.wait(600)  # replay compiled up front, so every eligible round takes a graph
+
+    def round(self, chunks) -> list[np.ndarray]:
+        b = ForwardBatch.build(chunks, BLOCK)
+        return [round_logits(self.spec, w, d, kv, b) for d, w, kv in zip(self.devs, self.ws, self.kvs)]
+
+
+@pytest.fixture(scope="module", params=["llama-q8_0", "gemma3-q8_0", "qwen2-f32", "llama-q4_k", "llama-q5_0"])
+def pair(request, tiny_paths):
+    return Pair(tiny_paths[request.param])
+
+
+def test_decoding_with_graphs_equals_decoding_op_by_op(pair):
+    """Sequences join (prefill rounds, eager), decode together in rounds of 1 to 7 (buckets
+    1, 2, 3, 4, 6, 8: exact and padded) and leave; every round's logits equal bit for bit."""
+    rng = np.random.default_rng(0)
+    vocab = pair.spec.vocab_size
+    tables = [list(range(i * 8, i * 8 + 8)) for i in range(7)]  # 8 blocks of 4: up to 32 tokens each
+    live: dict[int, tuple[int, int]] = {}  # seq -> (last token, next position)
+    replayed = 0
+    for step in range(30):
+        if len(live) < 7 and step % 4 == 0:  # a new sequence's prompt: an eager round of its own
+            s = next(i for i in range(7) if i not in live)
+            ids = [int(t) for t in rng.integers(3, vocab, int(rng.integers(2, 6)))]
+            eager, graph = pair.round([(ids, 0, tables[s], True)])
+            np.testing.assert_array_equal(graph, eager)
+            live[s] = (int(np.argmax(eager[0])), len(ids))
+            continue
+        seqs = sorted(live)
+        eager, graph = pair.round([([live[s][0]], live[s][1], tables[s], True) for s in seqs])
+        replayed += pair.devs[1].last_round_replayed
+        np.testing.assert_array_equal(graph, eager, err_msg=f"step {step}, {len(seqs)} sequences")
+        for s, row in zip(seqs, eager):
+            live[s] = (int(np.argmax(row)), live[s][1] + 1)
+        for s in seqs:
+            if live[s][1] >= 30 or (step % 7 == 6 and s == seqs[0]):
+                del live[s]
+    assert replayed >= 10  # most decode rounds came from a graph (a bucket's first records)
+
+
+def test_a_round_on_another_pool_is_refused(pair):
+    dev, w = pair.devs[1], pair.ws[1]
+    other = FastCpuDevice(decode_graphs=False).alloc_kv(pair.spec.n_layers, pair.spec.n_kv_heads, pair.spec.head_dim, N_BLOCKS, BLOCK)
+    with pytest.raises(RuntimeError, match="KV pool"):
+        round_logits(pair.spec, w, dev, other, ForwardBatch.build([([5], 0, [0], True)], BLOCK))
+
+
+def test_an_activation_made_outside_the_ops_runs_the_round_eagerly(tiny_paths):
+    """A forward that adds in numpy behind the device's back: the tape would freeze that
+    sum, so the recording stops and the round (and every later one of its bucket) runs
+    eagerly, with the eager device's logits."""
+    p = Pair(tiny_paths["llama-q8_0"])
+    spec = p.spec
+
+    def sneaky(dev, w, kv, ctx):
+        x = dev.embed(w.tok_embd, ctx.token_ids)
+        x = np.asarray(x) + np.float32(0)  # a numpy copy the tape does not own
+        h = dev.rms_norm(x, w.out_norm, spec.rms_eps)
+        return dev.linear(dev.take_rows(h, ctx.logits_rows), w.output)
+
+    def layers(i):
+        return lambda ctx: sneaky(p.devs[i], p.ws[i], p.kvs[i], ctx)
+
+    for pos in range(3):
+        batch = ForwardBatch.build([([7], pos, [0], True)], BLOCK)
+        eager, graph = (p.devs[i].run_round(layers(i), batch, p.kvs[i]) for i in range(2))
+        np.testing.assert_array_equal(graph, eager)
+        assert not p.devs[1].last_round_replayed
+    # the real forward on the same device still records and replays its own bucket
+    batch = ForwardBatch.build([([7], 3, [0], True), ([8], 0, [1], True)], BLOCK)
+    for _ in range(2):
+        out = p.devs[1].run_round(lambda ctx: forward(spec, p.ws[1], p.devs[1], p.kvs[1], ctx), batch, p.kvs[1])
+    assert p.devs[1].last_round_replayed and out.shape == (2, spec.vocab_size)
