@@ -106,6 +106,13 @@ ROWS = 2  # weight rows per pass in the wide kernels
 # Qwen2.5-0.5B ~24 -> ~21 ms, SmolLM2 ~7.8 -> ~5.9 ms; a 512-row Q4_K product 115 -> 169
 # GMAC/s. 1024 had been measured against none: SmolLM2 8.0 -> 6.35 ms.
 PREFETCH_BYTES = 16384
+# llvm.prefetch's locality of those prefetches, by the kernel's activation rows. Batch-1
+# products are bound by how fast one core pulls weights from DRAM: on an AMD EPYC (Zen 4)
+# host prefetchnta (0) let a core stream ~11 GB/s of Q4_K and prefetcht1 (2, into L2) ~23
+# (2 cores: 20-25 -> 30-36 GB/s of the 33 measured; Qwen2.5-1.5B batch-1 forward 55 -> 38-42 ms
+# per token, 0.5B 24 -> 19-23). The wide (prefill) kernels keep 0: with 2, 512-row prefill
+# showed no gain (SmolLM2 1010 -> 957 tok/s, the 0.5B 280 -> 272: inside this host's noise).
+PREFETCH_LOCALITY = {1: 2, TILE: 0}
 SHAPES = ((1, 1), (1, ROWS), (TILE, 1), (TILE, ROWS))  # (activation rows, weight rows) of the kernels
 # (weight layout, d_w numbers per step, scales in f16); u5, u6 and k4 read the file's f16 scales
 VARIANTS = tuple((k, d, h) for k, d in (("u4", 2), ("p8", 2), ("i8", 1), ("i8", 2)) for h in (True, False)) + (("u5", 2, True), ("u6", 2, True), ("k4", 2, True))
@@ -144,7 +151,7 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
     """
     name = kernel_name(kind, dps, half, tile, rows)
     if kind in int8_ir_super.KINDS:
-        return int8_ir_super.kernel_ir(kind, tile, rows, name, SIGNATURE, PREFETCH_BYTES, STEP_BYTES[kind])
+        return int8_ir_super.kernel_ir(kind, tile, rows, name, SIGNATURE, PREFETCH_BYTES, PREFETCH_LOCALITY[tile], STEP_BYTES[kind])
     nibbles = kind in ("u4", "u5")  # two 32-byte vectors of codes per step, from nibbles
     step64 = kind in STEP64
     pairs = [(i, t) for i in range(rows) for t in range(tile)]
@@ -163,7 +170,7 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
         e(f"  %wp{i} = getelementptr i8, ptr %wrow{i}, i64 %wo")
         e(f"  %w{i} = load <32 x i8>, ptr %wp{i}, align 1")
         e(f"  %pf{i} = getelementptr i8, ptr %wp{i}, i64 {PREFETCH_BYTES}")
-        e(f"  call void @llvm.prefetch.p0(ptr %pf{i}, i32 0, i32 0, i32 1)")  # read, streamed once
+        e(f"  call void @llvm.prefetch.p0(ptr %pf{i}, i32 0, i32 {PREFETCH_LOCALITY[tile]}, i32 1)")  # read, streamed once
         if nibbles:
             e(f"  %lo{i} = and <32 x i8> %w{i}, {splat(32, 'i8', 15)}")
             e(f"  %hi{i} = lshr <32 x i8> %w{i}, {splat(32, 'i8', 4)}")

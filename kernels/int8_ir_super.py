@@ -60,9 +60,10 @@ def _pairs(e, name: str, u: str, s: str) -> None:
     e(f"  %{name} = call {_W16} {_MADDUBS}({_B32} {u}, {_B32} {s})")
 
 
-def kernel_ir(kind: str, tile: int, rows: int, name: str, signature, prefetch: int, step_bytes: int) -> str:
+def kernel_ir(kind: str, tile: int, rows: int, name: str, signature, prefetch: int, locality: int, step_bytes: int) -> str:
     """IR of the kernel `name` of kind k4 or u6 for `tile` activation rows and `rows` weight
-    rows per pass (int8_ir.kernel_ir's contract; nsteps a multiple of SUPER_STEPS)."""
+    rows per pass (int8_ir.kernel_ir's contract; nsteps a multiple of SUPER_STEPS), prefetching
+    weights `prefetch` bytes ahead with llvm.prefetch's `locality`."""
     n = SUPER_STEPS
     pairs = [(i, t) for i in range(rows) for t in range(tile)]
     lines: list[str] = []
@@ -94,7 +95,7 @@ def kernel_ir(kind: str, tile: int, rows: int, name: str, signature, prefetch: i
         e(f"  %sp{t} = getelementptr i8, ptr %srow{t}, i64 %so{t}")
         e(f"  %sa{t} = load float, ptr %sp{t}, align 4")
     for j in range(n):
-        _step(e, kind, j, rows, tile, pairs, prefetch, step_bytes)
+        _step(e, kind, j, rows, tile, pairs, prefetch, locality, step_bytes)
     for i, t in pairs:  # the super-block's float work
         k = f"{i}_{t}"
         e(f"  %dd{k} = fmul float %df{i}, %sa{t}")
@@ -115,7 +116,7 @@ def kernel_ir(kind: str, tile: int, rows: int, name: str, signature, prefetch: i
     return "\n".join(lines)
 
 
-def _step(e, kind: str, j: int, rows: int, tile: int, pairs, prefetch: int, step_bytes: int) -> None:
+def _step(e, kind: str, j: int, rows: int, tile: int, pairs, prefetch: int, locality: int, step_bytes: int) -> None:
     """Step j of the super-block: %is{j}_{i}_{t} = %is{j-1}_{i}_{t} + its scaled int32 lanes."""
     e(f"  %s{j} = add i64 %bs, {j}")
     e(f"  %wo{j} = mul i64 %s{j}, {step_bytes}")
@@ -123,7 +124,7 @@ def _step(e, kind: str, j: int, rows: int, tile: int, pairs, prefetch: int, step
         w = f"{i}_{j}"
         e(f"  %wp{w} = getelementptr i8, ptr %wrow{i}, i64 %wo{j}")
         e(f"  %pf{w} = getelementptr i8, ptr %wp{w}, i64 {prefetch}")
-        e(f"  call void @llvm.prefetch.p0(ptr %pf{w}, i32 0, i32 0, i32 1)")  # read, streamed once
+        e(f"  call void @llvm.prefetch.p0(ptr %pf{w}, i32 0, i32 {locality}, i32 1)")  # read, streamed once
         e(f"  %w{w} = load {_B32}, ptr %wp{w}, align 1")
         e(f"  %lo{w} = and {_B32} %w{w}, {splat(32, 'i8', 15)}")
         e(f"  %hi{w} = lshr {_B32} %w{w}, {splat(32, 'i8', 4)}")
