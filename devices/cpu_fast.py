@@ -18,7 +18,7 @@ So in a round whose linears go through BLAS, the numba kernels run on one thread
 every other round uses every core and no BLAS.
 
 Decode graphs (decode_graphs=True, the engine's default): a decode round of up to 16
-sequences is recorded once per shape and then replayed in one numba call, with no Python
+sequences is recorded once per bucket and then replayed in one numba call, with no Python
 between its kernels (devices/cpu_graph.py); while one records, each op below hands its
 work to devices/cpu_graph_ops.py.
 """
@@ -57,7 +57,8 @@ class FastCpuDevice(DeviceBase):
     in f16, as llama.cpp does by default (half the bytes that attention reads; at 16
     streams those are as many as the weights), else f32 as the oracle does;
     `decode_graphs`: record and replay decode rounds (devices/cpu_graph.py) over the KV
-    pool alloc_kv made last."""
+    pool alloc_kv made last (off here, where tests drive many pools; the engine's
+    CpuFastConfig turns it on)."""
 
     name = "cpu-fast"
 

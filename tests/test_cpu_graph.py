@@ -3,7 +3,7 @@
 Tiny random models of each architecture the forward switches on (llama; gemma3 with
 sliding windows, GeGLU, sandwich and q/k norms, the embedding scale; qwen2 with biases,
 in f32 so its products are Python steps of the tape; llama in Q4_K (tests/goldens/tiny_q4k.py)
-and Q5_0, whose int8 kernels read the file's blocks), decoded for many rounds with graphs and without, on
+and Q5_0, whose int8 kernels read the file's blocks; K/V in f32; the float kernels), decoded for many rounds with graphs and without, on
 batches that fill a bucket and batches padded up to one, with sequences joining and
 leaving and tables growing past block edges: the logits must be equal bit for bit.
 Then what must never happen: a round on another KV pool, and an op fed an array made
@@ -47,12 +47,12 @@ def tiny_paths(tmp_path_factory):
 
 
 class Pair:
-    """One model on two cpu-fast devices, decode graphs off and on, each with its own pool."""
+    """One model on two cpu-fast devices (options `opts`), decode graphs off and on, each with its own pool."""
 
-    def __init__(self, path):
+    def __init__(self, path, **opts):
         src = open_model(path)
         self.spec = src.spec
-        self.devs = [FastCpuDevice(decode_graphs=False), FastCpuDevice(decode_graphs=True)]
+        self.devs = [FastCpuDevice(decode_graphs=False, **opts), FastCpuDevice(decode_graphs=True, **opts)]
         self.ws = [build_weights(self.spec, src.tensors, d.upload) for d in self.devs]
         self.kvs = [d.alloc_kv(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim, N_BLOCKS, BLOCK) for d in self.devs]
         graphs = self.devs[1]._graphs
@@ -64,9 +64,13 @@ class Pair:
         return [round_logits(self.spec, w, d, kv, b) for d, w, kv in zip(self.devs, self.ws, self.kvs)]
 
 
-@pytest.fixture(scope="module", params=["llama-q8_0", "gemma3-q8_0", "qwen2-f32", "llama-q4_k", "llama-q5_0"])
+OPTIONS = {"f32kv": dict(kv_f16=False), "float": dict(int8=False)}  # K/V in f32; the float kernels, whose products are Python steps
+
+
+@pytest.fixture(scope="module", params=["llama-q8_0", "gemma3-q8_0", "qwen2-f32", "llama-q4_k", "llama-q5_0", "gemma3-q8_0-f32kv", "llama-q8_0-float"])
 def pair(request, tiny_paths):
-    return Pair(tiny_paths[request.param])
+    model, _, options = request.param.partition("-q8_0-")
+    return Pair(tiny_paths[model + "-q8_0" if options else request.param], **OPTIONS.get(options, {}))
 
 
 def test_decoding_with_graphs_equals_decoding_op_by_op(pair):
