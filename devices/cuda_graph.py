@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-
 from zinfer.devices.base import Layers
 from zinfer.devices.batch import ForwardBatch
 

@@ -100,7 +100,7 @@ def pair(request):
     return pair
 
 
-INT8_TOL = {"smollm2": (0.3, 0.25), "gemma3": (0.4, 1.5)}
+INT8_TOL = {"smollm2": (0.3, 0.4), "gemma3": (0.4, 1.5)}
 """Per model, with int8 activations: (largest total variation distance between cpu-fast's
 and the oracle's next-token distributions, oracle top-2 logit margin under which cpu-fast
 may pick the runner-up). Both round each activation to int8 the same way, but float noise
@@ -115,7 +115,9 @@ runner-up at margin 0.69 (greedy, step 1), with its centered logits up to 2.2 of
 oracle's, while every step's TV distance stayed under the 0.3 bound; hence 1.0. Gemma 3's
 Q4_K and Q6_K activations are rounded per 256 columns (kernels/int8_ir_super.py), so a
 flip costs a larger quantum: on the AVX2 host the mixed round's TV reached 0.325 and its
-prefill rows picked the runner-up at margins 0.76 and 1.1; hence 0.4 and 1.5."""
+prefill rows picked the runner-up at margins 0.76 and 1.1; hence 0.4 and 1.5. On an AMD
+Zen 4 host (AVX512-VNNI) SmolLM2's second prompt's prefill picked the runner-up at margin
+0.34 (the code before this session's changes too): hence its 0.4."""
 
 
 def logit_tol(pair) -> tuple[float, float, float]:
