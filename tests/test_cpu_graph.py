@@ -134,3 +134,20 @@ def test_an_activation_made_outside_the_ops_runs_the_round_eagerly(tiny_paths):
     for _ in range(2):
         out = p.devs[1].run_round(lambda ctx: forward(spec, p.ws[1], p.devs[1], p.kvs[1], ctx), batch, p.kvs[1])
     assert p.devs[1].last_round_replayed and out.shape == (2, spec.vocab_size)
+
+
+def test_a_traced_replay_is_one_graph_replay_kernel_span(tiny_paths):
+    """Traced, the recording round times each op as usual; a replayed round is one span."""
+    from zinfer.traces.kernels import KernelRecorder
+
+    p = Pair(tiny_paths["llama-q8_0"])
+    rec = KernelRecorder()
+    traced = rec.wrap(p.devs[1])
+    round_logits(p.spec, p.ws[1], traced, p.kvs[1], ForwardBatch.build([([5, 6, 7], 0, [0], True)], BLOCK))
+    names = []
+    for pos in (3, 4):
+        rec.take()
+        round_logits(p.spec, p.ws[1], traced, p.kvs[1], ForwardBatch.build([([9], pos, [0, 1], True)], BLOCK))
+        names.append([e[0] for e in rec.take()[1]])
+    assert "graph_replay" not in names[0] and {"linears", "attention"} <= set(names[0])  # recorded op by op
+    assert names[1] == ["graph_replay"]
