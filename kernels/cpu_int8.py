@@ -177,12 +177,38 @@ def _quantize_for_i8(x, A, S, group):
                 S[t, lane] = d
 
 
+def _code_offsets_for(A, C, order):
+    """C [T, steps * 8] int32 (32 bytes a step) = what u5's (U4_ORDER) or u6's (U6_ORDER)
+    kernels take off for their unsigned codes, per activation row and step, from A
+    [T, steps * 64] int8 in that order (the low vector at byte 0 of a step, the high at 32):
+    u5: int32 lane l = -16 * (the low and high vectors' bytes 4l..4l + 3); u6: int16 lane k
+    = 32 * their bytes 2k, 2k + 1 (the pair sums vpmaddubsw gives by 32). Each kernel
+    computed these per weight-row pass; once per activation row they leave its step loop
+    to the weights' products (kernels/int8_ir.py)."""
+    T = A.shape[0]
+    steps = A.shape[1] // 64
+    C16 = C.view(np.int16)
+    for t in prange(T):
+        for s in range(steps):
+            lo, hi = A[t, s * 64 : s * 64 + 32], A[t, s * 64 + 32 : s * 64 + 64]
+            if order == U6_ORDER:
+                for k in range(16):
+                    C16[t, s * 16 + k] = np.int16(32 * (np.int32(lo[2 * k]) + lo[2 * k + 1] + hi[2 * k] + hi[2 * k + 1]))
+            else:
+                for lane in range(8):
+                    total = np.int32(0)
+                    for j in range(4):
+                        total += np.int32(lo[4 * lane + j]) + hi[4 * lane + j]
+                    C[t, s * 8 + lane] = -16 * total
+
+
 # reductions (amax, code sums) may be reordered and vectorized; no approximate division,
 # so the codes and scales stay those of rounded() bit for bit
 _REDUCE = {"reassoc", "nsz", "nnan", "ninf"}
 _quantize_u4, _quantize_u4_one = compile_twice(_quantize_for_u4, fastmath=_REDUCE)
 _quantize_i8, _quantize_i8_one = compile_twice(_quantize_for_i8, fastmath=_REDUCE)
 _quantize_u6, _quantize_u6_one = compile_twice(_quantize_for_u6, fastmath=_REDUCE)
+_code_offsets, _code_offsets_one = compile_twice(_code_offsets_for)
 
 
 # ---- the parallel driver ----
@@ -197,7 +223,7 @@ assert int8_ir.SHAPES == ((1, 1), (1, _KROWS), (_KTILE, 1), (_KTILE, _KROWS))
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _run(jobs, A, S, N, nsteps, nchunks, out):
+def _run(jobs, A, S, N, C, nsteps, nchunks, out):
     """Each job's product [T, rows] into its block of the flat buffer out, by tasks of
     ROWS_PER_TASK weight rows x ROWS_PER_BLOCK activation rows; jobs [n, 7 + 4] int64
     (the job columns above)."""
@@ -223,8 +249,8 @@ def _run(jobs, A, S, N, nsteps, nchunks, out):
             for k, a, b in ((2 * wide + 1, r0, r_even), (2 * wide, r_even, r1)):
                 if a < b:
                     call_kernel(job[_KERNELS + k], Int8Args(W=job[_W], D=job[_D], M=job[_M], A=A.ctypes.data, S=S.ctypes.data, N=N.ctypes.data,
-                                                     nsteps=nsteps, nchunks=nchunks, r0=a, r1=b, wstride=job[_WSTRIDE], dstride=job[_DSTRIDE],
-                                                     t0=t, astride=A.strides[0], sstride=S.strides[0], nstride=N.strides[0], out=o, ostride=job[_ROWS]))
+                                                     C=C.ctypes.data, nsteps=nsteps, nchunks=nchunks, r0=a, r1=b, wstride=job[_WSTRIDE], dstride=job[_DSTRIDE],
+                                                     t0=t, astride=A.strides[0], sstride=S.strides[0], nstride=N.strides[0], cstride=C.strides[0], out=o, ostride=job[_ROWS]))
             t += _KTILE if wide else 1
 
 
@@ -271,6 +297,11 @@ class Jobs(NamedTuple):
     def rows(self) -> int:
         return self.bounds[-1][1]
 
+    @property
+    def code_offsets(self) -> bool:
+        """Whether a matrix's kernels read the activations' code offsets (u5, u6)."""
+        return any(w.kind in int8_ir.CODE_OFFSET_KINDS for w in self.weights)
+
 
 def jobs_for(ws: list[Int8Weight]) -> Jobs:
     """The jobs of matmul_many for matrices of one layout. Build them once per group:
@@ -299,14 +330,15 @@ def matmul_many(jobs: Jobs, x: np.ndarray) -> list[np.ndarray]:
 
 def _launch(jobs: Jobs, x: np.ndarray, out: np.ndarray) -> None:
     w = jobs.weights[0]
-    _product(jobs.table, x, activation_order(w), rounding_group(w), w.nsteps, w.nchunks, out)
+    _product(jobs.table, x, activation_order(w), rounding_group(w), w.nsteps, w.nchunks, jobs.code_offsets, out)
 
 
 @njit(cache=True, nogil=True)
-def _product(jobs, x, order, group, nsteps, nchunks, out):
+def _product(jobs, x, order, group, nsteps, nchunks, offsets, out):
     """x [T, cols] rounded per `group` columns for the jobs' kernels, in their activation
-    order, then _run: one call from Python per launch (each numba call costs
-    microseconds, and decode makes ~120 per token)."""
+    order (with the codes' offsets where `offsets`: Jobs.code_offsets), then _run: one call
+    from Python per launch (each numba call costs microseconds, and decode makes ~120 per
+    token)."""
     T, cols = x.shape
     A = np.empty((T, cols), np.int8)
     S = np.empty((T, nsteps * 8), np.float32)  # d_a per lane
@@ -324,7 +356,12 @@ def _product(jobs, x, order, group, nsteps, nchunks, out):
         _quantize_i8_one(x, A, S, group)
     else:
         _quantize_i8(x, A, S, group)
-    _run(jobs, A, S, N, nsteps, nchunks, out)
+    C = np.empty((T, nsteps * 8 if offsets else 1), np.int32)  # u5, u6: the codes' offsets (_code_offsets_for)
+    if offsets and one:
+        _code_offsets_one(A, C, order)
+    elif offsets:
+        _code_offsets(A, C, order)
+    _run(jobs, A, S, N, C, nsteps, nchunks, out)
 
 
 @functools.cache

@@ -34,9 +34,13 @@ Two more read a type at the file's own width, codes unsigned with their high bit
 (kernels/int8_layouts.py writes them): 8 or 16 bytes per step and weight row that
 shifts per 64-bit lane and a mask spread to the bytes of the codes (int8_ir_scales.bit4s
 and high_pairs), and the codes' offset (16 or 32 times the activations) is taken off in
-the integers. u5's vpdpbusd multiplies the unsigned codes by the activations directly
-and its offset (one more vpdpbusd per activation row) starts the integer sum, so each
-lane's integer is exactly p8's, and so is every float after it: u5 equals p8 bit for bit.
+the integers. That offset depends on the activations alone, so cpu_int8 computes it once
+per activation row and step (C, `_code_offsets_for`) instead of once per weight-row pass:
+on Zen 4 vpdpbusd, vpmaddubsw, vpmaddwd and the float multiplies all issue on the same
+two pipes, and the offset's two dot products per activation row had been a fifth of
+u5's work there. u5's vpdpbusd multiplies the unsigned codes by the activations directly
+and its offset starts the integer sum, so each lane's integer is exactly p8's, and so is
+every float after it: u5 equals p8 bit for bit.
 
 - u5 (Q5_0): p8's 64 weights per step, 40 bytes: u4's 32 nibble bytes, then 8 bytes of
   bit 4 of the low-nibble vector's 32 codes and of the high-nibble vector's; activations
@@ -82,6 +86,7 @@ class Int8Args(NamedTuple):
     A: int  # address of the int8 activations [T, cols]
     S: int  # address of the activation scales [T, nsteps * 8] f32
     N: int  # address of u4's offset sums [T, nchunks * 8] f32
+    C: int  # address of u5's and u6's code offsets [T, nsteps * 32 bytes] (cpu_int8._code_offsets_for; others: any readable address)
     nsteps: int  # 8-lane steps per row (>= 1)
     nchunks: int  # vectors of 8 blocks' offsets per row (u4)
     r0: int  # first weight row
@@ -92,11 +97,12 @@ class Int8Args(NamedTuple):
     astride: int  # bytes between rows of A
     sstride: int  # bytes between rows of S
     nstride: int  # bytes between rows of N
+    cstride: int  # bytes between rows of C
     out: int  # address of out [T, ostride] f32
     ostride: int  # floats between rows of out
 
 
-SIGNATURE = KernelSignature(Int8Args, addresses=("W", "D", "M", "A", "S", "N", "out"))
+SIGNATURE = KernelSignature(Int8Args, addresses=("W", "D", "M", "A", "S", "N", "C", "out"))
 ARGS = SIGNATURE.names
 TILE = 4  # activation rows per tile in the wide kernels
 ROWS = 2  # weight rows per pass in the wide kernels
@@ -117,6 +123,7 @@ SHAPES = ((1, 1), (1, ROWS), (TILE, 1), (TILE, ROWS))  # (activation rows, weigh
 # (weight layout, d_w numbers per step, scales in f16); u5, u6 and k4 read the file's f16 scales
 VARIANTS = tuple((k, d, h) for k, d in (("u4", 2), ("p8", 2), ("i8", 1), ("i8", 2)) for h in (True, False)) + (("u5", 2, True), ("u6", 2, True), ("k4", 2, True))
 STEP64 = ("u4", "p8", "u5", "k4", "u6")  # the kinds of 64 columns per step (activations: u4's order, u6's its own)
+CODE_OFFSET_KINDS = ("u5", "u6")  # the kinds that read C, their unsigned codes' offsets per activation row and step
 STEP_BYTES = {"u4": 32, "p8": 64, "i8": 32, "u5": 40, "u6": 48, "k4": 32}  # weight bytes per step and row
 
 _DECLS = """
@@ -126,7 +133,6 @@ declare <8 x float> @llvm.fma.v8f32(<8 x float>, <8 x float>, <8 x float>)
 declare float @llvm.vector.reduce.fadd.v8f32(float, <8 x float>)
 declare void @llvm.prefetch.p0(ptr, i32, i32, i32)
 """
-_BYTES16 = 0x10101010  # 16 in each byte of an i32 lane: vpdpbusd by it sums 16 * a
 
 _F8 = "<8 x float>"
 _I8 = "<8 x i32>"
@@ -202,10 +208,9 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
             e(f"  %ahi{t} = load {_I8}, ptr %aph{t}, align 1")
         else:
             e(f"  %a{t} = load <32 x i8>, ptr %ap{t}, align 1")
-        if kind == "u5":  # -16 * the sum of each lane's 8 activations: the codes' offset
-            sixteens = splat(8, "i32", _BYTES16)
-            dot2_small(e, isa, f"c{t}", "zeroinitializer", sixteens, f"%alo{t}", sixteens, f"%ahi{t}")
-            e(f"  %nc{t} = sub {_I8} zeroinitializer, %c{t}")
+        if kind == "u5":  # -16 * the sum of each lane's 8 activations: the codes' offset, from C
+            e(f"  %cp{t} = getelementptr i8, ptr %crow{t}, i64 %so")
+            e(f"  %nc{t} = load {_I8}, ptr %cp{t}, align 4")
         if kind == "p8":
             e(f"  %aph{t} = getelementptr i8, ptr %ap{t}, i64 32")
             e(f"  %ah{t} = load <32 x i8>, ptr %aph{t}, align 1")

@@ -3,7 +3,7 @@ the entry (pointers to each activation row of the tile), the pass over `rows` we
 u4's and k4's offsets loop, and the store of each 8-lane sum to out[t, r].
 
 Each function appends IR lines through `e`. The names it defines are the kernels' shared
-vocabulary: %arow{t} %srow{t} %nrow{t} (activation row t's A, S and N), %ooff{t}, and per
+vocabulary: %arow{t} %srow{t} %nrow{t} %crow{t} (activation row t's A, S, N and C), %ooff{t}, and per
 weight row i of a pass %row{i} %wrow{i} %drow{i} %mrow{i}.
 """
 
@@ -23,7 +23,7 @@ def entry(e, signature: KernelSignature, name: str, tile: int) -> None:
         e(f"  %{p}p = inttoptr i64 %{p} to ptr")
     for t in range(tile):
         e(f"  %trow{t} = add i64 %t0, {t}")
-        for v, base, stride in (("a", "Ap", "astride"), ("s", "Sp", "sstride"), ("n", "Np", "nstride")):
+        for v, base, stride in (("a", "Ap", "astride"), ("s", "Sp", "sstride"), ("n", "Np", "nstride"), ("c", "Cp", "cstride")):
             e(f"  %{v}off{t} = mul i64 %trow{t}, %{stride}")
             e(f"  %{v}row{t} = getelementptr i8, ptr %{base}, i64 %{v}off{t}")
         e(f"  %ooff{t} = mul i64 %trow{t}, %ostride")

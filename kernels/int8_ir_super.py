@@ -142,10 +142,10 @@ def _step(e, kind: str, j: int, rows: int, tile: int, pairs, prefetch: int, loca
         e(f"  %alo{a} = load {_B32}, ptr %ap{a}, align 1")
         e(f"  %aph{a} = getelementptr i8, ptr %ap{a}, i64 32")
         e(f"  %ahi{a} = load {_B32}, ptr %aph{a}, align 1")
-        if kind == "u6":  # the codes' offset: 32 * a in pairs, both vectors'
-            for v in ("lo", "hi"):
-                _pairs(e, f"m{v}{a}", splat(32, "i8", 32), f"%a{v}{a}")
-            e(f"  %m{a} = add {_W16} %mlo{a}, %mhi{a}")
+        if kind == "u6":  # the codes' offset: 32 * a in pairs, both vectors', from C
+            e(f"  %co{a} = shl i64 %s{j}, 5")
+            e(f"  %cp{a} = getelementptr i8, ptr %crow{t}, i64 %co{a}")
+            e(f"  %m{a} = load {_W16}, ptr %cp{a}, align 2")
     lo, hi = ("lo", "hi") if kind == "k4" else ("qlo", "qhi")  # the code vectors
     for i, t in pairs:
         k, w, a = f"{i}_{t}", f"{i}_{j}", f"{t}_{j}"
