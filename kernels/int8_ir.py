@@ -157,7 +157,7 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
     """
     name = kernel_name(kind, dps, half, tile, rows)
     if kind in int8_ir_super.KINDS:
-        return int8_ir_super.kernel_ir(kind, tile, rows, name, SIGNATURE, PREFETCH_BYTES, PREFETCH_LOCALITY[tile], STEP_BYTES[kind])
+        return int8_ir_super.kernel_ir(kind, tile, rows, name, SIGNATURE, PREFETCH_BYTES, PREFETCH_LOCALITY[tile], STEP_BYTES[kind], isa)
     nibbles = kind in ("u4", "u5")  # two 32-byte vectors of codes per step, from nibbles
     step64 = kind in STEP64
     pairs = [(i, t) for i in range(rows) for t in range(tile)]

@@ -2,11 +2,11 @@
 as llama.cpp's K-quant kernels apply them.
 
 Their activations are rounded to int8 per 256 columns (one scale d_a per super-block, as
-llama.cpp's Q8_K), so a super-block's sum needs no float until its end. Per step,
-vpmaddubsw gives the int16 pair sums of codes by activations, and vpmaddwd by the
-sub-block scales of their columns (as int16) sums them into 8 int32 lanes
-already scaled; the lanes add up over the super-block's steps, and then, once per 256
-columns and pair of weight row and activation row,
+llama.cpp's Q8_K), so a super-block's sum needs no float until its end. vpmaddubsw gives
+the int16 pair sums of codes by activations, and vpmaddwd by the sub-block scales of
+their columns (as int16) sums them into 8 int32 lanes already scaled (u6: per step; k4:
+once per super-block); then, once per 256 columns and pair of weight row and activation
+row,
 
     acc[t] += float(isum) * (d_w * d_a[t])
 
@@ -15,11 +15,14 @@ instructions on AVX2 and AVX-512 hosts (no VNNI needed).
 
 Both read 4 steps of 64 columns per super-block, a low- and a high-nibble vector each:
 
-- k4, in int8_ir's u4 layout and activation order: each vector [block 2j 0..15, block
-  2j + 1 0..15] of step j (the high one: columns 16..31 of the blocks), so vpmaddwd's
-  lanes 0-3 take one 32-block and 4-7 the other. The pair sums of the two vectors added
-  (they share each block's scale), |.| <= 4 * 15 * 127 = 7620; times 6-bit scales, <=
-  960120 a lane and step. The mins after the steps, in float: -dmin * min * N
+- k4, in an order of its own (kernels/int8_layouts.K4_COLUMNS, and its activations'):
+  bytes 4b..4b + 3 of every vector of the super-block lie in its 32-block b, so int16
+  lane l of every pair sum belongs to block l // 2. The pair sums of all 8 vectors add up
+  in int16 (|.| <= 16 * 15 * 127 = 30480), and one vpmaddwd by the blocks' 6-bit scales
+  (lanes [s0, s0, s1, s1, ..., s7, s7]) gives int32 lane b = block b's scaled sum, <=
+  63 * 32 * 15 * 127 < 2^22: per pair and super-block 8 vpmaddubsw and 1 vpmaddwd, where
+  a vpmaddwd per step made it 12 (on Zen 4 all of them, and the float multiplies, share
+  two pipes). The mins after the super-blocks, in float: -dmin * min * N
   (int8_ir_frame.offsets_loop), N = d_a times the block's code sum.
 - u6, in an order of its own (kernels/int8_layouts.py's, and cpu_int8's activations):
   byte k of both vectors lies in the step's 16-group k // 8, so their pair sums add
@@ -35,6 +38,8 @@ f32 rounding of the scale products and of the sums across super-blocks.
 
 from __future__ import annotations
 
+import itertools
+
 from zinfer.kernels import int8_ir_frame as frame
 from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, U6_SUPER_BYTES, high_pairs, splat
 
@@ -49,6 +54,7 @@ _B32 = "<32 x i8>"
 _W16 = "<16 x i16>"
 _MADDUBS = "@llvm.x86.avx2.pmadd.ub.sw"  # declared in int8_ir_dot.DECLS
 _MADDWD = "@llvm.x86.avx2.pmadd.wd"
+_VPDPBUSD = "@llvm.x86.avx512.vpdpbusd.256"
 
 
 def _mask(values: list[int]) -> str:
@@ -60,21 +66,24 @@ def _pairs(e, name: str, u: str, s: str) -> None:
     e(f"  %{name} = call {_W16} {_MADDUBS}({_B32} {u}, {_B32} {s})")
 
 
-def kernel_ir(kind: str, tile: int, rows: int, name: str, signature, prefetch: int, locality: int, step_bytes: int) -> str:
+def kernel_ir(kind: str, tile: int, rows: int, name: str, signature, prefetch: int, locality: int, step_bytes: int, isa: str = "vnni") -> str:
     """IR of the kernel `name` of kind k4 or u6 for `tile` activation rows and `rows` weight
     rows per pass (int8_ir.kernel_ir's contract; nsteps a multiple of SUPER_STEPS), prefetching
-    weights `prefetch` bytes ahead with llvm.prefetch's `locality`."""
+    weights `prefetch` bytes ahead with llvm.prefetch's `locality`; `isa` as int8_ir_dot's
+    (k4's integer sums: vpdpbusd with "vnni", else vpmaddubsw)."""
     n = SUPER_STEPS
     pairs = [(i, t) for i in range(rows) for t in range(tile)]
     lines: list[str] = []
+    meta: list[str] = []
     e = lines.append
     frame.entry(e, signature, name, tile)
     frame.row_pass(e, rows, "bloop")
 
+    latch = "jdone" if kind == "k4" else "bloop"  # the super-block's last block
     e("bloop:")  # over super-blocks
-    e("  %b = phi i64 [ 0, %rloop ], [ %bn, %bloop ]")
+    e(f"  %b = phi i64 [ 0, %rloop ], [ %bn, %{latch} ]")
     for i, t in pairs:
-        e(f"  %acc{i}_{t} = phi {_F8} [ zeroinitializer, %rloop ], [ %accn{i}_{t}, %bloop ]")
+        e(f"  %acc{i}_{t} = phi {_F8} [ zeroinitializer, %rloop ], [ %accn{i}_{t}, %{latch} ]")
     e(f"  %bs = shl i64 %b, {SUPER_SHIFT}")  # its first step
     for i in range(rows):  # the super-block's f16 d_w and sub-block scales as int16 (k4: 8, in both 128-bit halves; u6: 16)
         e(f"  %dof{i} = mul i64 %b, {SUPER_BYTES[kind]}")
@@ -84,8 +93,11 @@ def kernel_ir(kind: str, tile: int, rows: int, name: str, signature, prefetch: i
         if kind == "k4":
             e(f"  %scp{i} = getelementptr i8, ptr %dp{i}, i64 4")
             e(f"  %scb{i} = load <8 x i8>, ptr %scp{i}, align 1")
-            e(f"  %scw{i} = zext <8 x i8> %scb{i} to <8 x i16>")
-            e(f"  %scr{i} = shufflevector <8 x i16> %scw{i}, <8 x i16> poison, <16 x i32> {_mask(list(range(8)) * 2)}")
+            if isa == "vnni":  # int32 lane b: block b's
+                e(f"  %scr{i} = zext <8 x i8> %scb{i} to {_I8}")
+            else:  # int16 lanes 2b, 2b + 1: block b's
+                e(f"  %scw{i} = zext <8 x i8> %scb{i} to <8 x i16>")
+                e(f"  %scr{i} = shufflevector <8 x i16> %scw{i}, <8 x i16> poison, <16 x i32> {_mask([g // 2 for g in range(16)])}")
         else:
             e(f"  %scp{i} = getelementptr i8, ptr %dp{i}, i64 2")
             e(f"  %scb{i} = load <16 x i8>, ptr %scp{i}, align 1")
@@ -94,8 +106,11 @@ def kernel_ir(kind: str, tile: int, rows: int, name: str, signature, prefetch: i
         e(f"  %so{t} = shl i64 %b, {SUPER_SHIFT + 5}")
         e(f"  %sp{t} = getelementptr i8, ptr %srow{t}, i64 %so{t}")
         e(f"  %sa{t} = load float, ptr %sp{t}, align 4")
-    for j in range(n):
-        _step(e, kind, j, rows, tile, pairs, prefetch, locality, step_bytes)
+    if kind == "k4":
+        _k4_steps(e, meta, rows, tile, pairs, prefetch, locality, isa)
+    else:
+        for j in range(n):
+            _u6_step(e, j, rows, tile, pairs, prefetch, locality, step_bytes)
     for i, t in pairs:  # the super-block's float work
         k = f"{i}_{t}"
         e(f"  %dd{k} = fmul float %df{i}, %sa{t}")
@@ -108,16 +123,77 @@ def kernel_ir(kind: str, tile: int, rows: int, name: str, signature, prefetch: i
     e("  %more = icmp ult i64 %bn, %nsup")
     if kind == "k4":
         e("  br i1 %more, label %bloop, label %mloop")
-        accs = frame.offsets_loop(e, "k4", True, pairs, rows, tile, "bloop", "accn")
+        accs = frame.offsets_loop(e, "k4", True, pairs, rows, tile, latch, "accn")
     else:
         e("  br i1 %more, label %bloop, label %rlatch")
         accs = "accn"
     frame.store(e, pairs, rows, accs)
-    return "\n".join(lines)
+    return "\n".join(lines + meta)
 
 
-def _step(e, kind: str, j: int, rows: int, tile: int, pairs, prefetch: int, locality: int, step_bytes: int) -> None:
-    """Step j of the super-block: %is{j}_{i}_{t} = %is{j-1}_{i}_{t} + its scaled int32 lanes."""
+_LOOP_IDS = itertools.count(1_000_000, 2)  # metadata numbers of the k4 step loops (and +1), unique in a process's modules
+
+
+def _k4_steps(e, meta: list[str], rows: int, tile: int, pairs, prefetch: int, locality: int, isa: str) -> None:
+    """k4's 4 steps of a super-block as a loop (blocks jloop, then jdone): %is3_{i}_{t} = the
+    super-block's scaled int32 lanes, lane b: 32-block b's sum times its 6-bit scale.
+
+    In the k4 order every 4 bytes of a vector lie in one block (kernels/int8_layouts.py), so
+    with VNNI each step is 2 vpdpbusd per pair into its int32 lanes, and the scales
+    multiply once per super-block (vpmulld). AVX2: vpmaddubsw pair sums added in int16
+    (lane l: block l // 2) and one vpmaddwd by the scales. A loop, not unrolled: unrolled,
+    LLVM's scheduler hoisted the steps' loads and the 32 registers spilled (48 stack
+    accesses per super-block)."""
+    acc = _I8 if isa == "vnni" else _W16
+    e("  br label %jloop")
+    e("jloop:")
+    e("  %j = phi i64 [ 0, %bloop ], [ %jn, %jloop ]")
+    for i, t in pairs:
+        e(f"  %qa{i}_{t} = phi {acc} [ zeroinitializer, %bloop ], [ %q{i}_{t}, %jloop ]")
+    e("  %sj = add i64 %bs, %j")
+    e("  %wo = shl i64 %sj, 5")  # 32 bytes a step
+    for i in range(rows):
+        e(f"  %wp{i} = getelementptr i8, ptr %wrow{i}, i64 %wo")
+        e(f"  %pf{i} = getelementptr i8, ptr %wp{i}, i64 {prefetch}")
+        e(f"  call void @llvm.prefetch.p0(ptr %pf{i}, i32 0, i32 {locality}, i32 1)")  # read, streamed once
+        e(f"  %w{i} = load {_B32}, ptr %wp{i}, align 1")
+        e(f"  %lo{i} = and {_B32} %w{i}, {splat(32, 'i8', 15)}")
+        e(f"  %hi{i} = lshr {_B32} %w{i}, {splat(32, 'i8', 4)}")
+    e("  %ao = shl i64 %sj, 6")
+    for t in range(tile):
+        e(f"  %ap{t} = getelementptr i8, ptr %arow{t}, i64 %ao")
+        e(f"  %alo{t} = load {_B32}, ptr %ap{t}, align 1")
+        e(f"  %aph{t} = getelementptr i8, ptr %ap{t}, i64 32")
+        e(f"  %ahi{t} = load {_B32}, ptr %aph{t}, align 1")
+    for i, t in pairs:
+        k = f"{i}_{t}"
+        if isa == "vnni":
+            for v in ("lo", "hi"):
+                e(f"  %{v}u{k} = bitcast {_B32} %{v}{i} to {_I8}")
+                e(f"  %{v}s{k} = bitcast {_B32} %a{v}{t} to {_I8}")
+            e(f"  %ql{k} = call {_I8} {_VPDPBUSD}({_I8} %qa{k}, {_I8} %lou{k}, {_I8} %los{k})")
+            e(f"  %q{k} = call {_I8} {_VPDPBUSD}({_I8} %ql{k}, {_I8} %hiu{k}, {_I8} %his{k})")
+        else:  # summed in int16 over the super-block (modular adds; the total fits)
+            _pairs(e, f"pl{k}", f"%lo{i}", f"%alo{t}")
+            _pairs(e, f"ph{k}", f"%hi{i}", f"%ahi{t}")
+            e(f"  %p{k} = add {_W16} %pl{k}, %ph{k}")
+            e(f"  %q{k} = add {_W16} %qa{k}, %p{k}")
+    e("  %jn = add i64 %j, 1")
+    e(f"  %jmore = icmp ult i64 %jn, {SUPER_STEPS}")
+    loop = next(_LOOP_IDS)
+    e(f"  br i1 %jmore, label %jloop, label %jdone, !llvm.loop !{loop}")
+    e("jdone:")
+    for i, t in pairs:  # by the blocks' scales
+        if isa == "vnni":
+            e(f"  %is{SUPER_STEPS - 1}_{i}_{t} = mul {_I8} %q{i}_{t}, %scr{i}")
+        else:
+            e(f"  %is{SUPER_STEPS - 1}_{i}_{t} = call {_I8} {_MADDWD}({_W16} %q{i}_{t}, {_W16} %scr{i})")
+    meta.append(f"!{loop} = distinct !{{!{loop}, !{loop + 1}}}")  # module-level, after the function
+    meta.append(f'!{loop + 1} = !{{!"llvm.loop.unroll.disable"}}')
+
+
+def _u6_step(e, j: int, rows: int, tile: int, pairs, prefetch: int, locality: int, step_bytes: int) -> None:
+    """u6's step j of the super-block: %is{j}_{i}_{t} = %is{j-1}_{i}_{t} + its scaled int32 lanes."""
     e(f"  %s{j} = add i64 %bs, {j}")
     e(f"  %wo{j} = mul i64 %s{j}, {step_bytes}")
     for i in range(rows):
@@ -128,13 +204,11 @@ def _step(e, kind: str, j: int, rows: int, tile: int, pairs, prefetch: int, loca
         e(f"  %w{w} = load {_B32}, ptr %wp{w}, align 1")
         e(f"  %lo{w} = and {_B32} %w{w}, {splat(32, 'i8', 15)}")
         e(f"  %hi{w} = lshr {_B32} %w{w}, {splat(32, 'i8', 4)}")
-        if kind == "k4":  # block 2j's scale in lanes 0-3 (int16 0-7), block 2j + 1's in 4-7
-            e(f"  %sc{w} = shufflevector {_W16} %scr{i}, {_W16} poison, <16 x i32> {_mask([2 * j] * 8 + [8 + 2 * j + 1] * 8)}")
-        else:  # codes 0..63: bits 4-5 from their fields; int16 lane l: the scale of group 4j + l // 4
-            high_pairs(e, f"hl{w}", f"hh{w}", f"%wp{w}", 32)
-            e(f"  %qlo{w} = or {_B32} %lo{w}, %hl{w}")
-            e(f"  %qhi{w} = or {_B32} %hi{w}, %hh{w}")
-            e(f"  %sc{w} = shufflevector {_W16} %scr{i}, {_W16} poison, <16 x i32> {_mask([4 * j + g for g in range(4) for _ in range(4)])}")
+        # codes 0..63: bits 4-5 from their fields; int16 lane l: the scale of group 4j + l // 4
+        high_pairs(e, f"hl{w}", f"hh{w}", f"%wp{w}", 32)
+        e(f"  %qlo{w} = or {_B32} %lo{w}, %hl{w}")
+        e(f"  %qhi{w} = or {_B32} %hi{w}, %hh{w}")
+        e(f"  %sc{w} = shufflevector {_W16} %scr{i}, {_W16} poison, <16 x i32> {_mask([4 * j + g for g in range(4) for _ in range(4)])}")
     for t in range(tile):
         a = f"{t}_{j}"
         e(f"  %ao{a} = shl i64 %s{j}, 6")
@@ -142,21 +216,17 @@ def _step(e, kind: str, j: int, rows: int, tile: int, pairs, prefetch: int, loca
         e(f"  %alo{a} = load {_B32}, ptr %ap{a}, align 1")
         e(f"  %aph{a} = getelementptr i8, ptr %ap{a}, i64 32")
         e(f"  %ahi{a} = load {_B32}, ptr %aph{a}, align 1")
-        if kind == "u6":  # the codes' offset: 32 * a in pairs, both vectors', from C
-            e(f"  %co{a} = shl i64 %s{j}, 5")
-            e(f"  %cp{a} = getelementptr i8, ptr %crow{t}, i64 %co{a}")
-            e(f"  %m{a} = load {_W16}, ptr %cp{a}, align 2")
-    lo, hi = ("lo", "hi") if kind == "k4" else ("qlo", "qhi")  # the code vectors
+        # the codes' offset: 32 * a in pairs, both vectors', from C
+        e(f"  %co{a} = shl i64 %s{j}, 5")
+        e(f"  %cp{a} = getelementptr i8, ptr %crow{t}, i64 %co{a}")
+        e(f"  %m{a} = load {_W16}, ptr %cp{a}, align 2")
     for i, t in pairs:
         k, w, a = f"{i}_{t}", f"{i}_{j}", f"{t}_{j}"
-        _pairs(e, f"pl{j}_{k}", f"%{lo}{w}", f"%alo{a}")
-        _pairs(e, f"ph{j}_{k}", f"%{hi}{w}", f"%ahi{a}")
+        _pairs(e, f"pl{j}_{k}", f"%qlo{w}", f"%alo{a}")
+        _pairs(e, f"ph{j}_{k}", f"%qhi{w}", f"%ahi{a}")
         e(f"  %p{j}_{k} = add {_W16} %pl{j}_{k}, %ph{j}_{k}")
-        p = f"%p{j}_{k}"
-        if kind == "u6":
-            e(f"  %po{j}_{k} = sub {_W16} %p{j}_{k}, %m{a}")
-            p = f"%po{j}_{k}"
-        scaled = f"call {_I8} {_MADDWD}({_W16} {p}, {_W16} %sc{w})"
+        e(f"  %po{j}_{k} = sub {_W16} %p{j}_{k}, %m{a}")
+        scaled = f"call {_I8} {_MADDWD}({_W16} %po{j}_{k}, {_W16} %sc{w})"
         if j == 0:
             e(f"  %is0_{k} = {scaled}")
         else:

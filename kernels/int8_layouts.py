@@ -16,8 +16,12 @@ they cost AVX2 five instructions each.
   block1 16..31] in 8 bytes: byte j holds, of byte 8l + j of each vector (l = 0..3), the
   low vector's bit at bit l and the high vector's at bit 4 + l. d: GGUF's f16 scales,
   [rows, cols / 32].
-- k4 (Q4_K): U4's nibbles; D per 256 columns (20 bytes): the file's f16 d and dmin, then
-  its 8 6-bit scales and 8 mins as bytes.
+- k4 (Q4_K), per 256 columns (a super-block, 128 bytes): 4 steps of 32 bytes; byte 4b + r
+  of step j holds, low nibble, the code of column 32b + 8j + r and, high nibble, that of
+  32b + 8j + 4 + r (K4_COLUMNS), so every byte's two codes lie in 32-block b whatever the
+  step: the kernel's int16 pair sums keep one block per lane over the whole super-block
+  and take its scales in one vpmaddwd (kernels/int8_ir_super.py). D per 256 columns (20
+  bytes): the file's f16 d and dmin, then its 8 6-bit scales and 8 mins as bytes.
 - u6, per 64 columns (48 bytes), in an order of its own: a low and a high vector of 32
   codes that share their 16-column groups (byte k of the low vector: column 16 * (k // 8)
   + k % 8 of the step; of the high one: 8 columns on), their low nibbles in 32 bytes (byte
@@ -99,11 +103,20 @@ def u5_from_q5_0(raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, n
     return qs, np.ascontiguousarray(b[:, 0:2]).view(np.float16).reshape(rows, cols // 32)
 
 
+# K4_COLUMNS[p]: the column of a super-block whose code (and activation) sits at position
+# p = 64j + 32h + 4b + r of the k4 order: step j, low (h = 0) or high nibble, block b
+K4_COLUMNS = np.array([32 * b + 8 * j + 4 * h + r for j in range(4) for h in range(2) for b in range(8) for r in range(4)])
+
+
 def k4_from_q4_k(raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Raw Q4_K bytes of a [rows, cols] matrix -> (qs [rows, cols/2] uint8 as U4, D [rows,
-    cols/256 * 20] uint8: per super-block f16 d, f16 dmin, 8 scales, 8 mins): the k4 layout."""
+    """Raw Q4_K bytes of a [rows, cols] matrix -> (qs [rows, cols/2] uint8 in the k4 order,
+    D [rows, cols/256 * 20] uint8: per super-block f16 d, f16 dmin, 8 scales, 8 mins): the
+    k4 layout."""
     rows, cols = shape
-    qs = cq.repack(QT.Q4_K, raw, shape).qs
+    u4 = cq.repack(QT.Q4_K, raw, shape).qs.reshape(rows, cols // 32, 16)  # decoded once by the tested path
+    codes = np.concatenate((u4 & 15, u4 >> 4), axis=-1).reshape(rows, cols // 256, 256)[..., K4_COLUMNS]
+    nibbles = codes.reshape(rows, cols // 256, 4, 2, 32)  # [row, super-block, step, low/high, byte]
+    qs = (nibbles[..., 0, :] | (nibbles[..., 1, :] << 4)).reshape(rows, cols // 2)
     b = np.ascontiguousarray(raw).reshape(-1).view(np.uint8).reshape(-1, 144)
     sc, mn = _k4_scales_mins(b[:, 4:16])  # [n, 8] each
     return qs, np.concatenate((b[:, 0:4], sc, mn), axis=1).reshape(rows, -1)
@@ -211,7 +224,7 @@ def dequantize_rows_i8(qs, d, rows, out):
 @njit(parallel=True, cache=True, nogil=True)
 def dequantize_rows_k4(qs, sup, rows, out):
     """out[j] = f32 row rows[j] of a k4 matrix: code * (d * scale) - dmin * min per 32-block,
-    as kernels.quants. qs [R, cols / 2] uint8 (U4), sup [R, cols / 256 * 20] uint8, out [n, cols]."""
+    as kernels.quants. qs [R, cols / 2] uint8 (the k4 order), sup [R, cols / 256 * 20] uint8, out [n, cols]."""
     blocks = qs.shape[1] // 16
     for j in prange(rows.shape[0]):
         q, dr, o = qs[rows[j]], sup[rows[j]], out[j]
@@ -220,7 +233,7 @@ def dequantize_rows_k4(qs, sup, rows, out):
             d = as_f32(np.uint16(np.int64(dr[at]) | (np.int64(dr[at + 1]) << 8)))  # f16 bits, little-endian
             dmin = as_f32(np.uint16(np.int64(dr[at + 2]) | (np.int64(dr[at + 3]) << 8)))
             scale, offset = d * np.float32(dr[at + 4 + b % 8]), dmin * np.float32(dr[at + 12 + b % 8])
-            for i in range(16):
-                byte = np.int64(q[b * 16 + i])
-                o[b * 32 + i] = np.float32(byte & 15) * scale - offset
-                o[b * 32 + 16 + i] = np.float32(byte >> 4) * scale - offset
+            first = (b // 8) * 128 + 4 * (b % 8)  # the block's bytes in step 0 of its super-block
+            for c in range(32):  # column 8 * step + 4 * nibble + r
+                byte = np.int64(q[first + 32 * (c // 8) + c % 4])
+                o[b * 32 + c] = np.float32((byte >> (4 * ((c // 4) % 2))) & 15) * scale - offset

@@ -1,0 +1,171 @@
+"""cpu-fast's int8 activations: x [T, cols] f32 rounded to int8 codes A in the order a
+weight layout's kernels read them (kernels/int8_ir.py), with per-lane scales S [T, steps *
+8], u4's and k4's offset sums N (d_a times each 32-block's code sum) and u5's and u6's code
+offsets C. Every function has a parallel copy and one for one thread (cpu_ops.compile_twice).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from zinfer.kernels.cpu_ops import compile_twice
+
+PLAIN, U4_ORDER, U6_ORDER, K4_ORDER = 0, 1, 2, 3  # the orders of activations in a step
+
+
+@njit(cache=True, nogil=True)
+def _block_scale(xb):
+    """A block's int8 scale d = amax / 127 and its inverse 127 / amax (0 for a zero block)."""
+    amax = np.float32(0)
+    for v in xb:
+        amax = max(amax, abs(v))
+    return amax / np.float32(127), (np.float32(127) / amax if amax > 0 else np.float32(0))
+
+
+def _quantize_for_u4(x, A, S, N, group):
+    """A [T, cols] int8 in the u4 step order, rounded per `group` columns (32 or 256); S
+    lanes = d_a; N [T, chunks * 8] = d_a * sum(codes) per 32-block, zero-padded."""
+    T, K = x.shape
+    for t in prange(T):
+        xt, At = x[t], A[t]
+        for g in range(K // group):
+            d, inv = _block_scale(xt[g * group : g * group + group])
+            for b in range(g * group // 32, (g + 1) * group // 32):
+                xb = xt[b * 32 : b * 32 + 32]
+                s, half = b // 2, b % 2  # step and which of its two blocks
+                lo = At[s * 64 + half * 16 : s * 64 + half * 16 + 16]  # the block's codes 0..15
+                hi = At[s * 64 + 32 + half * 16 : s * 64 + 32 + half * 16 + 16]  # and 16..31
+                total = np.float32(0)  # exact: at most 32 * 127
+                for i in range(16):  # straight-line over slices: LLVM vectorizes it
+                    c0 = np.rint(xb[i] * inv)
+                    c1 = np.rint(xb[16 + i] * inv)
+                    lo[i] = np.int8(c0)
+                    hi[i] = np.int8(c1)
+                    total += c0 + c1
+                S[t, s * 8 + half * 4 : s * 8 + half * 4 + 4] = d
+                N[t, b] = d * total
+        N[t, K // 32 :] = 0
+
+
+def _quantize_for_k4(x, A, S, N, group):
+    """A [T, cols] int8 in the k4 order (kernels/int8_layouts.K4_COLUMNS: per 256 columns,
+    byte 64 * j + 32 * h + 4 * b + r holds column 32 * b + 8 * j + 4 * h + r), rounded per
+    `group` (256) columns; S lanes = d_a; N [T, chunks * 8] = d_a * sum(codes) per 32-block."""
+    T, K = x.shape
+    for t in prange(T):
+        xt, At = x[t], A[t]
+        for g in range(K // group):
+            d, inv = _block_scale(xt[g * group : g * group + group])
+            for b in range(8):
+                at = g * 256 + 4 * b
+                xb = xt[g * 256 + 32 * b : g * 256 + 32 * b + 32]
+                total = np.float32(0)  # exact: at most 32 * 127
+                for j in range(4):
+                    for h in range(2):
+                        for r in range(4):
+                            c = np.rint(xb[8 * j + 4 * h + r] * inv)
+                            At[at + 64 * j + 32 * h + r] = np.int8(c)
+                            total += c
+                N[t, g * 8 + b] = d * total
+            S[t, g * 32 : g * 32 + 32] = d
+        N[t, K // 32 :] = 0
+
+
+def _quantize_for_u6(x, A, S, group):
+    """A [T, cols] int8 in the u6 step order (per 64 columns: columns 0..7 of each of its
+    four 16-groups, then their 8..15; kernels/int8_layouts.U6_LOW and U6_HIGH), rounded per
+    `group` columns (256); S lanes = d_a (8 per step)."""
+    T, K = x.shape
+    for t in prange(T):
+        xt, At = x[t], A[t]
+        for gr in range(K // group):
+            d, inv = _block_scale(xt[gr * group : gr * group + group])
+            for g in range(gr * group // 16, (gr + 1) * group // 16):
+                xg = xt[g * 16 : g * 16 + 16]
+                at = (g // 4) * 64 + (g % 4) * 8  # the group's 8 bytes of its step's low vector
+                lo, hi = At[at : at + 8], At[at + 32 : at + 40]
+                for i in range(8):  # straight-line over slices: LLVM vectorizes it
+                    lo[i] = np.int8(np.rint(xg[i] * inv))
+                    hi[i] = np.int8(np.rint(xg[8 + i] * inv))
+            S[t, gr * group // 8 : (gr + 1) * group // 8] = d
+
+
+def _quantize_for_i8(x, A, S, group):
+    """A [T, cols] int8 codes, rounded per `group` columns (32 or 256); S lanes = d_a (8 per 32 columns)."""
+    T, K = x.shape
+    for t in prange(T):
+        for g in range(K // group):
+            d, inv = _block_scale(x[t, g * group : g * group + group])
+            for i in range(g * group, g * group + group):
+                A[t, i] = int(np.rint(x[t, i] * inv))
+            for lane in range(g * group // 4, (g * group + group) // 4):
+                S[t, lane] = d
+
+
+def _code_offsets_for(A, C, order):
+    """C [T, steps * 8] int32 (32 bytes a step) = what u5's (U4_ORDER) or u6's (U6_ORDER)
+    kernels take off for their unsigned codes, per activation row and step, from A
+    [T, steps * 64] int8 in that order (the low vector at byte 0 of a step, the high at 32):
+    u5: int32 lane l = -16 * (the low and high vectors' bytes 4l..4l + 3); u6: int16 lane k
+    = 32 * their bytes 2k, 2k + 1 (the pair sums vpmaddubsw gives by 32). Each kernel
+    computed these per weight-row pass; once per activation row they leave its step loop
+    to the weights' products (kernels/int8_ir.py)."""
+    T = A.shape[0]
+    steps = A.shape[1] // 64
+    C16 = C.view(np.int16)
+    for t in prange(T):
+        for s in range(steps):
+            lo, hi = A[t, s * 64 : s * 64 + 32], A[t, s * 64 + 32 : s * 64 + 64]
+            if order == U6_ORDER:
+                for k in range(16):
+                    C16[t, s * 16 + k] = np.int16(32 * (np.int32(lo[2 * k]) + lo[2 * k + 1] + hi[2 * k] + hi[2 * k + 1]))
+            else:
+                for lane in range(8):
+                    total = np.int32(0)
+                    for j in range(4):
+                        total += np.int32(lo[4 * lane + j]) + hi[4 * lane + j]
+                    C[t, s * 8 + lane] = -16 * total
+
+
+# reductions (amax, code sums) may be reordered and vectorized; no approximate division,
+# so the codes and scales stay those of rounded() bit for bit
+_REDUCE = {"reassoc", "nsz", "nnan", "ninf"}
+_quantize_u4, _quantize_u4_one = compile_twice(_quantize_for_u4, fastmath=_REDUCE)
+_quantize_i8, _quantize_i8_one = compile_twice(_quantize_for_i8, fastmath=_REDUCE)
+_quantize_u6, _quantize_u6_one = compile_twice(_quantize_for_u6, fastmath=_REDUCE)
+_quantize_k4, _quantize_k4_one = compile_twice(_quantize_for_k4, fastmath=_REDUCE)
+_code_offsets, _code_offsets_one = compile_twice(_code_offsets_for)
+
+
+@njit(cache=True, nogil=True)
+def quantize(x, order, group, nsteps, nchunks, offsets, one):
+    """x [T, cols] f32 rounded per `group` columns in activation `order` -> (A [T, cols]
+    int8, S [T, nsteps * 8] f32, N [T, nchunks * 8] f32 (u4's and k4's orders, else [T, 1]),
+    C [T, nsteps * 8] int32 where `offsets`, else [T, 1]); `one`: on this thread alone."""
+    T, cols = x.shape
+    A = np.empty((T, cols), np.int8)
+    S = np.empty((T, nsteps * 8), np.float32)  # d_a per lane
+    N = np.empty((T, nchunks * 8 if order == U4_ORDER or order == K4_ORDER else 1), np.float32)
+    if order == U4_ORDER and one:
+        _quantize_u4_one(x, A, S, N, group)
+    elif order == U4_ORDER:
+        _quantize_u4(x, A, S, N, group)
+    elif order == K4_ORDER and one:
+        _quantize_k4_one(x, A, S, N, group)
+    elif order == K4_ORDER:
+        _quantize_k4(x, A, S, N, group)
+    elif order == U6_ORDER and one:
+        _quantize_u6_one(x, A, S, group)
+    elif order == U6_ORDER:
+        _quantize_u6(x, A, S, group)
+    elif one:
+        _quantize_i8_one(x, A, S, group)
+    else:
+        _quantize_i8(x, A, S, group)
+    C = np.empty((T, nsteps * 8 if offsets else 1), np.int32)
+    if offsets and one:
+        _code_offsets_one(A, C, order)
+    elif offsets:
+        _code_offsets(A, C, order)
+    return A, S, N, C
