@@ -40,7 +40,7 @@ def linears(tape: Tape, dev, x: np.ndarray, ws: tuple, bs: tuple) -> list:
         w0 = jobs.weights[0]
         flat = tape.out((T * jobs.rows,))
         tape.node(ct.LINEARS, tape.pin(jobs.table), len(jobs.table), x_at, T, cols, ci.activation_order(w0), ci.rounding_group(w0),
-                  w0.nsteps, w0.nchunks, int(jobs.code_offsets), tape.act(flat), flat.size)
+                  w0.nsteps, w0.nchunks, tape.act(flat), flat.size)
         for i, (a, b) in zip(members, jobs.bounds):
             outs[i] = flat[T * a : T * b].reshape(T, b - a)
     for i, (w, b) in enumerate(zip(ws, bs)):

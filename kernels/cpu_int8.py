@@ -21,7 +21,7 @@ from zinfer.kernels import int8_layouts as bp
 from zinfer.kernels import int8_ir, int8_ir_super
 from zinfer.kernels.cpu_ops import PARALLEL_ROWS
 from zinfer.kernels.cpu_quant import Packed
-from zinfer.kernels.int8_activations import K4_ORDER, PLAIN, U4_ORDER, U6_ORDER, quantize
+from zinfer.kernels.int8_activations import K4_ORDER, PLAIN, U4_ORDER, U5_ORDER, U6_ORDER, quantize
 from zinfer.kernels.int8_ir import Int8Args
 from zinfer.kernels.kernel_signature import call_kernel
 
@@ -60,11 +60,11 @@ def _as_f16_if_exact(*arrays: np.ndarray) -> tuple[bool, list[np.ndarray]]:
 
 
 def from_gguf(qt: QT, raw: np.ndarray, shape: tuple[int, int]) -> Int8Weight | None:
-    """The file's blocks of a Q5_0 (cols % 64 == 0), Q4_K or Q6_K matrix [rows, cols] read
+    """The file's blocks of a Q5_0 (cols % 128 == 0), Q4_K or Q6_K matrix [rows, cols] read
     near their own width (u5: 5.5 bits per weight, k4: 4.625, u6: 6.5625, the file's), or None for
     other types and shapes (then `prepare` on kernels/cpu_quant's repack)."""
     rows, cols = shape
-    if qt == QT.Q5_0 and cols % 64 == 0:
+    if qt == QT.Q5_0 and cols % 128 == 0:
         qs, d = bp.by_rows(bp.u5_from_q5_0, raw, shape)
         return Int8Weight("u5", 2, True, qs, d, d, cols // 64)
     if qt == QT.Q4_K:
@@ -173,7 +173,7 @@ def rounding_group(w: Int8Weight) -> int:
 def activation_order(w: Int8Weight) -> int:
     """The order w's kernels read activations in: plain (32 per step, i8), u4's (p8, u5
     and u4), k4's or u6's (kernels/int8_layouts.py)."""
-    orders = {"u6": U6_ORDER, "k4": K4_ORDER}
+    orders = {"u6": U6_ORDER, "k4": K4_ORDER, "u5": U5_ORDER}
     return orders.get(w.kind, U4_ORDER if w.kind in int8_ir.STEP64 else PLAIN)
 
 
@@ -193,11 +193,6 @@ class Jobs(NamedTuple):
     @property
     def rows(self) -> int:
         return self.bounds[-1][1]
-
-    @property
-    def code_offsets(self) -> bool:
-        """Whether a matrix's kernels read the activations' code offsets (u5, u6)."""
-        return any(w.kind in int8_ir.CODE_OFFSET_KINDS for w in self.weights)
 
 
 def jobs_for(ws: list[Int8Weight]) -> Jobs:
@@ -227,16 +222,15 @@ def matmul_many(jobs: Jobs, x: np.ndarray) -> list[np.ndarray]:
 
 def _launch(jobs: Jobs, x: np.ndarray, out: np.ndarray) -> None:
     w = jobs.weights[0]
-    _product(jobs.table, x, activation_order(w), rounding_group(w), w.nsteps, w.nchunks, jobs.code_offsets, out)
+    _product(jobs.table, x, activation_order(w), rounding_group(w), w.nsteps, w.nchunks, out)
 
 
 @njit(cache=True, nogil=True)
-def _product(jobs, x, order, group, nsteps, nchunks, offsets, out):
+def _product(jobs, x, order, group, nsteps, nchunks, out):
     """x [T, cols] rounded per `group` columns for the jobs' kernels, in their activation
-    order (with the codes' offsets where `offsets`: Jobs.code_offsets), then _run: one call
-    from Python per launch (each numba call costs microseconds, and decode makes ~120 per
-    token)."""
-    A, S, N, C = quantize(x, order, group, nsteps, nchunks, offsets, x.shape[0] < PARALLEL_ROWS)
+    order, then _run: one call from Python per launch (each numba call costs microseconds,
+    and decode makes ~120 per token)."""
+    A, S, N, C = quantize(x, order, group, nsteps, nchunks, x.shape[0] < PARALLEL_ROWS)
     _run(jobs, A, S, N, C, nsteps, nchunks, out)
 
 

@@ -31,7 +31,7 @@ JOB_COLUMNS = 11  # cpu_int8's job table rows: 7 columns and 4 kernel addresses
 
 # opcodes; each comment lists the node's arguments after the opcode
 RMS_NORM = 1  # x, w, out, rows, n, eps
-LINEARS = 2  # jobs, njobs, x, T, cols, order, group, nsteps, nchunks, code offsets, out, out_floats
+LINEARS = 2  # jobs, njobs, x, T, cols, order, group, nsteps, nchunks, out, out_floats
 BIAS = 3  # out, b, T, n: out[t] += b
 ROPE_TABLE = 4  # positions, T, inv_freq, half, cos, sin, mscale
 ROPE = 5  # x, T, H, hd, cos, sin, half, interleaved, out
@@ -86,7 +86,7 @@ def replay(nodes):
         elif op == LINEARS:
             jobs = carray(_i64p(a[1]), (a[2], JOB_COLUMNS))
             x = carray(_f32p(a[3]), (a[4], a[5]))
-            ci._product(jobs, x, a[6], a[7], a[8], a[9], a[10] != 0, carray(_f32p(a[11]), (a[12],)))
+            ci._product(jobs, x, a[6], a[7], a[8], a[9], carray(_f32p(a[10]), (a[11],)))
         elif op == BIAS:
             T, n = a[3], a[4]
             out, b = carray(_f32p(a[1]), (T, n)), carray(_f32p(a[2]), (n,))

@@ -1,7 +1,8 @@
 """cpu-fast's int8 activations: x [T, cols] f32 rounded to int8 codes A in the order a
 weight layout's kernels read them (kernels/int8_ir.py), with per-lane scales S [T, steps *
 8], u4's and k4's offset sums N (d_a times each 32-block's code sum) and u5's and u6's code
-offsets C. Every function has a parallel copy and one for one thread (cpu_ops.compile_twice).
+offsets C (what their unsigned codes' offset takes off, once per activation row where their
+kernels had computed it once per weight-row pass). Every function has a parallel copy and one for one thread (cpu_ops.compile_twice).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from numba import njit, prange
 
 from zinfer.kernels.cpu_ops import compile_twice
 
-PLAIN, U4_ORDER, U6_ORDER, K4_ORDER = 0, 1, 2, 3  # the orders of activations in a step
+PLAIN, U4_ORDER, U6_ORDER, K4_ORDER, U5_ORDER = 0, 1, 2, 3, 4  # the orders of activations in a step
 
 
 @njit(cache=True, nogil=True)
@@ -72,6 +73,31 @@ def _quantize_for_k4(x, A, S, N, group):
         N[t, K // 32 :] = 0
 
 
+def _quantize_for_u5(x, A, S, C):
+    """A [T, cols] int8 in the u5 order (kernels/int8_layouts.U5_COLUMNS: per 128 columns,
+    byte 32v + k holds column 32 * (k // 8) + 8v + k % 8), rounded per 32 columns; per
+    group g of 128, S[t, 16g + l] = d_a of block l // 2 and C[t, 16g + l] = -16 times the
+    lane's 16 activations (bytes 4l..4l + 3 of the 4 vectors), for l < 8."""
+    T, K = x.shape
+    for t in prange(T):
+        xt, At = x[t], A[t]
+        for b in range(K // 32):
+            d, inv = _block_scale(xt[b * 32 : b * 32 + 32])
+            g, within = b // 4, b % 4
+            at = g * 128 + 8 * within
+            for v in range(4):
+                for r in range(8):
+                    At[at + 32 * v + r] = np.int8(np.rint(xt[b * 32 + 8 * v + r] * inv))
+            for half in range(2):
+                lane = g * 16 + 2 * within + half
+                S[t, lane] = d
+                total = np.int32(0)
+                for v in range(4):
+                    for r in range(4):
+                        total += np.int32(At[at + 32 * v + 4 * half + r])
+                C[t, lane] = -16 * total
+
+
 def _quantize_for_u6(x, A, S, group):
     """A [T, cols] int8 in the u6 step order (per 64 columns: columns 0..7 of each of its
     four 16-groups, then their 8..15; kernels/int8_layouts.U6_LOW and U6_HIGH), rounded per
@@ -103,29 +129,20 @@ def _quantize_for_i8(x, A, S, group):
                 S[t, lane] = d
 
 
-def _code_offsets_for(A, C, order):
-    """C [T, steps * 8] int32 (32 bytes a step) = what u5's (U4_ORDER) or u6's (U6_ORDER)
-    kernels take off for their unsigned codes, per activation row and step, from A
-    [T, steps * 64] int8 in that order (the low vector at byte 0 of a step, the high at 32):
-    u5: int32 lane l = -16 * (the low and high vectors' bytes 4l..4l + 3); u6: int16 lane k
-    = 32 * their bytes 2k, 2k + 1 (the pair sums vpmaddubsw gives by 32). Each kernel
-    computed these per weight-row pass; once per activation row they leave its step loop
-    to the weights' products (kernels/int8_ir.py)."""
+def _u6_offsets_for(A, C):
+    """C [T, steps * 8] int32 viewed as int16 [T, steps * 16] = what u6's kernel takes off
+    for its unsigned codes (0..63, the file's plus 32), per activation row and step, from A
+    [T, steps * 64] int8 in the u6 order (the low vector at byte 0 of a step, the high at
+    32): lane k = 32 * their bytes 2k, 2k + 1 (the pair sums vpmaddubsw gives by 32). Once
+    per activation row, where the kernel computed them once per weight-row pass."""
     T = A.shape[0]
     steps = A.shape[1] // 64
     C16 = C.view(np.int16)
     for t in prange(T):
         for s in range(steps):
             lo, hi = A[t, s * 64 : s * 64 + 32], A[t, s * 64 + 32 : s * 64 + 64]
-            if order == U6_ORDER:
-                for k in range(16):
-                    C16[t, s * 16 + k] = np.int16(32 * (np.int32(lo[2 * k]) + lo[2 * k + 1] + hi[2 * k] + hi[2 * k + 1]))
-            else:
-                for lane in range(8):
-                    total = np.int32(0)
-                    for j in range(4):
-                        total += np.int32(lo[4 * lane + j]) + hi[4 * lane + j]
-                    C[t, s * 8 + lane] = -16 * total
+            for k in range(16):
+                C16[t, s * 16 + k] = np.int16(32 * (np.int32(lo[2 * k]) + lo[2 * k + 1] + hi[2 * k] + hi[2 * k + 1]))
 
 
 # reductions (amax, code sums) may be reordered and vectorized; no approximate division,
@@ -135,19 +152,25 @@ _quantize_u4, _quantize_u4_one = compile_twice(_quantize_for_u4, fastmath=_REDUC
 _quantize_i8, _quantize_i8_one = compile_twice(_quantize_for_i8, fastmath=_REDUCE)
 _quantize_u6, _quantize_u6_one = compile_twice(_quantize_for_u6, fastmath=_REDUCE)
 _quantize_k4, _quantize_k4_one = compile_twice(_quantize_for_k4, fastmath=_REDUCE)
-_code_offsets, _code_offsets_one = compile_twice(_code_offsets_for)
+_quantize_u5, _quantize_u5_one = compile_twice(_quantize_for_u5, fastmath=_REDUCE)
+_u6_offsets, _u6_offsets_one = compile_twice(_u6_offsets_for)
 
 
 @njit(cache=True, nogil=True)
-def quantize(x, order, group, nsteps, nchunks, offsets, one):
+def quantize(x, order, group, nsteps, nchunks, one):
     """x [T, cols] f32 rounded per `group` columns in activation `order` -> (A [T, cols]
     int8, S [T, nsteps * 8] f32, N [T, nchunks * 8] f32 (u4's and k4's orders, else [T, 1]),
-    C [T, nsteps * 8] int32 where `offsets`, else [T, 1]); `one`: on this thread alone."""
+    C [T, nsteps * 8] int32 (u5's and u6's orders, else [T, 1])); `one`: on this thread alone."""
     T, cols = x.shape
     A = np.empty((T, cols), np.int8)
     S = np.empty((T, nsteps * 8), np.float32)  # d_a per lane
     N = np.empty((T, nchunks * 8 if order == U4_ORDER or order == K4_ORDER else 1), np.float32)
-    if order == U4_ORDER and one:
+    C = np.empty((T, nsteps * 8 if order == U5_ORDER or order == U6_ORDER else 1), np.int32)
+    if order == U5_ORDER and one:
+        _quantize_u5_one(x, A, S, C)
+    elif order == U5_ORDER:
+        _quantize_u5(x, A, S, C)
+    elif order == U4_ORDER and one:
         _quantize_u4_one(x, A, S, N, group)
     elif order == U4_ORDER:
         _quantize_u4(x, A, S, N, group)
@@ -157,15 +180,12 @@ def quantize(x, order, group, nsteps, nchunks, offsets, one):
         _quantize_k4(x, A, S, N, group)
     elif order == U6_ORDER and one:
         _quantize_u6_one(x, A, S, group)
+        _u6_offsets_one(A, C)
     elif order == U6_ORDER:
         _quantize_u6(x, A, S, group)
+        _u6_offsets(A, C)
     elif one:
         _quantize_i8_one(x, A, S, group)
     else:
         _quantize_i8(x, A, S, group)
-    C = np.empty((T, nsteps * 8 if offsets else 1), np.int32)
-    if offsets and one:
-        _code_offsets_one(A, C, order)
-    elif offsets:
-        _code_offsets(A, C, order)
     return A, S, N, C

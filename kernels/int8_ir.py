@@ -34,18 +34,15 @@ Two more read a type at the file's own width, codes unsigned with their high bit
 (kernels/int8_layouts.py writes them): 8 or 16 bytes per step and weight row that
 shifts per 64-bit lane and a mask spread to the bytes of the codes (int8_ir_scales.bit4s
 and high_pairs), and the codes' offset (16 or 32 times the activations) is taken off in
-the integers. That offset depends on the activations alone, so cpu_int8 computes it once
-per activation row and step (C, `_code_offsets_for`) instead of once per weight-row pass:
-on Zen 4 vpdpbusd, vpmaddubsw, vpmaddwd and the float multiplies all issue on the same
-two pipes, and the offset's two dot products per activation row had been a fifth of
-u5's work there. u5's vpdpbusd multiplies the unsigned codes by the activations directly
-and its offset starts the integer sum, so each lane's integer is exactly p8's, and so is
-every float after it: u5 equals p8 bit for bit.
+the integers. That offset depends on the activations alone, so kernels/int8_activations.py
+computes it once per activation row (C) instead of once per weight-row pass: on Zen 4
+vpdpbusd, vpmaddubsw, vpmaddwd, vpmulld and the float multiplies all issue on the same two
+pipes (measured: any mix of them runs at 2 a cycle), the budget every kernel here spends.
 
-- u5 (Q5_0): p8's 64 weights per step, 40 bytes: u4's 32 nibble bytes, then 8 bytes of
-  bit 4 of the low-nibble vector's 32 codes and of the high-nibble vector's; activations
-  in the u4 order; d_w GGUF's f16 scales, two per step. 5.5 bits
-  per weight with the scales (p8: 8.5).
+- u5 (Q5_0): 64 weights per step, 40 bytes: 32 nibble bytes, then 8 bytes of bit 4 of
+  the low-nibble vector's 32 codes and of the high-nibble vector's; the columns in an
+  order of their own over 128 (kernels/int8_layouts.U5_COLUMNS); d_w GGUF's f16 scales.
+  5.5 bits per weight with the scales (p8: 8.5). Its kernel is kernels/int8_ir_blocks.py.
 - u6 (Q6_K): 64 weights per step, 48 bytes, in an order of its own (two vectors whose
   byte k lies in the step's 16-group k // 8, kernels/int8_layouts.py): 32 nibble bytes,
   then 16 bytes of the codes' bits 4-5; D holds per super-block of 256 the f16 d and the
@@ -69,11 +66,11 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-from zinfer.kernels import int8_ir_dot, int8_ir_super, llvm_host
+from zinfer.kernels import int8_ir_blocks, int8_ir_dot, int8_ir_super, llvm_host
 from zinfer.kernels import int8_ir_frame as frame
 from zinfer.kernels.int8_ir_dot import DECLS as DOT_DECLS
 from zinfer.kernels.int8_ir_dot import dot, dot2_small
-from zinfer.kernels.int8_ir_scales import bit4s, scale_vector, splat
+from zinfer.kernels.int8_ir_scales import scale_vector, splat
 from zinfer.kernels.kernel_signature import KernelSignature
 
 
@@ -86,7 +83,7 @@ class Int8Args(NamedTuple):
     A: int  # address of the int8 activations [T, cols]
     S: int  # address of the activation scales [T, nsteps * 8] f32
     N: int  # address of u4's offset sums [T, nchunks * 8] f32
-    C: int  # address of u5's and u6's code offsets [T, nsteps * 32 bytes] (cpu_int8._code_offsets_for; others: any readable address)
+    C: int  # address of u5's and u6's code offsets [T, nsteps * 32 bytes] (kernels/int8_activations.py; others: any readable address)
     nsteps: int  # 8-lane steps per row (>= 1)
     nchunks: int  # vectors of 8 blocks' offsets per row (u4)
     r0: int  # first weight row
@@ -122,8 +119,7 @@ PREFETCH_LOCALITY = {1: 2, TILE: 0}
 SHAPES = ((1, 1), (1, ROWS), (TILE, 1), (TILE, ROWS))  # (activation rows, weight rows) of the kernels
 # (weight layout, d_w numbers per step, scales in f16); u5, u6 and k4 read the file's f16 scales
 VARIANTS = tuple((k, d, h) for k, d in (("u4", 2), ("p8", 2), ("i8", 1), ("i8", 2)) for h in (True, False)) + (("u5", 2, True), ("u6", 2, True), ("k4", 2, True))
-STEP64 = ("u4", "p8", "u5", "k4", "u6")  # the kinds of 64 columns per step (activations: u4's order, u6's its own)
-CODE_OFFSET_KINDS = ("u5", "u6")  # the kinds that read C, their unsigned codes' offsets per activation row and step
+STEP64 = ("u4", "p8", "u5", "k4", "u6")  # the kinds of 64 columns per step (activations: u4's order; u5, u6, k4 their own)
 STEP_BYTES = {"u4": 32, "p8": 64, "i8": 32, "u5": 40, "u6": 48, "k4": 32}  # weight bytes per step and row
 
 _DECLS = """
@@ -153,12 +149,15 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
     u4's offsets: out += sum over blocks of m_w * N, N [t, nchunks * 8] = d_a * sum(codes)
     per 32-block (zero-padded); it runs after the steps, 8 blocks per vector, instead of
     one more fma per step (which made the step loop float-bound).
-    k4 and u6 are kernels/int8_ir_super.py's (the same contract, integer sub-block scales).
+    k4 and u6 are kernels/int8_ir_super.py's (the same contract, integer sub-block scales),
+    u5 kernels/int8_ir_blocks.py's (a block per lane pair over 128 columns).
     """
     name = kernel_name(kind, dps, half, tile, rows)
     if kind in int8_ir_super.KINDS:
         return int8_ir_super.kernel_ir(kind, tile, rows, name, SIGNATURE, PREFETCH_BYTES, PREFETCH_LOCALITY[tile], STEP_BYTES[kind], isa)
-    nibbles = kind in ("u4", "u5")  # two 32-byte vectors of codes per step, from nibbles
+    if kind == "u5":
+        return int8_ir_blocks.kernel_ir(tile, rows, name, SIGNATURE, PREFETCH_BYTES, PREFETCH_LOCALITY[tile], isa)
+    nibbles = kind == "u4"  # two 32-byte vectors of codes per step, from nibbles
     step64 = kind in STEP64
     pairs = [(i, t) for i in range(rows) for t in range(tile)]
     lines: list[str] = []
@@ -180,13 +179,8 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
         if nibbles:
             e(f"  %lo{i} = and <32 x i8> %w{i}, {splat(32, 'i8', 15)}")
             e(f"  %hi{i} = lshr <32 x i8> %w{i}, {splat(32, 'i8', 4)}")
-            if kind == "u5":  # bit 4 of each code
-                bit4s(e, f"lob{i}", f"hib{i}", f"%wp{i}", 32)
-                for v in ("lo", "hi"):
-                    e(f"  %{v}q{i} = or <32 x i8> %{v}{i}, %{v}b{i}")
-            src = "q" if kind == "u5" else ""
-            e(f"  %lo32{i} = bitcast <32 x i8> %lo{src}{i} to {_I8}")
-            e(f"  %hi32{i} = bitcast <32 x i8> %hi{src}{i} to {_I8}")
+            e(f"  %lo32{i} = bitcast <32 x i8> %lo{i} to {_I8}")
+            e(f"  %hi32{i} = bitcast <32 x i8> %hi{i} to {_I8}")
         else:
             e(f"  %wabs{i} = call <32 x i8> @llvm.abs.v32i8(<32 x i8> %w{i}, i1 false)")
             e(f"  %wabs32{i} = bitcast <32 x i8> %wabs{i} to {_I8}")
@@ -208,17 +202,13 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
             e(f"  %ahi{t} = load {_I8}, ptr %aph{t}, align 1")
         else:
             e(f"  %a{t} = load <32 x i8>, ptr %ap{t}, align 1")
-        if kind == "u5":  # -16 * the sum of each lane's 8 activations: the codes' offset, from C
-            e(f"  %cp{t} = getelementptr i8, ptr %crow{t}, i64 %so")
-            e(f"  %nc{t} = load {_I8}, ptr %cp{t}, align 4")
         if kind == "p8":
             e(f"  %aph{t} = getelementptr i8, ptr %ap{t}, i64 32")
             e(f"  %ah{t} = load <32 x i8>, ptr %aph{t}, align 1")
     for i, t in pairs:
         k = f"{i}_{t}"
-        if nibbles:  # u5: from the offset
-            start = f"%nc{t}" if kind == "u5" else "zeroinitializer"
-            dot2_small(e, isa, f"ib{k}", start, f"%lo32{i}", f"%alo{t}", f"%hi32{i}", f"%ahi{t}")
+        if nibbles:
+            dot2_small(e, isa, f"ib{k}", "zeroinitializer", f"%lo32{i}", f"%alo{t}", f"%hi32{i}", f"%ahi{t}")
         else:  # |w| times a * sign(w)
             e(f"  %as{k} = call <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8> %a{t}, <32 x i8> %w{i})")
             e(f"  %as32{k} = bitcast <32 x i8> %as{k} to {_I8}")

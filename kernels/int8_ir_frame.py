@@ -9,8 +9,23 @@ weight row i of a pass %row{i} %wrow{i} %drow{i} %mrow{i}.
 
 from __future__ import annotations
 
+import itertools
+
 from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, k4_mins, scale_vector
 from zinfer.kernels.kernel_signature import KernelSignature
+
+_LOOP_IDS = itertools.count(1_000_000, 2)  # metadata numbers of never-unrolled loops (and + 1), unique in a process's modules
+
+
+def never_unrolled(meta: list[str]) -> str:
+    """The `!llvm.loop !N` attachment for a loop's back branch that LLVM must not unroll;
+    its metadata nodes are appended to `meta` (module level: after the function). The
+    kernels' short inner loops (4 steps of a super-block) are loops for this: unrolled,
+    LLVM's scheduler hoists their loads, and the 32 vector registers spill."""
+    loop = next(_LOOP_IDS)
+    meta.append(f"!{loop} = distinct !{{!{loop}, !{loop + 1}}}")
+    meta.append(f'!{loop + 1} = !{{!"llvm.loop.unroll.disable"}}')
+    return f"!llvm.loop !{loop}"
 
 _F8 = "<8 x float>"
 

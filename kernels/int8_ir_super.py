@@ -38,8 +38,6 @@ f32 rounding of the scale products and of the sums across super-blocks.
 
 from __future__ import annotations
 
-import itertools
-
 from zinfer.kernels import int8_ir_frame as frame
 from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, U6_SUPER_BYTES, high_pairs, splat
 
@@ -131,7 +129,6 @@ def kernel_ir(kind: str, tile: int, rows: int, name: str, signature, prefetch: i
     return "\n".join(lines + meta)
 
 
-_LOOP_IDS = itertools.count(1_000_000, 2)  # metadata numbers of the k4 step loops (and +1), unique in a process's modules
 
 
 def _k4_steps(e, meta: list[str], rows: int, tile: int, pairs, prefetch: int, locality: int, isa: str) -> None:
@@ -141,9 +138,8 @@ def _k4_steps(e, meta: list[str], rows: int, tile: int, pairs, prefetch: int, lo
     In the k4 order every 4 bytes of a vector lie in one block (kernels/int8_layouts.py), so
     with VNNI each step is 2 vpdpbusd per pair into its int32 lanes, and the scales
     multiply once per super-block (vpmulld). AVX2: vpmaddubsw pair sums added in int16
-    (lane l: block l // 2) and one vpmaddwd by the scales. A loop, not unrolled: unrolled,
-    LLVM's scheduler hoisted the steps' loads and the 32 registers spilled (48 stack
-    accesses per super-block)."""
+    (lane l: block l // 2) and one vpmaddwd by the scales. A loop, never unrolled
+    (frame.never_unrolled; unrolled, it spilled 48 times a super-block)."""
     acc = _I8 if isa == "vnni" else _W16
     e("  br label %jloop")
     e("jloop:")
@@ -180,16 +176,13 @@ def _k4_steps(e, meta: list[str], rows: int, tile: int, pairs, prefetch: int, lo
             e(f"  %q{k} = add {_W16} %qa{k}, %p{k}")
     e("  %jn = add i64 %j, 1")
     e(f"  %jmore = icmp ult i64 %jn, {SUPER_STEPS}")
-    loop = next(_LOOP_IDS)
-    e(f"  br i1 %jmore, label %jloop, label %jdone, !llvm.loop !{loop}")
+    e(f"  br i1 %jmore, label %jloop, label %jdone, {frame.never_unrolled(meta)}")
     e("jdone:")
     for i, t in pairs:  # by the blocks' scales
         if isa == "vnni":
             e(f"  %is{SUPER_STEPS - 1}_{i}_{t} = mul {_I8} %q{i}_{t}, %scr{i}")
         else:
             e(f"  %is{SUPER_STEPS - 1}_{i}_{t} = call {_I8} {_MADDWD}({_W16} %q{i}_{t}, {_W16} %scr{i})")
-    meta.append(f"!{loop} = distinct !{{!{loop}, !{loop + 1}}}")  # module-level, after the function
-    meta.append(f'!{loop + 1} = !{{!"llvm.loop.unroll.disable"}}')
 
 
 def _u6_step(e, j: int, rows: int, tile: int, pairs, prefetch: int, locality: int, step_bytes: int) -> None:

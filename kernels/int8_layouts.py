@@ -10,12 +10,12 @@ bit of byte k lies in byte k % 8 at a position set by k // 8 (the 64-bit lane), 
 two in byte k % 16 at a position set by k // 16 (the 128-bit half). As 32-bit planes
 they cost AVX2 five instructions each.
 
-- u5, per 64 columns (two 32-blocks, 40 bytes): 32 nibble bytes as kernels/cpu_quant's
-  U4 (block b's byte i holds codes i and i + 16), then bit 4 of the codes of the
-  low-nibble vector [block0 0..15, block1 0..15] and the high-nibble one [block0 16..31,
-  block1 16..31] in 8 bytes: byte j holds, of byte 8l + j of each vector (l = 0..3), the
-  low vector's bit at bit l and the high vector's at bit 4 + l. d: GGUF's f16 scales,
-  [rows, cols / 32].
+- u5, per 64 columns (a step, 40 bytes): 32 nibble bytes, byte k holding the codes of the
+  step's low and high vectors' byte k, then bit 4 of those codes in 8 bytes: byte j
+  holds, of byte 8l + j of each vector (l = 0..3), the low vector's bit at bit l and the
+  high vector's at bit 4 + l. Steps pair into groups of 128 columns (4 blocks) whose 4
+  vectors hold in bytes 8b..8b + 7 columns of block b (U5_COLUMNS), for
+  kernels/int8_ir_blocks.py. d: GGUF's f16 scales, [rows, cols / 32].
 - k4 (Q4_K), per 256 columns (a super-block, 128 bytes): 4 steps of 32 bytes; byte 4b + r
   of step j holds, low nibble, the code of column 32b + 8j + r and, high nibble, that of
   32b + 8j + 4 + r (K4_COLUMNS), so every byte's two codes lie in 32-block b whatever the
@@ -84,21 +84,22 @@ def _high_pairs(low: np.ndarray, high: np.ndarray) -> np.ndarray:
     return ((low[..., :16] >> 4) | ((low[..., 16:] >> 4) << 2) | ((high[..., :16] >> 4) << 4) | ((high[..., 16:] >> 4) << 6)).astype(np.uint8)
 
 
-def _nibble_bytes(codes: np.ndarray) -> np.ndarray:
-    """codes [..., 32] uint8 -> [..., 16]: byte i holds code i's low 4 bits and code i + 16's above them."""
-    return (codes[..., :16] & 15) | ((codes[..., 16:] & 15) << 4)
+# U5_COLUMNS[p]: the column of a group of 128 (4 blocks, 2 steps) whose code (and
+# activation) sits at position p = 32v + k: vector v (step v // 2's low, v even, or high
+# nibbles), byte k, in block k // 8
+U5_COLUMNS = np.array([32 * (k // 8) + 8 * v + k % 8 for v in range(4) for k in range(32)])
 
 
 def u5_from_q5_0(raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Raw Q5_0 bytes of a [rows, cols] matrix (cols % 64 == 0) -> (qs [rows, cols/64 * 40]
+    """Raw Q5_0 bytes of a [rows, cols] matrix (cols % 128 == 0) -> (qs [rows, cols/64 * 40]
     uint8, d [rows, cols/32] f16): the u5 layout."""
     rows, cols = shape
     p = cq.repack(QT.Q5_0, raw, shape)  # codes - 16 as int8, decoded once by the tested path
-    codes = (p.qs.view(np.uint8) + np.uint8(16)).reshape(rows, cols // 64, 2, 32)  # [row, step, block, code]
-    low_vector = codes[..., :16].reshape(rows, cols // 64, 32)  # [block0 0..15, block1 0..15]
-    high_vector = codes[..., 16:].reshape(rows, cols // 64, 32)
-    parts = (_nibble_bytes(codes).reshape(rows, cols // 64, 32), _bit4s(low_vector, high_vector))
-    qs = np.concatenate(parts, axis=-1).reshape(rows, -1)
+    codes = (p.qs.view(np.uint8) + np.uint8(16)).reshape(rows, cols // 128, 128)[..., U5_COLUMNS]
+    vectors = codes.reshape(rows, cols // 64, 2, 32)  # [row, step, low/high, byte]
+    low_vector, high_vector = vectors[..., 0, :], vectors[..., 1, :]
+    nibbles = (low_vector & 15) | ((high_vector & 15) << 4)
+    qs = np.concatenate((nibbles, _bit4s(low_vector, high_vector)), axis=-1).reshape(rows, -1)
     b = np.ascontiguousarray(raw).reshape(-1).view(np.uint8).reshape(-1, 22)
     return qs, np.ascontiguousarray(b[:, 0:2]).view(np.float16).reshape(rows, cols // 32)
 
@@ -147,16 +148,13 @@ def dequantize_rows_u5(qs, d, rows, out):
     for j in prange(rows.shape[0]):
         q, dr, o = qs[rows[j]], d[rows[j]], out[j]
         for s in range(steps):
-            base = s * U5_STEP_BYTES
-            for blk in range(2):
-                scale = as_f32(dr[2 * s + blk])
-                for i in range(16):
-                    byte, k = np.int64(q[base + blk * 16 + i]), blk * 16 + i  # k: the byte of both vectors
-                    bits = np.int64(q[base + 32 + k % 8]) >> (k // 8)
-                    low = (byte & 15) | ((bits & 1) << 4)
-                    high = (byte >> 4) | (((bits >> 4) & 1) << 4)
-                    o[s * 64 + blk * 32 + i] = np.float32(low - 16) * scale
-                    o[s * 64 + blk * 32 + 16 + i] = np.float32(high - 16) * scale
+            base, group = s * U5_STEP_BYTES, s // 2
+            for k in range(32):  # the byte of both vectors: block 4 * group + k // 8
+                byte, bits = np.int64(q[base + k]), np.int64(q[base + 32 + k % 8]) >> (k // 8)
+                scale = as_f32(dr[4 * group + k // 8])
+                column = 128 * group + 32 * (k // 8) + 8 * (2 * (s % 2)) + k % 8  # of the low vector; the high: 8 on
+                o[column] = np.float32(((byte & 15) | ((bits & 1) << 4)) - 16) * scale
+                o[column + 8] = np.float32(((byte >> 4) | (((bits >> 4) & 1) << 4)) - 16) * scale
 
 
 @njit(parallel=True, cache=True, nogil=True)

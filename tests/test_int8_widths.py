@@ -2,8 +2,8 @@
 
 Each product equals the oracle's (the dequantized matrix times the activations rounded
 as the int8 kernels round them: per 32 columns, per 256 for the K-quants) and, for Q5_0,
-bit for bit the widened int8 path it replaces (p8): the integer dot of every lane is the
-same and so is every float operation after it. The resident bytes are the file's: 5.5 bits per weight for
+the widened int8 path it replaces (p8) up to f32 rounding: the same rounded activations
+and exact integers, summed in float in another order. The resident bytes are the file's: 5.5 bits per weight for
 Q5_0, 6.5625 for Q6_K, 4.625 for Q4_K (and every other int8 matrix keeps only its kernels' layout, no
 packed blocks next to it). A whole tiny Q5_0 model gives the same logits either way.
 """
@@ -18,6 +18,7 @@ from test_cpu_fast import close, random_tensor
 from tiny import write_tiny_gguf
 from zinfer.devices import cpu_fast_linears as fl
 from zinfer.devices.batch import ForwardBatch
+from zinfer.devices.cpu import CpuDevice
 from zinfer.devices.cpu_fast import FastCpuDevice
 from zinfer.kernels import cpu_int8 as ci
 from zinfer.kernels import cpu_quant as cq
@@ -67,9 +68,9 @@ def test_own_width_product_is_the_oracles(qt, T):
 
 
 @pytest.mark.parametrize("T", [1, 4, 5, 130])
-def test_q5_0_at_its_width_is_the_widened_path_bit_for_bit(T):
-    """u5 and p8 (Q5_0 widened to int8) give every lane the same integer and the same
-    float operations after it."""
+def test_q5_0_at_its_width_is_the_widened_path_to_f32_rounding(T):
+    """u5 and p8 (Q5_0 widened to int8) multiply the same rounded activations by the same
+    codes in exact integers; only the float sums of their blocks run in another order."""
     t, _, x = _product_case(QT.Q5_0, T)
     own = ci.from_gguf(QT.Q5_0, t.data, t.shape)
     widened = ci.prepare(cq.repack(QT.Q5_0, t.data, t.shape))
@@ -77,7 +78,7 @@ def test_q5_0_at_its_width_is_the_widened_path_bit_for_bit(T):
     out, want = np.empty((T, t.shape[0]), np.float32), np.empty((T, t.shape[0]), np.float32)
     ci.matmul(own, x, out)
     ci.matmul(widened, x, want)
-    np.testing.assert_array_equal(out, want)
+    assert close(out, want.astype(np.float64), tol=1e-6) < 1e-6
 
 
 @pytest.mark.parametrize("qt", list(RESIDENT), ids=lambda q: q.name)
@@ -93,20 +94,21 @@ def test_upload_keeps_only_the_files_width_and_embeds_its_rows_exactly(qt):
     np.testing.assert_array_equal(dev.embed(w, ids), dequantize(t.data, qt, t.shape)[ids])
 
 
-def test_q5_0_rows_of_odd_32_blocks_keep_the_widened_kernel():
-    t = random_tensor(QT.Q5_0, 9, 96, seed=3)  # 96 columns: not whole 64-column steps
+@pytest.mark.parametrize("cols, kind", [(96, "i8"), (576, "p8")])  # not whole 64-column steps; not whole 128-column groups
+def test_q5_0_rows_off_its_groups_keep_the_widened_kernel(cols, kind):
+    t = random_tensor(QT.Q5_0, 9, cols, seed=3)
     w = FastCpuDevice().upload("w", t)
-    assert w.int8.kind == "i8" and w.packed is None
-    x = np.random.default_rng(0).standard_normal((3, 96), dtype=np.float32)
+    assert w.int8.kind == kind and w.packed is None
+    x = np.random.default_rng(0).standard_normal((3, cols), dtype=np.float32)
     wf = dequantize(t.data, QT.Q5_0, t.shape)
     close(w.compute(x), ci.rounded(x) @ wf.astype(np.float64).T)
     np.testing.assert_array_equal(FastCpuDevice().embed(w, np.array([8, 0])), wf[[8, 0]])
 
 
 def test_matrices_of_one_activation_layout_share_a_launch_whatever_their_types():
-    """Q5_0 (u5), Q8_0 (p8) and Q4_0 (u4) read activations in one order and rounding: one
-    launch. Q4_K (k4) reads that order rounded per 256: a launch of its own, and so does
-    Q6_K (u6: an order of its own, kernels/int8_layouts.py)."""
+    """Q8_0 (p8) and Q4_0 (u4) read activations in one order and rounding: one launch.
+    Q5_0 (u5), Q4_K (k4, rounded per 256) and Q6_K (u6) read orders of their own
+    (kernels/int8_layouts.py): a launch each."""
     rows, cols = 40, 256
     types = (QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q4_0, QT.Q6_K)
     ws = tuple(FastCpuDevice().upload(str(i), random_tensor(qt, rows, cols, seed=i)) for i, qt in enumerate(types))
@@ -114,7 +116,7 @@ def test_matrices_of_one_activation_layout_share_a_launch_whatever_their_types()
     dev = FastCpuDevice()
     x = np.random.default_rng(0).standard_normal((5, cols), dtype=np.float32)
     outs = dev.linears(x, ws, (None,) * len(ws))
-    assert [m for _, m in dev._int8_jobs(ws)] == [[0, 1, 3], [2], [4]]
+    assert sorted(m for _, m in dev._int8_jobs(ws)) == [[0], [1, 3], [2], [4]]
     for out, w in zip(outs, ws):
         np.testing.assert_array_equal(out, w.compute(x))
 
@@ -148,12 +150,18 @@ def _matrices(tree):
             yield from _matrices(item)
 
 
-def test_a_q5_0_model_gives_the_widened_paths_logits(tiny_q5_0, monkeypatch):
+def test_a_q5_0_model_is_as_close_to_the_oracle_as_the_widened_path(tiny_q5_0, monkeypatch):
+    """Layer after layer, f32 differences between u5 and p8 can flip an activation's int8
+    rounding, so their logits differ by about that rounding; each is as far from the
+    numpy oracle's (float activations) as the other."""
     own, kinds = logits(tiny_q5_0, FastCpuDevice())
+    oracle, _ = logits(tiny_q5_0, CpuDevice())
     monkeypatch.setattr(ci, "from_gguf", lambda *a: None)  # every matrix through cpu_quant's repack: p8
     widened, widened_kinds = logits(tiny_q5_0, FastCpuDevice())
     assert (kinds, widened_kinds) == ({"u5"}, {"p8"})
-    np.testing.assert_array_equal(own, widened)
+    relative = lambda a, b: float(np.abs(a - b).max() / np.abs(b).max())  # noqa: E731
+    assert relative(own, oracle) < 1.25 * relative(widened, oracle)
+    assert relative(own, widened) < 0.02
 
 
 @pytest.mark.parametrize("qt", list(OWN_WIDTH), ids=lambda q: q.name)
