@@ -122,6 +122,9 @@ class FastCpuDevice(DeviceBase):
         self.last_round_replayed = graphs.last_replayed
         return out
 
+    def settle(self, timeout: float) -> bool:
+        return self._graphs is None or self._graphs.wait_compiled(timeout)
+
     @property
     def _tape(self) -> Tape | None:
         """The tape of the round being recorded, else None (the ops compute eagerly)."""

@@ -193,6 +193,10 @@ class DecodeGraphs:
         """Whether replay is compiled (compile_soon)."""
         return self._compiled.is_set()
 
+    def wait_compiled(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for a started compile; whether none is running."""
+        return not self._compiling or self._compiled.wait(timeout)
+
     @staticmethod
     def _bucket(S: int) -> int:
         return next(b for b in BUCKETS if b >= S)

@@ -138,6 +138,8 @@ async def bench_engine(config: EngineConfig, plan: Plan) -> dict:
         await _group(client, warm[1:], 3)  # and together (decode of several rows)
         executor = engine.actors.get("executor")
         scheduler = engine.actors.get("scheduler")
+        if executor is not None and not await trio.to_thread.run_sync(executor.device.settle, 300.0):
+            say("zinfer: the device's background compile outlasted 300 s; timing anyway")
         busy0, rounds0, t0 = getattr(executor, "busy_seconds", 0.0), getattr(scheduler, "round_id", 0), time.perf_counter()
         say("zinfer: prefill")
         one_at_a_time = [await _group(client, [ids], 1) for ids in prompts["prefill"]]

@@ -64,6 +64,7 @@ whose per-32 scales are products of two numbers).
 from __future__ import annotations
 
 import functools
+import os
 from typing import NamedTuple
 
 from zinfer.kernels import int8_ir_blocks, int8_ir_dot, int8_ir_super, llvm_host
@@ -256,13 +257,18 @@ def addresses() -> dict[tuple[str, int, bool, int, int], int] | None:
         return None
 
 
+ISA_ENV = "ZINFER_INT8_ISA"  # "avx2": the AVX2 kernels on a VNNI host too (tests run them so)
+
+
 @functools.cache
 def host_isa() -> str | None:
-    """The int8 kernels' instruction set on this machine ("vnni", "avx2"), or None."""
+    """The int8 kernels' instruction set on this machine ("vnni", "avx2"), or None;
+    ZINFER_INT8_ISA=avx2 picks the AVX2 kernels where VNNI would run."""
     try:
-        return int8_ir_dot.host_isa(llvm_host.host_features())
+        native = int8_ir_dot.host_isa(llvm_host.host_features())
     except (ImportError, RuntimeError, OSError):
         return None
+    return "avx2" if native and os.environ.get(ISA_ENV) == "avx2" else native
 
 
 def available() -> bool:

@@ -173,3 +173,45 @@ def test_converting_by_chunks_of_rows_gives_the_whole_matrixs_layout(qt, monkeyp
     for a, b in zip(whole, chunked):
         if isinstance(a, np.ndarray):
             np.testing.assert_array_equal(a, b)
+
+
+_AVX2_PRODUCTS = """
+import sys
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+sys.path.insert(0, sys.argv[1])
+from test_cpu_fast import random_tensor
+from zinfer.devices.cpu_fast import FastCpuDevice
+from zinfer.kernels import cpu_int8 as ci, int8_ir
+from zinfer.kernels.quants import dequantize
+assert int8_ir.host_isa() == "avx2", int8_ir.host_isa()
+worst = 0.0
+for qt in (QT.Q5_0, QT.Q4_K, QT.Q6_K, QT.Q4_1, QT.Q8_0):
+    t = random_tensor(qt, 37, 768, seed=7)
+    w = FastCpuDevice().upload("w", t)
+    wf = dequantize(t.data, qt, t.shape).astype(np.float64)
+    for T in (1, 5, 70):
+        x = np.random.default_rng(T).standard_normal((T, 768), dtype=np.float32)
+        want = ci.rounded(x, ci.rounding_group(w.int8)) @ wf.T
+        err = float(np.abs(w.compute(x) - want).max() / np.abs(want).max())
+        print(w.int8.kind, T, err)
+        worst = max(worst, err)
+print("worst", worst)
+"""
+
+
+@pytest.mark.skipif(int8_ir.host_isa() != "vnni", reason="runs the AVX2 kernels beside this host's VNNI ones")
+def test_the_avx2_kernels_give_the_oracles_products_too(tmp_path):
+    """On a VNNI host ZINFER_INT8_ISA=avx2 builds the kernels AVX2-only CPUs run (k4's int16
+    pair sums, u5's and u4's paired vpmaddubsw): each product still equals the oracle's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, int8_ir.ISA_ENV: "avx2"}
+    run = subprocess.run([sys.executable, "-c", _AVX2_PRODUCTS, str(Path(__file__).parent)], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    kinds = {line.split()[0] for line in run.stdout.splitlines() if not line.startswith("worst")}
+    assert kinds == {"u5", "k4", "u6", "u4", "p8"}
+    assert float(run.stdout.split("worst")[-1]) < 1e-6, run.stdout

@@ -18,7 +18,7 @@ import pytest
 from numba import njit
 from numba.core.errors import TypingError
 
-from zinfer.kernels import gemm_ir, int8_ir, int8_ir_dot, int8_ir_super, llvm_host
+from zinfer.kernels import gemm_ir, int8_ir, int8_ir_dot, llvm_host
 from zinfer.kernels.gemm_ir import GemmArgs
 from zinfer.kernels.kernel_signature import call_kernel
 
