@@ -10,19 +10,21 @@ row,
 
     acc[t] += float(isum) * (d_w * d_a[t])
 
-where the kernels of kernels/int8_ir.py convert, multiply and fma per step. The same
-instructions on AVX2 and AVX-512 hosts (no VNNI needed).
+where the kernels of kernels/int8_ir.py convert, multiply and fma per step. u6 runs the
+same instructions on AVX2 and AVX-512 hosts (no VNNI needed); k4 uses VNNI where it can.
 
 Both read 4 steps of 64 columns per super-block, a low- and a high-nibble vector each:
 
 - k4, in an order of its own (kernels/int8_layouts.K4_COLUMNS, and its activations'):
-  bytes 4b..4b + 3 of every vector of the super-block lie in its 32-block b, so int16
-  lane l of every pair sum belongs to block l // 2. The pair sums of all 8 vectors add up
-  in int16 (|.| <= 16 * 15 * 127 = 30480), and one vpmaddwd by the blocks' 6-bit scales
-  (lanes [s0, s0, s1, s1, ..., s7, s7]) gives int32 lane b = block b's scaled sum, <=
-  63 * 32 * 15 * 127 < 2^22: per pair and super-block 8 vpmaddubsw and 1 vpmaddwd, where
-  a vpmaddwd per step made it 12 (on Zen 4 all of them, and the float multiplies, share
-  two pipes). The mins after the super-blocks, in float: -dmin * min * N
+  bytes 4b..4b + 3 of every vector of the super-block lie in its 32-block b. With VNNI,
+  int32 lane b of each (weight row, activation row) sums block b over the super-block
+  by 2 vpdpbusd a step, and one vpmulld by the blocks' 6-bit scales gives the scaled sums
+  (|.| <= 63 * 32 * 15 * 127 < 2^22): 8 vpdpbusd and 1 vpmulld per super-block, where 8
+  vpmaddubsw, 4 vpmaddwd and their adds had been (on Zen 4 the integer dot products, the
+  multiplies and the float multiplies share two pipes). On AVX2, int16 lane l of every
+  vpmaddubsw pair sum belongs to block l // 2: the pair sums of all 8 vectors add up in
+  int16 (|.| <= 16 * 15 * 127 = 30480), then one vpmaddwd by the scales (lanes [s0, s0,
+  s1, s1, ..., s7, s7]). The mins after the super-blocks, in float: -dmin * min * N
   (int8_ir_frame.offsets_loop), N = d_a times the block's code sum.
 - u6, in an order of its own (kernels/int8_layouts.py's, and cpu_int8's activations):
   byte k of both vectors lies in the step's 16-group k // 8, so their pair sums add
@@ -127,8 +129,6 @@ def kernel_ir(kind: str, tile: int, rows: int, name: str, signature, prefetch: i
         accs = "accn"
     frame.store(e, pairs, rows, accs)
     return "\n".join(lines + meta)
-
-
 
 
 def _k4_steps(e, meta: list[str], rows: int, tile: int, pairs, prefetch: int, locality: int, isa: str) -> None:
