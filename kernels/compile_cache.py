@@ -34,7 +34,7 @@ log = structlog.get_logger("zinfer.kernels")
 
 IN_PROCESS_ENV = "ZINFER_COMPILE_IN_PROCESS"  # set (the helper sets it for itself): numba compiles as it always does
 KERNEL_MODULES = "zinfer.kernels."
-FIRST_COMPILE_NOTE = "zinfer: compiling cpu-fast kernels once (about 30 s); later runs start from cache"
+FIRST_COMPILE_NOTE = "zinfer: compiling cpu-fast kernels once (20-30 s); later runs start from cache"
 
 _lock = threading.Lock()  # one request at a time on the helper's pipes
 _helper: "_Helper | None" = None
@@ -124,14 +124,17 @@ class _Helper:
         return pickle.load(self.proc.stdout)  # EOFError when the helper died
 
     def close(self) -> None:
-        """End the helper (it exits when its input closes); only in the process that started it."""
+        """Close the helper's input, only in the process that started it: it finishes the
+        kernel it is compiling (a background one, such as the decode tape's replay, may
+        outlast a short run), writes it to the cache and exits. Not waited for, and never
+        killed: a kill mid-write left the cache without that kernel, and the next run
+        compiled it in its own process, with other numbers."""
         if self.owner != os.getpid():
             return
         try:
             self.proc.stdin.close()
-            self.proc.wait(timeout=10)
-        except Exception:  # already gone, or stuck: it dies with its pipes
-            self.proc.kill()
+        except OSError:  # already gone
+            pass
 
 
 def _kernel(module: str, qualname: str) -> Any:
@@ -159,8 +162,11 @@ def serve(requests, replies) -> None:
             reply = None
         except Exception as exc:  # reported to the parent, which then compiles it itself
             reply = f"{type(exc).__name__}: {exc}"
-        pickle.dump(reply, replies)
-        replies.flush()
+        try:
+            pickle.dump(reply, replies)
+            replies.flush()
+        except BrokenPipeError:  # the parent has exited (close): its kernel is cached all the same
+            return
 
 
 def main() -> None:

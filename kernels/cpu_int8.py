@@ -19,9 +19,9 @@ from numba import njit, prange
 
 from zinfer.kernels import int8_layouts as bp
 from zinfer.kernels import int8_ir, int8_ir_super
-from zinfer.kernels.cpu_ops import PARALLEL_ROWS
+from zinfer.kernels.cpu_ops import PARALLEL_ROWS, specialize
 from zinfer.kernels.cpu_quant import Packed
-from zinfer.kernels.int8_activations import K4_ORDER, PLAIN, U4_ORDER, U5_ORDER, U6_ORDER, quantize
+from zinfer.kernels.int8_activations import K4_ORDER, ORDER_NAMES, ORDERS, PLAIN, QUANTIZERS, U4_ORDER, U5_ORDER, U6_ORDER, quantize
 from zinfer.kernels.int8_ir import Int8Args
 from zinfer.kernels.kernel_signature import call_kernel
 
@@ -222,14 +222,27 @@ def matmul_many(jobs: Jobs, x: np.ndarray) -> list[np.ndarray]:
 
 def _launch(jobs: Jobs, x: np.ndarray, out: np.ndarray) -> None:
     w = jobs.weights[0]
-    _product(jobs.table, x, activation_order(w), rounding_group(w), w.nsteps, w.nchunks, out)
+    PRODUCTS[activation_order(w)](jobs.table, x, rounding_group(w), w.nsteps, w.nchunks, out)
+
+
+def _product_in(jobs, x, group, nsteps, nchunks, out):
+    """x [T, cols] rounded per `group` columns for the jobs' kernels by _QUANTIZE (each
+    copy's own order, cpu_ops.specialize), then _run: one call from Python per launch
+    (each numba call costs microseconds, and decode makes ~120 per token)."""
+    A, S, N, C = _QUANTIZE(x, group, nsteps, nchunks, x.shape[0] < PARALLEL_ROWS)
+    _run(jobs, A, S, N, C, nsteps, nchunks, out)
+
+
+_QUANTIZE = QUANTIZERS[PLAIN]  # bound per copy
+_product_plain, _product_u4, _product_u6, _product_k4, _product_u5 = (
+    specialize(_product_in, f"_product_{name}", _QUANTIZE=QUANTIZERS[order]) for name, order in zip(ORDER_NAMES, ORDERS)
+)
+PRODUCTS = dict(zip(ORDERS, (_product_plain, _product_u4, _product_u6, _product_k4, _product_u5)))
 
 
 @njit(cache=True, nogil=True)
 def _product(jobs, x, order, group, nsteps, nchunks, out):
-    """x [T, cols] rounded per `group` columns for the jobs' kernels, in their activation
-    order, then _run: one call from Python per launch (each numba call costs microseconds,
-    and decode makes ~120 per token)."""
+    """_product_in for an activation `order` known only at run time (the decode tape's)."""
     A, S, N, C = quantize(x, order, group, nsteps, nchunks, x.shape[0] < PARALLEL_ROWS)
     _run(jobs, A, S, N, C, nsteps, nchunks, out)
 

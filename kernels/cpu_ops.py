@@ -29,6 +29,16 @@ def compile_twice(body, **flags):
     return njit(parallel=True, **flags)(body), njit(**flags)(one)
 
 
+def specialize(body, name: str, **constants):
+    """body compiled as kernel `name` with `constants` bound as its globals: numba folds
+    them at compile time and drops the branches they rule out, so a kernel that would
+    compile every variant of its callees compiles only its own. Bind the result to
+    module-level `name` (numba's cache and the compile helper find kernels by name)."""
+    func = types.FunctionType(body.__code__, {**body.__globals__, **constants}, name, body.__defaults__, body.__closure__)
+    func.__qualname__ = name
+    return njit(cache=True, nogil=True)(func)
+
+
 # ---- scalar helpers that LLVM vectorizes: exp (numba's np.exp is a libm call per element), f16 -> f32 ----
 
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from zinfer.kernels.cpu_ops import compile_twice
+from zinfer.kernels.cpu_ops import compile_twice, specialize
 
-PLAIN, U4_ORDER, U6_ORDER, K4_ORDER, U5_ORDER = 0, 1, 2, 3, 4  # the orders of activations in a step
+PLAIN, U4_ORDER, U6_ORDER, K4_ORDER, U5_ORDER = ORDERS = 0, 1, 2, 3, 4  # the orders of activations in a step
+ORDER_NAMES = ("plain", "u4", "u6", "k4", "u5")
+_ORDER = PLAIN  # the order of a _quantize_in copy: each binds its own (cpu_ops.specialize)
 
 
 @njit(cache=True, nogil=True)
@@ -156,36 +158,62 @@ _quantize_u5, _quantize_u5_one = compile_twice(_quantize_for_u5, fastmath=_REDUC
 _u6_offsets, _u6_offsets_one = compile_twice(_u6_offsets_for)
 
 
-@njit(cache=True, nogil=True)
-def quantize(x, order, group, nsteps, nchunks, one):
-    """x [T, cols] f32 rounded per `group` columns in activation `order` -> (A [T, cols]
-    int8, S [T, nsteps * 8] f32, N [T, nchunks * 8] f32 (u4's and k4's orders, else [T, 1]),
-    C [T, nsteps * 8] int32 (u5's and u6's orders, else [T, 1])); `one`: on this thread alone."""
+def _quantize_in(x, group, nsteps, nchunks, one):
+    """x [T, cols] f32 rounded per `group` columns in the activation order _ORDER (each
+    copy's own constant, cpu_ops.specialize) -> (A [T, cols] int8, S [T, nsteps * 8] f32,
+    N [T, nchunks * 8] f32 (u4's and k4's orders, else [T, 1]), C [T, nsteps * 8] int32
+    (u5's and u6's orders, else [T, 1])); `one`: on this thread alone."""
     T, cols = x.shape
     A = np.empty((T, cols), np.int8)
     S = np.empty((T, nsteps * 8), np.float32)  # d_a per lane
-    N = np.empty((T, nchunks * 8 if order == U4_ORDER or order == K4_ORDER else 1), np.float32)
-    C = np.empty((T, nsteps * 8 if order == U5_ORDER or order == U6_ORDER else 1), np.int32)
-    if order == U5_ORDER and one:
-        _quantize_u5_one(x, A, S, C)
-    elif order == U5_ORDER:
-        _quantize_u5(x, A, S, C)
-    elif order == U4_ORDER and one:
-        _quantize_u4_one(x, A, S, N, group)
-    elif order == U4_ORDER:
-        _quantize_u4(x, A, S, N, group)
-    elif order == K4_ORDER and one:
-        _quantize_k4_one(x, A, S, N, group)
-    elif order == K4_ORDER:
-        _quantize_k4(x, A, S, N, group)
-    elif order == U6_ORDER and one:
-        _quantize_u6_one(x, A, S, group)
-        _u6_offsets_one(A, C)
-    elif order == U6_ORDER:
-        _quantize_u6(x, A, S, group)
-        _u6_offsets(A, C)
+    N = np.empty((T, nchunks * 8 if _ORDER == U4_ORDER or _ORDER == K4_ORDER else 1), np.float32)
+    C = np.empty((T, nsteps * 8 if _ORDER == U5_ORDER or _ORDER == U6_ORDER else 1), np.int32)
+    if _ORDER == U5_ORDER:
+        if one:
+            _quantize_u5_one(x, A, S, C)
+        else:
+            _quantize_u5(x, A, S, C)
+    elif _ORDER == U4_ORDER:
+        if one:
+            _quantize_u4_one(x, A, S, N, group)
+        else:
+            _quantize_u4(x, A, S, N, group)
+    elif _ORDER == K4_ORDER:
+        if one:
+            _quantize_k4_one(x, A, S, N, group)
+        else:
+            _quantize_k4(x, A, S, N, group)
+    elif _ORDER == U6_ORDER:
+        if one:
+            _quantize_u6_one(x, A, S, group)
+            _u6_offsets_one(A, C)
+        else:
+            _quantize_u6(x, A, S, group)
+            _u6_offsets(A, C)
     elif one:
         _quantize_i8_one(x, A, S, group)
     else:
         _quantize_i8(x, A, S, group)
     return A, S, N, C
+
+
+# one kernel per order: a first run compiles the quantizers of the orders its model uses,
+# not all ten (Qwen's and SmolLM2's first prefill: ~11 s of compiling went to them)
+quantize_plain, quantize_u4, quantize_u6, quantize_k4, quantize_u5 = (
+    specialize(_quantize_in, f"quantize_{name}", _ORDER=order) for name, order in zip(ORDER_NAMES, ORDERS)
+)
+QUANTIZERS = dict(zip(ORDERS, (quantize_plain, quantize_u4, quantize_u6, quantize_k4, quantize_u5)))
+
+
+@njit(cache=True, nogil=True)
+def quantize(x, order, group, nsteps, nchunks, one):
+    """_quantize_in for an `order` known only at run time (the decode tape's products)."""
+    if order == U5_ORDER:
+        return quantize_u5(x, group, nsteps, nchunks, one)
+    if order == U4_ORDER:
+        return quantize_u4(x, group, nsteps, nchunks, one)
+    if order == K4_ORDER:
+        return quantize_k4(x, group, nsteps, nchunks, one)
+    if order == U6_ORDER:
+        return quantize_u6(x, group, nsteps, nchunks, one)
+    return quantize_plain(x, group, nsteps, nchunks, one)
