@@ -21,7 +21,7 @@ from zinfer.kernels import int8_layouts as bp
 from zinfer.kernels import int8_ir, int8_ir_super
 from zinfer.kernels.cpu_ops import PARALLEL_ROWS, specialize
 from zinfer.kernels.cpu_quant import Packed
-from zinfer.kernels.int8_activations import K4_ORDER, ORDER_NAMES, ORDERS, PLAIN, QUANTIZERS, U4_ORDER, U5_ORDER, U6_ORDER, quantize
+from zinfer.kernels.int8_activations import K4_ORDER, ORDER_NAMES, ORDERS, PLAIN, QUANTIZERS, U4_ORDER, U5_ORDER, U6_ORDER
 from zinfer.kernels.int8_ir import Int8Args
 from zinfer.kernels.kernel_signature import call_kernel
 
@@ -242,9 +242,17 @@ PRODUCTS = dict(zip(ORDERS, (_product_plain, _product_u4, _product_u6, _product_
 
 @njit(cache=True, nogil=True)
 def _product(jobs, x, order, group, nsteps, nchunks, out):
-    """_product_in for an activation `order` known only at run time (the decode tape's)."""
-    A, S, N, C = quantize(x, order, group, nsteps, nchunks, x.shape[0] < PARALLEL_ROWS)
-    _run(jobs, A, S, N, C, nsteps, nchunks, out)
+    """PRODUCTS[order] for an activation `order` known only at run time (the decode tape's)."""
+    if order == U5_ORDER:
+        _product_u5(jobs, x, group, nsteps, nchunks, out)
+    elif order == U4_ORDER:
+        _product_u4(jobs, x, group, nsteps, nchunks, out)
+    elif order == K4_ORDER:
+        _product_k4(jobs, x, group, nsteps, nchunks, out)
+    elif order == U6_ORDER:
+        _product_u6(jobs, x, group, nsteps, nchunks, out)
+    else:
+        _product_plain(jobs, x, group, nsteps, nchunks, out)
 
 
 @functools.cache

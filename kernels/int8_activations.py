@@ -198,22 +198,9 @@ def _quantize_in(x, group, nsteps, nchunks, one):
 
 
 # one kernel per order: a first run compiles the quantizers of the orders its model uses,
-# not all ten (Qwen's and SmolLM2's first prefill: ~11 s of compiling went to them)
+# not all ten (SmolLM2's first run: 10.9 s went to the one product that held them all)
 quantize_plain, quantize_u4, quantize_u6, quantize_k4, quantize_u5 = (
     specialize(_quantize_in, f"quantize_{name}", _ORDER=order) for name, order in zip(ORDER_NAMES, ORDERS)
 )
 QUANTIZERS = dict(zip(ORDERS, (quantize_plain, quantize_u4, quantize_u6, quantize_k4, quantize_u5)))
 
-
-@njit(cache=True, nogil=True)
-def quantize(x, order, group, nsteps, nchunks, one):
-    """_quantize_in for an `order` known only at run time (the decode tape's products)."""
-    if order == U5_ORDER:
-        return quantize_u5(x, group, nsteps, nchunks, one)
-    if order == U4_ORDER:
-        return quantize_u4(x, group, nsteps, nchunks, one)
-    if order == K4_ORDER:
-        return quantize_k4(x, group, nsteps, nchunks, one)
-    if order == U6_ORDER:
-        return quantize_u6(x, group, nsteps, nchunks, one)
-    return quantize_plain(x, group, nsteps, nchunks, one)
