@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType as QT
 from numba import njit, prange
 
 from zinfer.kernels import int8_layouts as bp
-from zinfer.kernels import int8_ir, int8_ir_super
+from zinfer.kernels import int8_ir, int8_ir_outer, int8_ir_super
 from zinfer.kernels.cpu_ops import PARALLEL_ROWS, specialize
 from zinfer.kernels.cpu_quant import Packed
 from zinfer.kernels.int8_activations import K4_ORDER, ORDER_NAMES, ORDERS, PLAIN, QUANTIZERS, U4_ORDER, U5_ORDER, U6_ORDER
@@ -26,7 +26,7 @@ from zinfer.kernels.int8_ir import Int8Args
 from zinfer.kernels.kernel_signature import call_kernel
 
 ROWS_PER_TASK = 16  # weight rows per parallel task
-ROWS_PER_BLOCK = 64  # activation rows per parallel task
+ROWS_PER_BLOCK = 128  # activation rows per parallel task (u5's outer-product tasks convert their weight rows once per task: 64 rows lost 5%)
 
 
 class Int8Weight(NamedTuple):
@@ -114,18 +114,25 @@ def prepare(p: Packed) -> Int8Weight | None:
 
 
 # columns of a job row: one weight matrix, where its product starts in `out` (at
-# T * first_row floats, as a C-contiguous [T, rows] block), and the addresses of its
-# layout's kernels in int8_ir.SHAPES' order
+# T * first_row floats, as a C-contiguous [T, rows] block), the addresses of its
+# layout's kernels in int8_ir.SHAPES' order, then of its outer-product prefill kernels
+# (u5, k4: convert, product, and their scratch bytes per weight row and step; others 0, 0, 0)
 _W, _D, _M, _WSTRIDE, _DSTRIDE, _ROWS, _FIRST_ROW, _KERNELS = range(8)
 _KTILE, _KROWS = int8_ir.TILE, int8_ir.ROWS
 assert int8_ir.SHAPES == ((1, 1), (1, _KROWS), (_KTILE, 1), (_KTILE, _KROWS))
+_CONVERT, _OUTER, _SCRATCH = _KERNELS + 4, _KERNELS + 5, _KERNELS + 6
+JOB_COLUMNS = _SCRATCH + 1  # 7 columns, 4 row-kernel addresses, 3 of the outer products
+_OUTER_ROWS = 8 * int8_ir_outer.GROUPS  # weight rows per pass of the outer product
+assert ROWS_PER_TASK % _OUTER_ROWS == 0
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def _run(jobs, A, S, N, C, nsteps, nchunks, out):
     """Each job's product [T, rows] into its block of the flat buffer out, by tasks of
-    ROWS_PER_TASK weight rows x ROWS_PER_BLOCK activation rows; jobs [n, 7 + 4] int64
-    (the job columns above)."""
+    ROWS_PER_TASK weight rows x ROWS_PER_BLOCK activation rows; jobs [n, JOB_COLUMNS] int64
+    (the job columns above). A task of a job with outer-product kernels and at least
+    int8_ir_outer.OUTER_MIN_ROWS activation rows converts its weight rows once into a
+    scratch, then multiplies them by its activation rows TILE at a time from there."""
     T = A.shape[0]
     n_t = (T + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK
     first = np.zeros(jobs.shape[0] + 1, np.int64)  # first task of each job
@@ -143,14 +150,27 @@ def _run(jobs, A, S, N, C, nsteps, nchunks, out):
         r_even = r0 + (r1 - r0) // _KROWS * _KROWS
         o = out.ctypes.data + T * job[_FIRST_ROW] * 4
         t, t_end = tb * ROWS_PER_BLOCK, min(T, (tb + 1) * ROWS_PER_BLOCK)
+        if job[_OUTER] != 0 and t_end - t >= int8_ir_outer.OUTER_MIN_ROWS and (r1 - r0) % _OUTER_ROWS == 0:
+            scratch = np.empty((r1 - r0) * nsteps * job[_SCRATCH], np.uint8)
+            call_kernel(job[_CONVERT], Int8Args(W=job[_W], D=job[_D], M=job[_M], A=A.ctypes.data, S=S.ctypes.data, N=N.ctypes.data,
+                                                C=C.ctypes.data, nsteps=nsteps, nchunks=nchunks, r0=r0, r1=r1, wstride=job[_WSTRIDE], dstride=job[_DSTRIDE],
+                                                t0=t, t1=t, astride=A.strides[0], sstride=S.strides[0], nstride=N.strides[0], cstride=C.strides[0],
+                                                out=scratch.ctypes.data, ostride=0))
+            t_tiles = t + (t_end - t) // _KTILE * _KTILE
+            call_kernel(job[_OUTER], Int8Args(W=scratch.ctypes.data, D=scratch.ctypes.data, M=job[_M], A=A.ctypes.data, S=S.ctypes.data, N=N.ctypes.data,
+                                              C=C.ctypes.data, nsteps=nsteps, nchunks=nchunks, r0=r0, r1=r1, wstride=nsteps * job[_SCRATCH],
+                                              dstride=0, t0=t, t1=t_tiles, astride=A.strides[0], sstride=S.strides[0], nstride=N.strides[0],
+                                              cstride=C.strides[0], out=o, ostride=job[_ROWS]))
+            t = t_tiles
         while t < t_end:
             wide = t + _KTILE <= t_end
+            tile = _KTILE if wide else 1
             for k, a, b in ((2 * wide + 1, r0, r_even), (2 * wide, r_even, r1)):
                 if a < b:
                     call_kernel(job[_KERNELS + k], Int8Args(W=job[_W], D=job[_D], M=job[_M], A=A.ctypes.data, S=S.ctypes.data, N=N.ctypes.data,
                                                      C=C.ctypes.data, nsteps=nsteps, nchunks=nchunks, r0=a, r1=b, wstride=job[_WSTRIDE], dstride=job[_DSTRIDE],
-                                                     t0=t, astride=A.strides[0], sstride=S.strides[0], nstride=N.strides[0], cstride=C.strides[0], out=o, ostride=job[_ROWS]))
-            t += _KTILE if wide else 1
+                                                     t0=t, t1=t + tile, astride=A.strides[0], sstride=S.strides[0], nstride=N.strides[0], cstride=C.strides[0], out=o, ostride=job[_ROWS]))
+            t += tile
 
 
 def rounded(x: np.ndarray, group: int = 32) -> np.ndarray:
@@ -201,7 +221,7 @@ def jobs_for(ws: list[Int8Weight]) -> Jobs:
     assert all(same_layout(ws[0], w) for w in ws)
     first = np.cumsum([0] + [w.qs.shape[0] for w in ws])
     table = np.array([(w.qs.ctypes.data, w.d.ctypes.data, w.m.ctypes.data, w.qs.strides[0], w.d.strides[0],
-                       w.qs.shape[0], row, *_kernels(w.kind, w.dps, w.half)) for w, row in zip(ws, first)], np.int64)
+                       w.qs.shape[0], row, *_kernels(w.kind, w.dps, w.half), *_outer_kernels(w.kind)) for w, row in zip(ws, first)], np.int64)
     return Jobs(ws, table, [(int(a), int(b)) for a, b in zip(first[:-1], first[1:])])
 
 
@@ -260,3 +280,9 @@ def _kernels(kind: str, dps: int, half: bool) -> tuple[int, ...]:
     """Addresses of the kernels of one layout, in int8_ir.SHAPES' order."""
     addr = int8_ir.addresses()
     return tuple(addr[(kind, dps, half, tile, rows)] for tile, rows in int8_ir.SHAPES)
+
+
+def _outer_kernels(kind: str) -> tuple[int, int, int]:
+    """A layout's outer-product prefill kernels (u5's, k4's) and scratch bytes per row and step, else zeros."""
+    outer = int8_ir.outer_addresses(kind)
+    return (0, 0, 0) if outer is None else (*outer, int8_ir_outer.scratch_bytes_per_row_step(kind))

@@ -27,7 +27,7 @@ from zinfer.kernels import cpu_ops as ops
 from zinfer.kernels.cpu_ops import PARALLEL_ROWS, _f32_from_bits
 
 WIDTH = 24  # int64 columns per node
-JOB_COLUMNS = 11  # cpu_int8's job table rows: 7 columns and 4 kernel addresses
+JOB_COLUMNS = ci.JOB_COLUMNS  # cpu_int8's job table rows
 
 # opcodes; each comment lists the node's arguments after the opcode
 RMS_NORM = 1  # x, w, out, rows, n, eps

@@ -67,7 +67,7 @@ import functools
 import os
 from typing import NamedTuple
 
-from zinfer.kernels import int8_ir_blocks, int8_ir_dot, int8_ir_super, llvm_host
+from zinfer.kernels import int8_ir_blocks, int8_ir_convert, int8_ir_dot, int8_ir_outer, int8_ir_super, llvm_host
 from zinfer.kernels import int8_ir_frame as frame
 from zinfer.kernels.int8_ir_dot import DECLS as DOT_DECLS
 from zinfer.kernels.int8_ir_dot import dot, dot2_small
@@ -92,6 +92,7 @@ class Int8Args(NamedTuple):
     wstride: int  # bytes between weight rows
     dstride: int  # bytes between rows of D (and of M)
     t0: int  # first activation row
+    t1: int  # end of the activation rows (int8_ir_outer's product: t1 - t0 a multiple of its tile; the others compute their tile from t0)
     astride: int  # bytes between rows of A
     sstride: int  # bytes between rows of S
     nstride: int  # bytes between rows of N
@@ -237,24 +238,47 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
 KEYS = tuple((k, d, h, t, r) for k, d, h in VARIANTS for t, r in SHAPES)  # every kernel: (kind, dps, half, tile, rows)
 
 
+# the outer-product prefill kernels (kernels/int8_ir_outer.py) of each kind: (convert, product)
+OUTER_NAMES = {kind: (f"{kind}_outer_convert", f"{kind}_outer_t{TILE}") for kind in int8_ir_outer.OUTER_KINDS}
+
+
 def module_ir(isa: str = "vnni") -> str:
-    """IR of the module of every kernel of KEYS for an instruction set, "vnni" or
-    "avx2" (int8_ir_dot), with the intrinsics' declarations."""
-    return _DECLS + DOT_DECLS + "\n".join(kernel_ir(*key, isa=isa) for key in KEYS)
+    """IR of the module of every kernel of KEYS and OUTER_NAMES for an instruction set,
+    "vnni" or "avx2" (int8_ir_dot), with the intrinsics' declarations."""
+    outer = [text for kind, (convert, product) in OUTER_NAMES.items()
+             for text in (int8_ir_convert.convert_ir(kind, convert, SIGNATURE), int8_ir_outer.product_ir(kind, product, SIGNATURE, TILE, isa))]
+    return _DECLS + DOT_DECLS + "\n".join([kernel_ir(*key, isa=isa) for key in KEYS] + outer)
 
 
 @functools.cache
-def addresses() -> dict[tuple[str, int, bool, int, int], int] | None:
-    """Machine-code addresses of every kernel, (kind, dps, half, tile, rows) -> address; None when
-    the host CPU has neither AVX512-VNNI nor AVX2 or llvmlite cannot compile for it."""
+def _compiled() -> dict[str, int] | None:
+    """Machine-code address of every kernel of the module by name; None when the host CPU
+    has neither AVX512-VNNI nor AVX2 or llvmlite cannot compile for it."""
     try:
         isa = host_isa()
         if isa is None:
             return None
-        addr = llvm_host.compile_for_host(module_ir(isa), [kernel_name(*key) for key in KEYS])
-        return {key: addr[kernel_name(*key)] for key in KEYS}
+        outer = [name for names in OUTER_NAMES.values() for name in names]
+        return llvm_host.compile_for_host(module_ir(isa), [kernel_name(*key) for key in KEYS] + outer)
     except (ImportError, RuntimeError, OSError):
         return None
+
+
+def addresses() -> dict[tuple[str, int, bool, int, int], int] | None:
+    """Machine-code addresses of every kernel of KEYS, (kind, dps, half, tile, rows) -> address; None
+    where the int8 kernels do not run."""
+    addr = _compiled()
+    return None if addr is None else {key: addr[kernel_name(*key)] for key in KEYS}
+
+
+def outer_addresses(kind: str) -> tuple[int, int] | None:
+    """The addresses of a layout's outer-product prefill kernels (convert, product), or None
+    (no such kernels for `kind`, or no int8 kernels here)."""
+    addr = _compiled()
+    if addr is None or kind not in OUTER_NAMES:
+        return None
+    convert, product = OUTER_NAMES[kind]
+    return addr[convert], addr[product]
 
 
 ISA_ENV = "ZINFER_INT8_ISA"  # "avx2": the AVX2 kernels on a VNNI host too (tests run them so)

@@ -81,6 +81,46 @@ def test_q5_0_at_its_width_is_the_widened_path_to_f32_rounding(T):
     assert close(out, want.astype(np.float64), tol=1e-6) < 1e-6
 
 
+def _outer_product(w, x):
+    """x [T, cols] @ w.T (u5 or k4, rows % 16 == 0, T % 4 == 0) by int8_ir_outer's two
+    kernels alone, called from Python: all rows converted, then every tile of 4 activation rows."""
+    from zinfer.kernels import int8_ir_outer
+    from zinfer.kernels.int8_activations import QUANTIZERS
+
+    rows, T = w.qs.shape[0], x.shape[0]
+    A, S, N, C = QUANTIZERS[ci.activation_order(w)](x, ci.rounding_group(w), w.nsteps, w.nchunks, True)
+    convert, product = (int8_ir.SIGNATURE.ctypes_function(a) for a in int8_ir.outer_addresses(w.kind))
+    per_step = int8_ir_outer.scratch_bytes_per_row_step(w.kind)
+    scratch = np.empty(rows * w.nsteps * per_step, np.uint8)
+    out = np.full((T, rows), np.nan, np.float32)
+    common = dict(M=w.m.ctypes.data, A=A.ctypes.data, S=S.ctypes.data, N=N.ctypes.data, C=C.ctypes.data, nsteps=w.nsteps, nchunks=w.nchunks,
+                  r0=0, r1=rows, t0=0, astride=A.strides[0], sstride=S.strides[0], nstride=N.strides[0], cstride=C.strides[0])
+    convert(W=w.qs.ctypes.data, D=w.d.ctypes.data, wstride=w.qs.strides[0], dstride=w.d.strides[0], t1=0, out=scratch.ctypes.data, ostride=0, **common)
+    product(W=scratch.ctypes.data, D=scratch.ctypes.data, wstride=w.nsteps * per_step, dstride=0, t1=T, out=out.ctypes.data, ostride=rows, **common)
+    return out
+
+
+@pytest.mark.parametrize("qt", [QT.Q5_0, QT.Q4_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("T", [32, 70, 130])
+def test_prefill_runs_as_outer_products_and_keeps_the_oracles_product(qt, T):
+    """Tasks of int8_ir_outer.OUTER_MIN_ROWS (32) activation rows or more multiply Q5_0 and
+    Q4_K (rows a multiple of 16) by 8 weight rows a vector: the product is still the
+    oracle's to f32 accuracy; its full tiles of 4 rows in such tasks are the outer kernels'
+    bit for bit (the path is taken), and the rows after them the row kernels' (as alone)."""
+    _, _, x = _product_case(qt, T)  # its activations: a zero block, a block 1e4 times the rest
+    t = random_tensor(qt, 48, 512, seed=T)
+    wf = dequantize(t.data, qt, t.shape).astype(np.float64)
+    w = ci.from_gguf(qt, t.data, t.shape)
+    out = np.empty((T, 48), np.float32)
+    ci.matmul(w, x, out)
+    assert close(out, ci.rounded(x, ci.rounding_group(w)) @ wf.T, tol=1e-6) < 1e-6
+    tiled = min(T, ci.ROWS_PER_BLOCK) // 4 * 4  # a task's activation rows are ci.ROWS_PER_BLOCK at most (128): 130's last 2 alone
+    np.testing.assert_array_equal(out[:tiled], _outer_product(w, x[:tiled]))
+    alone = np.empty((T - tiled, 48), np.float32)
+    ci.matmul(w, x[tiled:], alone)
+    np.testing.assert_array_equal(out[tiled:], alone)
+
+
 @pytest.mark.parametrize("qt", list(RESIDENT), ids=lambda q: q.name)
 def test_upload_keeps_only_the_files_width_and_embeds_its_rows_exactly(qt):
     rows, cols = 40, 768
@@ -186,8 +226,8 @@ from zinfer.kernels import cpu_int8 as ci, int8_ir
 from zinfer.kernels.quants import dequantize
 assert int8_ir.host_isa() == "avx2", int8_ir.host_isa()
 worst = 0.0
-for qt in (QT.Q5_0, QT.Q4_K, QT.Q6_K, QT.Q4_1, QT.Q8_0):
-    t = random_tensor(qt, 37, 768, seed=7)
+for qt, rows in ((QT.Q5_0, 37), (QT.Q5_0, 48), (QT.Q4_K, 37), (QT.Q4_K, 48), (QT.Q6_K, 37), (QT.Q4_1, 37), (QT.Q8_0, 37)):
+    t = random_tensor(qt, rows, 768, seed=7)  # 48 rows x 70: the outer-product tasks
     w = FastCpuDevice().upload("w", t)
     wf = dequantize(t.data, qt, t.shape).astype(np.float64)
     for T in (1, 5, 70):

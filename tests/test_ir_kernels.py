@@ -54,9 +54,22 @@ def test_every_int8_kernel_compiles_to_vpdpbusd(cpu):
             assert "vpsrlvq" in bodies[name] and "vpsignb" not in bodies[name], name
 
 
+@pytest.mark.parametrize("cpu", ["sapphirerapids", "cascadelake"])
+def test_outer_product_kernels_compile_to_vpdpbusd_on_broadcasts(cpu):
+    """u5's and k4's convert kernels unpack and transpose (shuffles), without products (u5's
+    high bits shifted per 64-bit lane); their outer products multiply broadcast activations
+    by 8 rows a vector with vpdpbusd."""
+    names = [name for pair in int8_ir.OUTER_NAMES.values() for name in pair]
+    bodies = functions_of(llvm_host.compile_for_target(int8_ir.module_ir(), cpu, VNNI_FEATURES), names)
+    for kind, (convert, product) in int8_ir.OUTER_NAMES.items():
+        assert "vpdpbusd" not in bodies[convert] and ("vpunpck" in bodies[convert] or "vperm" in bodies[convert]), convert
+        assert ("vpsrlvq" in bodies[convert]) == (kind == "u5"), convert
+        assert "vpdpbusd" in bodies[product] and "vpbroadcastd" in bodies[product] and "vpsignb" not in bodies[product], product
+
+
 @pytest.mark.parametrize("cpu", ["znver1", "haswell"])  # AVX2 CPUs without AVX-512
 def test_every_int8_kernel_builds_for_avx2_without_avx512(cpu):
-    names = [int8_ir.kernel_name(*key) for key in int8_ir.KEYS]
+    names = [int8_ir.kernel_name(*key) for key in int8_ir.KEYS] + [product for _, product in int8_ir.OUTER_NAMES.values()]
     bodies = functions_of(llvm_host.compile_for_target(int8_ir.module_ir("avx2"), cpu, "+avx2,+fma,+f16c"), names)
     for name in names:
         assert "vpmaddubsw" in bodies[name] and "vpmaddwd" in bodies[name], name
@@ -84,7 +97,7 @@ def test_kernel_parameters_are_the_declared_signature():
     import llvmlite.binding as llvm
 
     for text, signature, names in (
-        (int8_ir.module_ir(), int8_ir.SIGNATURE, [int8_ir.kernel_name(*key) for key in int8_ir.KEYS]),
+        (int8_ir.module_ir(), int8_ir.SIGNATURE, [int8_ir.kernel_name(*key) for key in int8_ir.KEYS] + [n for pair in int8_ir.OUTER_NAMES.values() for n in pair]),
         (gemm_ir.kernel_ir(), gemm_ir.SIGNATURE, [f"sgemm_{gemm_ir.MR}x16"]),
     ):
         module = llvm.parse_assembly(text)

@@ -1,0 +1,201 @@
+"""The convert kernels of the outer products (kernels/int8_ir_outer.py): weight rows of a u5
+or k4 matrix into the outer products' scratch, 8 rows at a time.
+
+Contract (int8_ir.Int8Args): rows [r0, r1) (r1 - r0 a multiple of 8) of the matrix at W, D
+(wstride, dstride, nsteps as the row kernels read them) into the scratch at `out`, row
+group (r - r0) / 8 at (r - r0) / 8 * nb * OUTER_BLOCK_BYTES, in int8_ir_outer's layout.
+Per row group and 64-column step each row's codes are unpacked as the row kernels unpack
+them (u5: nibbles and bit 4; k4: nibbles), into two vectors of 8 words (one word: 4 codes
+of one block and k-step); an 8 x 8 transpose of those words makes each word index a
+vector of 8 rows. The scales become f32 vectors of 8 rows the same way.
+"""
+
+from __future__ import annotations
+
+from zinfer.kernels import int8_ir_frame as frame
+from zinfer.kernels.int8_ir_outer import OUTER_BLOCK_BYTES
+from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, bit4s, k4_mins, splat
+
+U5_STEP_BYTES = 40
+K4_STEP_BYTES = 32
+
+_F8 = "<8 x float>"
+_I8 = "<8 x i32>"
+_B32 = "<32 x i8>"
+
+
+def _mask(values) -> str:
+    return "<" + ", ".join(f"i32 {v}" for v in values) + ">"
+
+
+# an 8 x 8 transpose of 32-bit words in three rounds of two-source shuffles
+_PAIR_LO, _PAIR_HI = _mask((0, 8, 1, 9, 4, 12, 5, 13)), _mask((2, 10, 3, 11, 6, 14, 7, 15))
+_QUAD_LO, _QUAD_HI = _mask((0, 1, 8, 9, 4, 5, 12, 13)), _mask((2, 3, 10, 11, 6, 7, 14, 15))
+_HALF_LO, _HALF_HI = _mask((0, 1, 2, 3, 8, 9, 10, 11)), _mask((4, 5, 6, 7, 12, 13, 14, 15))
+
+
+def transpose8(e, name: str, rows: list[str]) -> list[str]:
+    """%{name}{q} (q < 8) = <8 x i32>: word q of each of the 8 `rows` (<8 x i32>), row i in lane i."""
+    for p in range(4):
+        a, b = rows[2 * p], rows[2 * p + 1]
+        e(f"  %{name}t{2 * p} = shufflevector {_I8} {a}, {_I8} {b}, <8 x i32> {_PAIR_LO}")
+        e(f"  %{name}t{2 * p + 1} = shufflevector {_I8} {a}, {_I8} {b}, <8 x i32> {_PAIR_HI}")
+    for half in range(2):  # rows 0-3, then 4-7
+        t = 4 * half
+        for k, (x, y, m) in enumerate(((t, t + 2, _QUAD_LO), (t, t + 2, _QUAD_HI), (t + 1, t + 3, _QUAD_LO), (t + 1, t + 3, _QUAD_HI))):
+            e(f"  %{name}u{t + k} = shufflevector {_I8} %{name}t{x}, {_I8} %{name}t{y}, <8 x i32> {m}")
+    for q in range(4):  # word q of every row, and word q + 4
+        e(f"  %{name}{q} = shufflevector {_I8} %{name}u{q}, {_I8} %{name}u{q + 4}, <8 x i32> {_HALF_LO}")
+        e(f"  %{name}{q + 4} = shufflevector {_I8} %{name}u{q}, {_I8} %{name}u{q + 4}, <8 x i32> {_HALF_HI}")
+    return [f"%{name}{q}" for q in range(8)]
+
+
+def _store(e, name: str, value: str, ty: str, offset: str) -> None:
+    e(f"  %{name}p = getelementptr i8, ptr %dst, i64 {offset}")
+    e(f"  store {ty} {value}, ptr %{name}p, align 1")
+
+
+def _open(e, signature, name: str, kind: str) -> None:
+    """Entry, the loop over row groups (%r, its rows' %wrow{i} and %drow{i}, %dst), then block `sloop`."""
+    frame.entry(e, signature, name, 0)  # it branches to %rloop
+    e("rloop:")
+    e("  %nb = shl i64 %nsteps, 1")
+    e(f"  %groupbytes = mul i64 %nb, {OUTER_BLOCK_BYTES[kind]}")
+    e("  br label %gloop")
+    e("gloop:")  # over row groups of 8
+    e("  %r = phi i64 [ %r0, %rloop ], [ %rn, %gdone ]")
+    e("  %rel = sub i64 %r, %r0")
+    e("  %gi = lshr i64 %rel, 3")
+    e("  %dsto = mul i64 %gi, %groupbytes")
+    e("  %dst = getelementptr i8, ptr %outp, i64 %dsto")
+    for i in range(8):
+        e(f"  %row{i} = add i64 %r, {i}")
+        e(f"  %woff{i} = mul i64 %row{i}, %wstride")
+        e(f"  %wrow{i} = getelementptr i8, ptr %Wp, i64 %woff{i}")
+        e(f"  %doff{i} = mul i64 %row{i}, %dstride")
+        e(f"  %drow{i} = getelementptr i8, ptr %Dp, i64 %doff{i}")
+    e("  br label %sloop")
+    e("sloop:")  # over steps of 64 columns
+    e("  %s = phi i64 [ 0, %gloop ], [ %sn, %sloop ]")
+
+
+def _close(e) -> None:
+    """The end of the row-group loop (block gdone) and of the kernel."""
+    e("  br label %gdone")
+    e("gdone:")
+    e("  %rn = add i64 %r, 8")
+    e("  %rmore = icmp ult i64 %rn, %r1")
+    e("  br i1 %rmore, label %gloop, label %exit")
+    e("exit:")
+    e("  ret void")
+    e("}")
+
+
+def _code_words(e, kind: str) -> None:
+    """Per row i of the group, at step %s: %lo{i} and %hi{i} <8 x i32>, its step's two code vectors."""
+    step_bytes = U5_STEP_BYTES if kind == "u5" else K4_STEP_BYTES
+    e(f"  %wo = mul i64 %s, {step_bytes}")
+    for i in range(8):
+        e(f"  %wp{i} = getelementptr i8, ptr %wrow{i}, i64 %wo")
+        e(f"  %w{i} = load {_B32}, ptr %wp{i}, align 1")
+        e(f"  %l4{i} = and {_B32} %w{i}, {splat(32, 'i8', 15)}")
+        e(f"  %h4{i} = lshr {_B32} %w{i}, {splat(32, 'i8', 4)}")
+        if kind == "u5":  # bit 4 of both vectors' codes, 8 bytes after the nibbles
+            bit4s(e, f"lb{i}", f"hb{i}", f"%wp{i}", 32)
+            e(f"  %l5{i} = or {_B32} %l4{i}, %lb{i}")
+            e(f"  %h5{i} = or {_B32} %h4{i}, %hb{i}")
+            low, high = f"%l5{i}", f"%h5{i}"
+        else:
+            low, high = f"%l4{i}", f"%h4{i}"
+        e(f"  %lo{i} = bitcast {_B32} {low} to {_I8}")
+        e(f"  %hi{i} = bitcast {_B32} {high} to {_I8}")
+
+
+def convert_ir(kind: str, name: str, signature) -> str:
+    """IR of the convert kernel `name` of `kind` ("u5" or "k4"): the module docstring's contract."""
+    size = OUTER_BLOCK_BYTES[kind]
+    lines: list[str] = []
+    e = lines.append
+    _open(e, signature, name, kind)
+    _code_words(e, kind)
+    if kind == "u5":  # word q of step s: block 4 (s / 2) + q / 2, k-step 2 (2 (s % 2) + h) + q % 2
+        e("  %g = lshr i64 %s, 1")
+        e("  %odd = and i64 %s, 1")
+        e(f"  %gb = mul i64 %g, {4 * size}")
+        e("  %vo = shl i64 %odd, 7")
+        e("  %base = add i64 %gb, %vo")
+        place = [((q // 2) * size + 64 * h + 32 * (q % 2)) for h in range(2) for q in range(8)]
+    else:  # word b of step s: block 8 (s / 4) + b, k-step 2 (s % 4) + h
+        e("  %g = lshr i64 %s, 2")
+        e("  %j = and i64 %s, 3")
+        e(f"  %gb = mul i64 %g, {8 * size}")
+        e("  %jo = shl i64 %j, 6")
+        e("  %base = add i64 %gb, %jo")
+        place = [(b * size + 32 * h) for h in range(2) for b in range(8)]
+    for h, v in enumerate(("lo", "hi")):
+        for q, word in enumerate(transpose8(e, f"x{v}", [f"%{v}{i}" for i in range(8)])):
+            e(f"  %so{v}{q} = add i64 %base, {place[8 * h + q]}")
+            _store(e, f"st{v}{q}", word, _I8, f"%so{v}{q}")
+    e("  %sn = add i64 %s, 1")
+    e("  %smore = icmp ult i64 %sn, %nsteps")
+    e("  br i1 %smore, label %sloop, label %scales")
+    e("scales:")
+    if kind == "u5":
+        _u5_scales(e, size)
+    else:
+        _k4_scales(e, size)
+    _close(e)
+    return "\n".join(lines)
+
+
+def _u5_scales(e, size: int) -> None:
+    """Each block's 8 f16 scales (one per row) as f32 after its codes."""
+    e("  br label %bloop")
+    e("bloop:")
+    e("  %b = phi i64 [ 0, %scales ], [ %bn, %bloop ]")
+    e("  %bo = shl i64 %b, 1")
+    e("  %d0 = insertelement <8 x half> poison, half 0.0, i32 0")
+    for i in range(8):
+        e(f"  %dp{i} = getelementptr i8, ptr %drow{i}, i64 %bo")
+        e(f"  %dh{i} = load half, ptr %dp{i}, align 2")
+        e(f"  %d{i + 1} = insertelement <8 x half> %d{i}, half %dh{i}, i32 {i}")
+    e(f"  %df = fpext <8 x half> %d8 to {_F8}")
+    e(f"  %dso = mul i64 %b, {size}")
+    e("  %dso2 = add i64 %dso, 256")
+    _store(e, "ds", "%df", _F8, "%dso2")
+    e("  %bn = add i64 %b, 1")
+    e("  %bmore = icmp ult i64 %bn, %nb")
+    e("  br i1 %bmore, label %bloop, label %bexit")
+    e("bexit:")
+
+
+def _k4_scales(e, size: int) -> None:
+    """Per super-block, each row's d * scale and -dmin * min of its 8 blocks (exact in f32),
+    transposed to one vector of 8 rows per block, after its codes."""
+    e("  %nsup = lshr i64 %nsteps, 2")
+    e("  br label %kloop")
+    e("kloop:")
+    e("  %k = phi i64 [ 0, %scales ], [ %kn, %kloop ]")
+    e(f"  %sup = mul i64 %k, {K4_SUPER_BYTES}")
+    for i in range(8):
+        e(f"  %sp{i} = getelementptr i8, ptr %drow{i}, i64 %sup")
+        e(f"  %dh{i} = load half, ptr %sp{i}, align 1")
+        e(f"  %df{i} = fpext half %dh{i} to float")
+        e(f"  %di{i} = insertelement {_F8} poison, float %df{i}, i64 0")
+        e(f"  %db{i} = shufflevector {_F8} %di{i}, {_F8} poison, <8 x i32> zeroinitializer")
+        e(f"  %qp{i} = getelementptr i8, ptr %sp{i}, i64 4")
+        e(f"  %q{i} = load <8 x i8>, ptr %qp{i}, align 1")
+        e(f"  %qf{i} = uitofp <8 x i8> %q{i} to {_F8}")
+        e(f"  %dw{i} = fmul {_F8} %db{i}, %qf{i}")
+        e(f"  %dwi{i} = bitcast {_F8} %dw{i} to {_I8}")
+        k4_mins(e, f"mw{i}", i, "%sup")
+        e(f"  %mwi{i} = bitcast {_F8} %mw{i} to {_I8}")
+    e(f"  %kb = mul i64 %k, {8 * size}")
+    for tag, off in (("dw", 256), ("mw", 288)):
+        for b, word in enumerate(transpose8(e, f"y{tag}", [f"%{tag}i{i}" for i in range(8)])):
+            e(f"  %o{tag}{b} = add i64 %kb, {b * size + off}")
+            _store(e, f"s{tag}{b}", word, _I8, f"%o{tag}{b}")
+    e("  %kn = add i64 %k, 1")
+    e("  %kmore = icmp ult i64 %kn, %nsup")
+    e("  br i1 %kmore, label %kloop, label %kexit")
+    e("kexit:")
