@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from zinfer.kernels import int8_ir_frame as frame
 from zinfer.kernels.int8_ir_outer import OUTER_BLOCK_BYTES
-from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, bit4s, k4_mins, splat
+from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, U6_SUPER_BYTES, bit4s, high_pairs, k4_mins, splat
 
-U5_STEP_BYTES = 40
-K4_STEP_BYTES = 32
+STEP_BYTES = {"u5": 40, "k4": 32, "u6": 48}  # the row layouts' bytes per 64-column step and row
+U6_SUB_BYTES = 128  # a u6 sub-block of 16 columns in the scratch: 4 k-steps of 32 bytes
 
 _F8 = "<8 x float>"
 _I8 = "<8 x i32>"
@@ -59,7 +59,7 @@ def _open(e, signature, name: str, kind: str) -> None:
     """Entry, the loop over row groups (%r, its rows' %wrow{i} and %drow{i}, %dst), then block `sloop`."""
     frame.entry(e, signature, name, 0)  # it branches to %rloop
     e("rloop:")
-    e("  %nb = shl i64 %nsteps, 1")
+    e(f"  %nb = {'lshr i64 %nsteps, 2' if kind == 'u6' else 'shl i64 %nsteps, 1'}")  # blocks per row
     e(f"  %groupbytes = mul i64 %nb, {OUTER_BLOCK_BYTES[kind]}")
     e("  br label %gloop")
     e("gloop:")  # over row groups of 8
@@ -93,15 +93,14 @@ def _close(e) -> None:
 
 def _code_words(e, kind: str) -> None:
     """Per row i of the group, at step %s: %lo{i} and %hi{i} <8 x i32>, its step's two code vectors."""
-    step_bytes = U5_STEP_BYTES if kind == "u5" else K4_STEP_BYTES
-    e(f"  %wo = mul i64 %s, {step_bytes}")
+    e(f"  %wo = mul i64 %s, {STEP_BYTES[kind]}")
     for i in range(8):
         e(f"  %wp{i} = getelementptr i8, ptr %wrow{i}, i64 %wo")
         e(f"  %w{i} = load {_B32}, ptr %wp{i}, align 1")
         e(f"  %l4{i} = and {_B32} %w{i}, {splat(32, 'i8', 15)}")
         e(f"  %h4{i} = lshr {_B32} %w{i}, {splat(32, 'i8', 4)}")
-        if kind == "u5":  # bit 4 of both vectors' codes, 8 bytes after the nibbles
-            bit4s(e, f"lb{i}", f"hb{i}", f"%wp{i}", 32)
+        if kind in ("u5", "u6"):  # u5: bit 4 of both vectors' codes, 8 bytes after the nibbles; u6: bits 4-5, 16 bytes
+            (bit4s if kind == "u5" else high_pairs)(e, f"lb{i}", f"hb{i}", f"%wp{i}", 32)
             e(f"  %l5{i} = or {_B32} %l4{i}, %lb{i}")
             e(f"  %h5{i} = or {_B32} %h4{i}, %hb{i}")
             low, high = f"%l5{i}", f"%h5{i}"
@@ -125,6 +124,13 @@ def convert_ir(kind: str, name: str, signature) -> str:
         e("  %vo = shl i64 %odd, 7")
         e("  %base = add i64 %gb, %vo")
         place = [((q // 2) * size + 64 * h + 32 * (q % 2)) for h in range(2) for q in range(8)]
+    elif kind == "u6":  # word q of step s: super-block s / 4, sub-block 4 (s % 4) + q / 2, k-step 2h + q % 2
+        e("  %g = lshr i64 %s, 2")
+        e("  %j = and i64 %s, 3")
+        e(f"  %gb = mul i64 %g, {size}")
+        e(f"  %jo = shl i64 %j, {(4 * U6_SUB_BYTES).bit_length() - 1}")
+        e("  %base = add i64 %gb, %jo")
+        place = [((q // 2) * U6_SUB_BYTES + 32 * (2 * h + q % 2)) for h in range(2) for q in range(8)]
     else:  # word b of step s: block 8 (s / 4) + b, k-step 2 (s % 4) + h
         e("  %g = lshr i64 %s, 2")
         e("  %j = and i64 %s, 3")
@@ -140,10 +146,7 @@ def convert_ir(kind: str, name: str, signature) -> str:
     e("  %smore = icmp ult i64 %sn, %nsteps")
     e("  br i1 %smore, label %sloop, label %scales")
     e("scales:")
-    if kind == "u5":
-        _u5_scales(e, size)
-    else:
-        _k4_scales(e, size)
+    {"u5": _u5_scales, "k4": _k4_scales, "u6": _u6_scales}[kind](e, size)
     _close(e)
     return "\n".join(lines)
 
@@ -195,6 +198,40 @@ def _k4_scales(e, size: int) -> None:
         for b, word in enumerate(transpose8(e, f"y{tag}", [f"%{tag}i{i}" for i in range(8)])):
             e(f"  %o{tag}{b} = add i64 %kb, {b * size + off}")
             _store(e, f"s{tag}{b}", word, _I8, f"%o{tag}{b}")
+    e("  %kn = add i64 %k, 1")
+    e("  %kmore = icmp ult i64 %kn, %nsup")
+    e("  br i1 %kmore, label %kloop, label %kexit")
+    e("kexit:")
+
+
+
+def _u6_scales(e, size: int) -> None:
+    """Per super-block, each sub-block's 8 rows' int8 scales as int32 (after the 16
+    sub-blocks' codes, at 2048 + 32 m), then the 8 rows' f16 d as f32 (at 2560)."""
+    e("  %nsup = lshr i64 %nsteps, 2")
+    e("  br label %kloop")
+    e("kloop:")
+    e("  %k = phi i64 [ 0, %scales ], [ %kn, %kloop ]")
+    e(f"  %sup = mul i64 %k, {U6_SUPER_BYTES}")
+    e("  %d0 = insertelement <8 x half> poison, half 0.0, i32 0")
+    for i in range(8):
+        e(f"  %sp{i} = getelementptr i8, ptr %drow{i}, i64 %sup")
+        e(f"  %dh{i} = load half, ptr %sp{i}, align 1")
+        e(f"  %d{i + 1} = insertelement <8 x half> %d{i}, half %dh{i}, i32 {i}")
+        e(f"  %qp{i} = getelementptr i8, ptr %sp{i}, i64 2")
+        e(f"  %q{i} = load <16 x i8>, ptr %qp{i}, align 1")
+        e(f"  %qs{i} = sext <16 x i8> %q{i} to <16 x i32>")
+        for half in range(2):
+            lanes = ", ".join(f"i32 {8 * half + n}" for n in range(8))
+            e(f"  %qh{half}_{i} = shufflevector <16 x i32> %qs{i}, <16 x i32> poison, <8 x i32> <{lanes}>")
+    e(f"  %kb = mul i64 %k, {size}")
+    for half in range(2):
+        for m, word in enumerate(transpose8(e, f"ys{half}", [f"%qh{half}_{i}" for i in range(8)])):
+            e(f"  %os{half}_{m} = add i64 %kb, {2048 + 32 * (8 * half + m)}")
+            _store(e, f"ss{half}_{m}", word, _I8, f"%os{half}_{m}")
+    e(f"  %df = fpext <8 x half> %d8 to {_F8}")
+    e("  %od = add i64 %kb, 2560")
+    _store(e, "sd", "%df", _F8, "%od")
     e("  %kn = add i64 %k, 1")
     e("  %kmore = icmp ult i64 %kn, %nsup")
     e("  br i1 %kmore, label %kloop, label %kexit")

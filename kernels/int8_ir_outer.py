@@ -37,8 +37,9 @@ from __future__ import annotations
 from zinfer.kernels import int8_ir_frame as frame
 from zinfer.kernels.int8_ir_dot import dot
 
-OUTER_KINDS = ("u5", "k4")
-OUTER_BLOCK_BYTES = {"u5": 256 + 32, "k4": 256 + 64}  # scratch per row group and block
+OUTER_KINDS = ("u5", "k4", "u6")
+OUTER_BLOCK_COLUMNS = {"u5": 32, "k4": 32, "u6": 256}  # the columns of a block of the product's loop
+OUTER_BLOCK_BYTES = {"u5": 256 + 32, "k4": 256 + 64, "u6": 2048 + 512 + 32}  # scratch per row group and block
 GROUPS = 2  # row groups of 8 per pass of the product
 OUTER_MIN_ROWS = 32  # activation rows of a task from which cpu_int8._run converts (16 rows' conversion costs about a product by a few)
 
@@ -47,8 +48,8 @@ _I8 = "<8 x i32>"
 
 
 def scratch_bytes_per_row_step(kind: str) -> int:
-    """Scratch bytes per weight row and 64-column step (2 blocks): the product's wstride / nsteps."""
-    return OUTER_BLOCK_BYTES[kind] * 2 // 8
+    """Scratch bytes per weight row and 64-column step: the product's wstride / nsteps."""
+    return OUTER_BLOCK_BYTES[kind] * 64 // OUTER_BLOCK_COLUMNS[kind] // 8
 
 
 def _splat(e, name: str, vector: str, scalar_type: str, value: str) -> None:
@@ -84,40 +85,9 @@ def _step_offset(kind: str, k: int) -> int:
     return 32 * hi + 4 * h if kind == "u5" else 64 * hi + 32 * h
 
 
-def product_ir(kind: str, name: str, signature, tile: int, isa: str) -> str:
-    """IR of the outer product kernel `name` of `kind` for `tile` activation rows (the module
-    docstring's contract)."""
-    pairs = [(gi, t) for gi in range(GROUPS) for t in range(tile)]
-    lines: list[str] = []
-    e = lines.append
-    frame.entry(e, signature, name, 0)  # the pointers; it branches to %rloop
-    e("rloop:")  # over passes of GROUPS row groups
-    e("  %r = phi i64 [ %r0, %entry ], [ %rn, %rlatch ]")
-    e("  %nb = shl i64 %nsteps, 1")
-    e("  %rel = sub i64 %r, %r0")
-    e("  %wo = mul i64 %rel, %wstride")
-    for gi in range(GROUPS):
-        e(f"  %wg{gi}x = mul i64 %wstride, {gi * 8}")
-        e(f"  %wg{gi}y = add i64 %wo, %wg{gi}x")
-        e(f"  %wrow{gi} = getelementptr i8, ptr %Wp, i64 %wg{gi}y")
-    e("  br label %tloop")
-    e("tloop:")  # over tiles of activation rows, t0 to t1
-    e("  %tt = phi i64 [ %t0, %rloop ], [ %ttn, %tlatch ]")
-    for t in range(tile):
-        e(f"  %trow{t} = add i64 %tt, {t}")
-        for v, base, stride in (("a", "Ap", "astride"), ("s", "Sp", "sstride"), ("c", "Cp", "cstride"), ("n", "Np", "nstride")):
-            e(f"  %{v}off{t} = mul i64 %trow{t}, %{stride}")
-            e(f"  %{v}row{t} = getelementptr i8, ptr %{base}, i64 %{v}off{t}")
-        e(f"  %ooff{t} = mul i64 %trow{t}, %ostride")
-    e("  br label %bloop")
-    e("bloop:")  # over 32-column blocks
-    e("  %b = phi i64 [ 0, %tloop ], [ %bn, %bloop ]")
-    for gi, t in pairs:
-        e(f"  %acc{gi}_{t} = phi {_F8} [ zeroinitializer, %tloop ], [ %accn{gi}_{t}, %bloop ]")
+def _block_sums(e, kind: str, tile: int, pairs, isa: str) -> dict:
+    """A u5 or k4 block (32 columns, at %wb{gi}): per pair its int32 sums over 8 k-steps."""
     _block_position(e, kind)
-    e(f"  %bo = mul i64 %b, {OUTER_BLOCK_BYTES[kind]}")
-    for gi in range(GROUPS):
-        e(f"  %wb{gi} = getelementptr i8, ptr %wrow{gi}, i64 %bo")
     sums = {p: "zeroinitializer" for p in pairs}
     if kind == "u5":  # the codes' offset: C's two lanes of the block
         for t in range(tile):
@@ -140,12 +110,114 @@ def product_ir(kind: str, name: str, signature, tile: int, isa: str) -> str:
             for gi in range(GROUPS):
                 dot(e, isa, f"q{gi}_{t}_{k}", sums[(gi, t)], f"%w{gi}_{k}", f"%a{t}_{k}")
                 sums[(gi, t)] = f"%q{gi}_{t}_{k}"
+    return sums
+
+
+def _u6_sums(e, tile: int, pairs, isa: str) -> dict:
+    """A u6 super-block (at %wb{gi}), by a loop over its 16 sub-blocks of 16 columns (blocks
+    mloop, then mdone): per pair, the sum over sub-blocks of each sub-block's integer sum
+    (from the codes' offset, -32 times its activations, C's 4 int16 lanes) times its rows'
+    int8 scales (vpmulld): |.| < 2^28."""
+    e("  br label %mloop")
+    e("mloop:")
+    e("  %m = phi i64 [ 0, %bloop ], [ %mn, %mloop ]")
+    for gi, t in pairs:
+        e(f"  %it{gi}_{t} = phi {_I8} [ zeroinitializer, %bloop ], [ %itn{gi}_{t}, %mloop ]")
+    e("  %mq = lshr i64 %m, 2")
+    e("  %mr = and i64 %m, 3")
+    e("  %bs = shl i64 %b, 2")
+    e("  %s = add i64 %bs, %mq")  # the sub-block's step of 64 columns, and its 16-group %mr there
+    e("  %as = shl i64 %s, 6")
+    e("  %amr = shl i64 %mr, 3")
+    e("  %ab = add i64 %as, %amr")
+    e("  %cs = shl i64 %s, 4")
+    e("  %cmr = shl i64 %mr, 2")
+    e("  %cl = add i64 %cs, %cmr")
+    e("  %mo = shl i64 %m, 7")
+    for t in range(tile):
+        e(f"  %cp{t} = getelementptr i16, ptr %crow{t}, i64 %cl")
+        e(f"  %c{t}h = load <4 x i16>, ptr %cp{t}, align 2")
+        e(f"  %c{t}w = sext <4 x i16> %c{t}h to <4 x i32>")
+        for n in range(4):
+            e(f"  %c{t}e{n} = extractelement <4 x i32> %c{t}w, i32 {n}")
+        e(f"  %c{t}s0 = add i32 %c{t}e0, %c{t}e1")
+        e(f"  %c{t}s1 = add i32 %c{t}e2, %c{t}e3")
+        e(f"  %c{t}s = add i32 %c{t}s0, %c{t}s1")
+        e(f"  %c{t} = sub i32 0, %c{t}s")
+        _splat(e, f"off{t}", _I8, "i32", f"%c{t}")
+    sums = {p: f"%off{p[1]}" for p in pairs}
+    for k in range(4):  # k-step 2h + e: the activations at 32h + 4e
+        h, step = divmod(k, 2)
+        for gi in range(GROUPS):
+            e(f"  %wq{gi}_{k} = add i64 %mo, {32 * k}")
+            e(f"  %wp{gi}_{k} = getelementptr i8, ptr %wb{gi}, i64 %wq{gi}_{k}")
+            e(f"  %w{gi}_{k} = load {_I8}, ptr %wp{gi}_{k}, align 1")
+        for t in range(tile):
+            e(f"  %ao{t}_{k} = add i64 %ab, {32 * h + 4 * step}")
+            e(f"  %ap{t}_{k} = getelementptr i8, ptr %arow{t}, i64 %ao{t}_{k}")
+            e(f"  %a{t}_{k}s = load i32, ptr %ap{t}_{k}, align 1")
+            _splat(e, f"a{t}_{k}", _I8, "i32", f"%a{t}_{k}s")
+            for gi in range(GROUPS):
+                dot(e, isa, f"q{gi}_{t}_{k}", sums[(gi, t)], f"%w{gi}_{k}", f"%a{t}_{k}")
+                sums[(gi, t)] = f"%q{gi}_{t}_{k}"
+    e("  %sco = shl i64 %m, 5")
+    e("  %scq = add i64 %sco, 2048")
     for gi in range(GROUPS):
-        e(f"  %dwp{gi} = getelementptr i8, ptr %wb{gi}, i64 256")
+        e(f"  %scp{gi} = getelementptr i8, ptr %wb{gi}, i64 %scq")
+        e(f"  %scv{gi} = load {_I8}, ptr %scp{gi}, align 1")
+    for gi, t in pairs:
+        e(f"  %sm{gi}_{t} = mul {_I8} {sums[(gi, t)]}, %scv{gi}")
+        e(f"  %itn{gi}_{t} = add {_I8} %it{gi}_{t}, %sm{gi}_{t}")
+    e("  %mn = add i64 %m, 1")
+    e("  %mmore = icmp ult i64 %mn, 16")
+    e("  br i1 %mmore, label %mloop, label %mdone")
+    e("mdone:")
+    return {(gi, t): f"%itn{gi}_{t}" for gi, t in pairs}
+
+
+def product_ir(kind: str, name: str, signature, tile: int, isa: str) -> str:
+    """IR of the outer product kernel `name` of `kind` for `tile` activation rows (the module
+    docstring's contract)."""
+    pairs = [(gi, t) for gi in range(GROUPS) for t in range(tile)]
+    lines: list[str] = []
+    e = lines.append
+    frame.entry(e, signature, name, 0)  # the pointers; it branches to %rloop
+    e("rloop:")  # over passes of GROUPS row groups
+    e("  %r = phi i64 [ %r0, %entry ], [ %rn, %rlatch ]")
+    e(f"  %nb = {'lshr i64 %nsteps, 2' if kind == 'u6' else 'shl i64 %nsteps, 1'}")  # blocks per row
+    e("  %rel = sub i64 %r, %r0")
+    e("  %wo = mul i64 %rel, %wstride")
+    for gi in range(GROUPS):
+        e(f"  %wg{gi}x = mul i64 %wstride, {gi * 8}")
+        e(f"  %wg{gi}y = add i64 %wo, %wg{gi}x")
+        e(f"  %wrow{gi} = getelementptr i8, ptr %Wp, i64 %wg{gi}y")
+    e("  br label %tloop")
+    e("tloop:")  # over tiles of activation rows, t0 to t1
+    e("  %tt = phi i64 [ %t0, %rloop ], [ %ttn, %tlatch ]")
+    for t in range(tile):
+        e(f"  %trow{t} = add i64 %tt, {t}")
+        for v, base, stride in (("a", "Ap", "astride"), ("s", "Sp", "sstride"), ("c", "Cp", "cstride"), ("n", "Np", "nstride")):
+            e(f"  %{v}off{t} = mul i64 %trow{t}, %{stride}")
+            e(f"  %{v}row{t} = getelementptr i8, ptr %{base}, i64 %{v}off{t}")
+        e(f"  %ooff{t} = mul i64 %trow{t}, %ostride")
+    e("  br label %bloop")
+    latch = "mdone" if kind == "u6" else "bloop"  # the block that closes a block's iteration
+    e("bloop:")  # over blocks (u5, k4: 32 columns; u6: a super-block of 256)
+    e("  %b = phi i64 [ 0, %tloop ], [ %bn, %" + latch + " ]")
+    for gi, t in pairs:
+        e(f"  %acc{gi}_{t} = phi {_F8} [ zeroinitializer, %tloop ], [ %accn{gi}_{t}, %{latch} ]")
+    e(f"  %bo = mul i64 %b, {OUTER_BLOCK_BYTES[kind]}")
+    for gi in range(GROUPS):
+        e(f"  %wb{gi} = getelementptr i8, ptr %wrow{gi}, i64 %bo")
+    sums = _u6_sums(e, tile, pairs, isa) if kind == "u6" else _block_sums(e, kind, tile, pairs, isa)
+    for gi in range(GROUPS):
+        e(f"  %dwp{gi} = getelementptr i8, ptr %wb{gi}, i64 {OUTER_BLOCK_BYTES[kind] - (64 if kind == 'k4' else 32)}")
         e(f"  %dw{gi} = load {_F8}, ptr %dwp{gi}, align 1")
-        if kind == "k4":
+        if kind == "k4":  # -dmin * min of the block
             e(f"  %mwp{gi} = getelementptr i8, ptr %wb{gi}, i64 288")
             e(f"  %mw{gi} = load {_F8}, ptr %mwp{gi}, align 1")
+    if kind == "u6":
+        e("  %sl = shl i64 %b, 5")  # S: 32 lanes per 256 columns
     for t in range(tile):
         e(f"  %sp{t} = getelementptr float, ptr %srow{t}, i64 %sl")
         e(f"  %sa{t} = load float, ptr %sp{t}, align 4")
@@ -158,7 +230,7 @@ def product_ir(kind: str, name: str, signature, tile: int, isa: str) -> str:
         k = f"{gi}_{t}"
         e(f"  %f{k} = sitofp {_I8} {sums[(gi, t)]} to {_F8}")
         e(f"  %ds{k} = fmul {_F8} %dw{gi}, %sc{t}")
-        last = "accn" if kind == "u5" else "acs"
+        last = "acs" if kind == "k4" else "accn"
         e(f"  %{last}{k} = call {_F8} @llvm.fma.v8f32({_F8} %f{k}, {_F8} %ds{k}, {_F8} %acc{k})")
         if kind == "k4":
             e(f"  %accn{k} = call {_F8} @llvm.fma.v8f32({_F8} %mw{gi}, {_F8} %nv{t}, {_F8} %acs{k})")

@@ -82,7 +82,7 @@ def test_q5_0_at_its_width_is_the_widened_path_to_f32_rounding(T):
 
 
 def _outer_product(w, x):
-    """x [T, cols] @ w.T (u5 or k4, rows % 16 == 0, T % 4 == 0) by int8_ir_outer's two
+    """x [T, cols] @ w.T (u5, k4 or u6, rows % 16 == 0, T % 4 == 0) by int8_ir_outer's two
     kernels alone, called from Python: all rows converted, then every tile of 4 activation rows."""
     from zinfer.kernels import int8_ir_outer
     from zinfer.kernels.int8_activations import QUANTIZERS
@@ -100,11 +100,11 @@ def _outer_product(w, x):
     return out
 
 
-@pytest.mark.parametrize("qt", [QT.Q5_0, QT.Q4_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("qt", [QT.Q5_0, QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("T", [32, 70, 130])
 def test_prefill_runs_as_outer_products_and_keeps_the_oracles_product(qt, T):
-    """Tasks of int8_ir_outer.OUTER_MIN_ROWS (32) activation rows or more multiply Q5_0 and
-    Q4_K (rows a multiple of 16) by 8 weight rows a vector: the product is still the
+    """Tasks of int8_ir_outer.OUTER_MIN_ROWS (32) activation rows or more multiply Q5_0,
+    Q4_K and Q6_K (rows a multiple of 16) by 8 weight rows a vector: the product is still the
     oracle's to f32 accuracy; its full tiles of 4 rows in such tasks are the outer kernels'
     bit for bit (the path is taken), and the rows after them the row kernels' (as alone)."""
     _, _, x = _product_case(qt, T)  # its activations: a zero block, a block 1e4 times the rest
@@ -226,7 +226,7 @@ from zinfer.kernels import cpu_int8 as ci, int8_ir
 from zinfer.kernels.quants import dequantize
 assert int8_ir.host_isa() == "avx2", int8_ir.host_isa()
 worst = 0.0
-for qt, rows in ((QT.Q5_0, 37), (QT.Q5_0, 48), (QT.Q4_K, 37), (QT.Q4_K, 48), (QT.Q6_K, 37), (QT.Q4_1, 37), (QT.Q8_0, 37)):
+for qt, rows in ((QT.Q5_0, 37), (QT.Q5_0, 48), (QT.Q4_K, 37), (QT.Q4_K, 48), (QT.Q6_K, 37), (QT.Q6_K, 48), (QT.Q4_1, 37), (QT.Q8_0, 37)):
     t = random_tensor(qt, rows, 768, seed=7)  # 48 rows x 70: the outer-product tasks
     w = FastCpuDevice().upload("w", t)
     wf = dequantize(t.data, qt, t.shape).astype(np.float64)

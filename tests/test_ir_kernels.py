@@ -56,14 +56,14 @@ def test_every_int8_kernel_compiles_to_vpdpbusd(cpu):
 
 @pytest.mark.parametrize("cpu", ["sapphirerapids", "cascadelake"])
 def test_outer_product_kernels_compile_to_vpdpbusd_on_broadcasts(cpu):
-    """u5's and k4's convert kernels unpack and transpose (shuffles), without products (u5's
-    high bits shifted per 64-bit lane); their outer products multiply broadcast activations
-    by 8 rows a vector with vpdpbusd."""
+    """u5's, k4's and u6's convert kernels unpack and transpose (shuffles), without products
+    (u5's and u6's high bits shifted per 64-bit lane); their outer products multiply broadcast
+    activations by 8 rows a vector with vpdpbusd."""
     names = [name for pair in int8_ir.OUTER_NAMES.values() for name in pair]
     bodies = functions_of(llvm_host.compile_for_target(int8_ir.module_ir(), cpu, VNNI_FEATURES), names)
     for kind, (convert, product) in int8_ir.OUTER_NAMES.items():
         assert "vpdpbusd" not in bodies[convert] and ("vpunpck" in bodies[convert] or "vperm" in bodies[convert]), convert
-        assert ("vpsrlvq" in bodies[convert]) == (kind == "u5"), convert
+        assert ("vpsrlvq" in bodies[convert]) == (kind in ("u5", "u6")), convert
         assert "vpdpbusd" in bodies[product] and "vpbroadcastd" in bodies[product] and "vpsignb" not in bodies[product], product
 
 
