@@ -19,7 +19,7 @@ import numpy as np
 from zinfer.devices import cpu_fast, cpu_fast_linears
 from zinfer.devices.cpu_fast_linears import QuantLinear
 from zinfer.devices.cpu_fast import FastCpuDevice
-from zinfer.gateway.bench_llama import LlamaCpp
+from zinfer.gateway.bench_llama import LlamaContext, LlamaModel
 from zinfer.kernels import cpu_int8 as ci
 from zinfer.kernels import cpu_quant as cq
 from zinfer.devices.batch import ForwardBatch
@@ -99,13 +99,23 @@ class Llama:
     """llama.cpp's side: the batch-API wrapper `zinfer bench --compare-llama-cpp` uses."""
 
     def __init__(self, path: str, threads: int, n_ctx: int, n_seq: int):
-        self.llm = LlamaCpp(path, threads, n_seq, n_ctx)
+        self.model = LlamaModel(path)
+        self.threads, self.seq_len, self.contexts = threads, n_ctx // n_seq, {}
+
+    def _context(self, n_seq: int) -> LlamaContext:
+        """A context of n_seq sequences, each in its own KV stream, made once."""
+        if n_seq not in self.contexts:
+            self.contexts[n_seq] = LlamaContext(self.model, n_seq, max(self.seq_len, 600), self.threads, unified=False)
+        return self.contexts[n_seq]
 
     def prefill(self, ids: list[int]) -> float:
-        return self.llm.prefill([ids])
+        start, streams = self._context(1).generate([ids], 1)
+        return streams[0][0] - start
 
     def run(self, seqs: list[list[int]], steps: int) -> float:
-        return self.llm.generate(seqs, steps + 1)[1]
+        """Seconds of `steps` decode rounds after the prompts' prefill."""
+        _, streams = self._context(len(seqs)).generate(seqs, steps + 1)
+        return streams[0][-1] - max(s[0] for s in streams)
 
 
 def main() -> None:
