@@ -5,7 +5,9 @@ llama.cpp's recipe: round each 32-block of activations to int8 with a float scal
 the integer weight codes exactly, apply the scales in float. Our scales stay f32 (llama.cpp rounds them to fp16), so the rounding is never
 coarser than llama.cpp's. `prepare` adds what the kernels need to a packed matrix of
 kernels/cpu_quant.py (or, for Q5_0, Q4_K and Q6_K, `from_gguf` reads the file's blocks at their
-own width), `matmul` computes out [T, rows] = x [T, cols] @ W.T.
+own width), `matmul` computes out [T, rows] = x [T, cols] @ W.T: by the row kernels of
+int8_ir.SHAPES, or for u5, k4 and u6 tasks of 32+ activation rows by outer products
+(kernels/int8_ir_outer.py).
 """
 
 from __future__ import annotations

@@ -56,6 +56,11 @@ u6 and k4 have kernels of their own (kernels/int8_ir_super.py): their activation
 rounded per 256 columns, as llama.cpp's Q8_K, and their sub-block scales multiply the
 integer sums, so the float work is once per super-block.
 
+In prefill (a parallel task of 32 or more activation rows) u5, k4 and u6 run as outer
+products instead (kernels/int8_ir_outer.py, OUTER_NAMES): the task converts its weight
+rows once into 8 rows per vector (kernels/int8_ir_convert.py) and broadcasts the same
+activations these row kernels read.
+
 Scales are stored as f16 where that is exact (Q4_0, Q4_1, Q8_0, Q5_0 keep GGUF's own
 f16 scales, so the kernels stream no more bytes than llama.cpp), else f32 (K-quants,
 whose per-32 scales are products of two numbers).
