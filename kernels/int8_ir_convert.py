@@ -55,6 +55,13 @@ def _store(e, name: str, value: str, ty: str, offset: str) -> None:
     e(f"  store {ty} {value}, ptr %{name}p, align 1")
 
 
+def _store_transposed(e, name: str, rows: list[str], base: str, offsets: list[int]) -> None:
+    """The 8 words of transpose8(rows), word q at %dst + `base` + offsets[q]."""
+    for q, word in enumerate(transpose8(e, name, rows)):
+        e(f"  %{name}o{q} = add i64 {base}, {offsets[q]}")
+        _store(e, f"{name}s{q}", word, _I8, f"%{name}o{q}")
+
+
 def _open(e, signature, name: str, kind: str) -> None:
     """Entry, the loop over row groups (%r, its rows' %wrow{i} and %drow{i}, %dst), then block `sloop`."""
     frame.entry(e, signature, name, 0)  # it branches to %rloop
@@ -139,9 +146,7 @@ def convert_ir(kind: str, name: str, signature) -> str:
         e("  %base = add i64 %gb, %jo")
         place = [(b * size + 32 * h) for h in range(2) for b in range(8)]
     for h, v in enumerate(("lo", "hi")):
-        for q, word in enumerate(transpose8(e, f"x{v}", [f"%{v}{i}" for i in range(8)])):
-            e(f"  %so{v}{q} = add i64 %base, {place[8 * h + q]}")
-            _store(e, f"st{v}{q}", word, _I8, f"%so{v}{q}")
+        _store_transposed(e, f"x{v}", [f"%{v}{i}" for i in range(8)], "%base", place[8 * h : 8 * h + 8])
     e("  %sn = add i64 %s, 1")
     e("  %smore = icmp ult i64 %sn, %nsteps")
     e("  br i1 %smore, label %sloop, label %scales")
@@ -195,9 +200,7 @@ def _k4_scales(e, size: int) -> None:
         e(f"  %mwi{i} = bitcast {_F8} %mw{i} to {_I8}")
     e(f"  %kb = mul i64 %k, {8 * size}")
     for tag, off in (("dw", 256), ("mw", 288)):
-        for b, word in enumerate(transpose8(e, f"y{tag}", [f"%{tag}i{i}" for i in range(8)])):
-            e(f"  %o{tag}{b} = add i64 %kb, {b * size + off}")
-            _store(e, f"s{tag}{b}", word, _I8, f"%o{tag}{b}")
+        _store_transposed(e, f"y{tag}", [f"%{tag}i{i}" for i in range(8)], "%kb", [b * size + off for b in range(8)])
     e("  %kn = add i64 %k, 1")
     e("  %kmore = icmp ult i64 %kn, %nsup")
     e("  br i1 %kmore, label %kloop, label %kexit")
@@ -226,9 +229,7 @@ def _u6_scales(e, size: int) -> None:
             e(f"  %qh{half}_{i} = shufflevector <16 x i32> %qs{i}, <16 x i32> poison, <8 x i32> <{lanes}>")
     e(f"  %kb = mul i64 %k, {size}")
     for half in range(2):
-        for m, word in enumerate(transpose8(e, f"ys{half}", [f"%qh{half}_{i}" for i in range(8)])):
-            e(f"  %os{half}_{m} = add i64 %kb, {2048 + 32 * (8 * half + m)}")
-            _store(e, f"ss{half}_{m}", word, _I8, f"%os{half}_{m}")
+        _store_transposed(e, f"ys{half}", [f"%qh{half}_{i}" for i in range(8)], "%kb", [2048 + 32 * (8 * half + m) for m in range(8)])
     e(f"  %df = fpext <8 x half> %d8 to {_F8}")
     e("  %od = add i64 %kb, 2560")
     _store(e, "sd", "%df", _F8, "%od")

@@ -99,18 +99,25 @@ def _block_sums(e, kind: str, tile: int, pairs, isa: str) -> dict:
             _splat(e, f"off{t}", _I8, "i32", f"%c{t}")
         sums = {p: f"%off{p[1]}" for p in pairs}
     for k in range(8):
-        for gi in range(GROUPS):
-            e(f"  %wp{gi}_{k} = getelementptr i8, ptr %wb{gi}, i64 {32 * k}")
-            e(f"  %w{gi}_{k} = load {_I8}, ptr %wp{gi}_{k}, align 1")
-        for t in range(tile):
-            e(f"  %ao{t}_{k} = add i64 %ab, {_step_offset(kind, k)}")
-            e(f"  %ap{t}_{k} = getelementptr i8, ptr %arow{t}, i64 %ao{t}_{k}")
-            e(f"  %a{t}_{k}s = load i32, ptr %ap{t}_{k}, align 1")
-            _splat(e, f"a{t}_{k}", _I8, "i32", f"%a{t}_{k}s")
-            for gi in range(GROUPS):
-                dot(e, isa, f"q{gi}_{t}_{k}", sums[(gi, t)], f"%w{gi}_{k}", f"%a{t}_{k}")
-                sums[(gi, t)] = f"%q{gi}_{t}_{k}"
+        _k_step(e, isa, tile, sums, k, str(32 * k), _step_offset(kind, k))
     return sums
+
+
+def _k_step(e, isa: str, tile: int, sums: dict, k: int, weights: str, activations: int) -> None:
+    """k-step k: row group gi's code vector at %wb{gi} + `weights` (an i64 constant or
+    value), activation row t's 4 activations at %arow{t} + %ab + `activations` broadcast
+    to every lane, and one dot per pair onto `sums` (updated: pair -> its IR value)."""
+    for gi in range(GROUPS):
+        e(f"  %wp{gi}_{k} = getelementptr i8, ptr %wb{gi}, i64 {weights}")
+        e(f"  %w{gi}_{k} = load {_I8}, ptr %wp{gi}_{k}, align 1")
+    for t in range(tile):
+        e(f"  %ao{t}_{k} = add i64 %ab, {activations}")
+        e(f"  %ap{t}_{k} = getelementptr i8, ptr %arow{t}, i64 %ao{t}_{k}")
+        e(f"  %a{t}_{k}s = load i32, ptr %ap{t}_{k}, align 1")
+        _splat(e, f"a{t}_{k}", _I8, "i32", f"%a{t}_{k}s")
+        for gi in range(GROUPS):
+            dot(e, isa, f"q{gi}_{t}_{k}", sums[(gi, t)], f"%w{gi}_{k}", f"%a{t}_{k}")
+            sums[(gi, t)] = f"%q{gi}_{t}_{k}"
 
 
 def _u6_sums(e, tile: int, pairs, isa: str) -> dict:
@@ -146,20 +153,10 @@ def _u6_sums(e, tile: int, pairs, isa: str) -> dict:
         e(f"  %c{t} = sub i32 0, %c{t}s")
         _splat(e, f"off{t}", _I8, "i32", f"%c{t}")
     sums = {p: f"%off{p[1]}" for p in pairs}
-    for k in range(4):  # k-step 2h + e: the activations at 32h + 4e
+    for k in range(4):  # k-step 2h + e: the sub-block's code vector k, the activations at 32h + 4e
         h, step = divmod(k, 2)
-        for gi in range(GROUPS):
-            e(f"  %wq{gi}_{k} = add i64 %mo, {32 * k}")
-            e(f"  %wp{gi}_{k} = getelementptr i8, ptr %wb{gi}, i64 %wq{gi}_{k}")
-            e(f"  %w{gi}_{k} = load {_I8}, ptr %wp{gi}_{k}, align 1")
-        for t in range(tile):
-            e(f"  %ao{t}_{k} = add i64 %ab, {32 * h + 4 * step}")
-            e(f"  %ap{t}_{k} = getelementptr i8, ptr %arow{t}, i64 %ao{t}_{k}")
-            e(f"  %a{t}_{k}s = load i32, ptr %ap{t}_{k}, align 1")
-            _splat(e, f"a{t}_{k}", _I8, "i32", f"%a{t}_{k}s")
-            for gi in range(GROUPS):
-                dot(e, isa, f"q{gi}_{t}_{k}", sums[(gi, t)], f"%w{gi}_{k}", f"%a{t}_{k}")
-                sums[(gi, t)] = f"%q{gi}_{t}_{k}"
+        e(f"  %wq{k} = add i64 %mo, {32 * k}")
+        _k_step(e, isa, tile, sums, k, f"%wq{k}", 32 * h + 4 * step)
     e("  %sco = shl i64 %m, 5")
     e("  %scq = add i64 %sco, 2048")
     for gi in range(GROUPS):
