@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 from typing import NamedTuple
 
 from zinfer.kernels import int8_ir_blocks, int8_ir_convert, int8_ir_dot, int8_ir_outer, int8_ir_super, llvm_host
@@ -264,9 +265,19 @@ def _compiled() -> dict[str, int] | None:
         if isa is None:
             return None
         outer = [name for names in OUTER_NAMES.values() for name in names]
-        return llvm_host.compile_for_host(module_ir(isa), [kernel_name(*key) for key in KEYS] + outer)
+        return llvm_host.compile_for_host(module_ir(isa), [kernel_name(*key) for key in KEYS] + outer, cache_dir=_object_cache_dir())
     except (ImportError, RuntimeError, OSError):
         return None
+
+
+def _object_cache_dir() -> Path | None:
+    """Where the module's machine code is kept between runs: beside numba's cache (the
+    user's cache directory), None where platformdirs is missing."""
+    try:
+        import platformdirs
+    except ImportError:
+        return None
+    return Path(platformdirs.user_cache_dir("zinfer")) / "llvm"
 
 
 def addresses() -> dict[tuple[str, int, bool, int, int], int] | None:

@@ -5,6 +5,9 @@ Callers treat ImportError, RuntimeError and OSError as "no such kernel here"."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+from pathlib import Path
 from typing import Any
 
 _ENGINES: list[Any] = []  # compiled code lives as long as its engine
@@ -29,18 +32,47 @@ def _parsed(ir_text: str) -> Any:
     return module
 
 
-def compile_for_host(ir_text: str, names: list[str]) -> dict[str, int]:
+def compile_for_host(ir_text: str, names: list[str], cache_dir: Path | None = None) -> dict[str, int]:
     """Compile a module of IR for the host CPU at -O3; the machine-code address of each
-    named function."""
+    named function. With `cache_dir`, the object code is kept there, keyed by the IR, the
+    CPU, its features and llvmlite's version, and a later call loads it instead of
+    compiling (the int8 module: ~0.4 s of every start on 2 cores)."""
+    import llvmlite
     import llvmlite.binding as llvm
 
     features = host_features()
+    cpu = llvm.get_host_cpu_name()
     module = _parsed(ir_text)
-    machine = llvm.Target.from_default_triple().create_target_machine(cpu=llvm.get_host_cpu_name(), features=features, opt=3)
+    machine = llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features, opt=3)
     engine = llvm.create_mcjit_compiler(module, machine)
+    if cache_dir is not None:
+        key = hashlib.sha256("\0".join((ir_text, cpu, features, llvmlite.__version__)).encode()).hexdigest()[:24]
+        _use_object_cache(engine, Path(cache_dir) / f"{key}.o")
     engine.finalize_object()
     _ENGINES.append(engine)
     return {name: engine.get_function_address(name) for name in names}
+
+
+def _use_object_cache(engine: Any, path: Path) -> None:
+    """Let `engine` load its object code from `path` if there, and write it there once
+    compiled (to a temporary name, then renamed: a reader never sees half a file)."""
+
+    def load(_module: Any) -> bytes | None:
+        try:
+            return path.read_bytes()
+        except OSError:
+            return None
+
+    def store(_module: Any, code: bytes) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_bytes(code)
+            partial.replace(path)
+        except OSError:
+            pass  # a cache we cannot write only costs the next start a compile
+
+    engine.set_object_cache(store, load)
 
 
 def compile_for_target(ir_text: str, cpu: str, features: str, triple: str = X86_64) -> str:

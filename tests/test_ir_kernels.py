@@ -131,6 +131,29 @@ def test_gemm_kernel_by_keyword_computes_the_product(gemm):
     np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
 
 
+def test_object_cache_keeps_the_machine_code_and_a_later_compile_runs_it(tmp_path):
+    """compile_for_host with a cache_dir writes one object file per module and CPU; a
+    second compile of the same IR loads it (no new file) and computes the same product,
+    and other IR gets a file of its own."""
+    name = f"sgemm_{gemm_ir.MR}x16"
+    rng = np.random.default_rng(1)
+    K = 21
+    a = rng.standard_normal((gemm_ir.MR, K), np.float32)  # [MR, K]
+    b = rng.standard_normal((K, 16), np.float32)  # [K, 16]
+    outs, files = [], []
+    for _ in range(2):
+        fn = gemm_ir.SIGNATURE.ctypes_function(llvm_host.compile_for_host(gemm_ir.kernel_ir(), [name], cache_dir=tmp_path)[name])
+        c = np.zeros((gemm_ir.MR, 16), np.float32)  # [MR, 16]
+        fn(A=a.ctypes.data, lda=K, B=b.ctypes.data, ldb=16, C=c.ctypes.data, ldc=16, K=K)
+        outs.append(c)
+        files.append([(p.name, p.stat().st_ino) for p in tmp_path.glob("*.o")])
+    assert len(files[0]) == 1 and files[1] == files[0]  # the same file, not written again: loaded
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_allclose(outs[1], a @ b, rtol=1e-5, atol=1e-5)
+    llvm_host.compile_for_host(gemm_ir.kernel_ir() + "\n; another module", [name], cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("*.o"))) == 2
+
+
 def test_python_call_with_a_wrong_argument_list_raises_naming_it(gemm):
     a = np.zeros((gemm_ir.MR, 16), np.float32)
     ok = dict(A=a.ctypes.data, lda=16, B=a.ctypes.data, ldb=16, C=a.ctypes.data, ldc=16)
