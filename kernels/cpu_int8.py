@@ -28,7 +28,7 @@ from zinfer.kernels.int8_ir import Int8Args
 from zinfer.kernels.kernel_signature import call_kernel
 
 ROWS_PER_TASK = 16  # weight rows per parallel task
-ROWS_PER_BLOCK = 128  # activation rows per parallel task (u5's outer-product tasks convert their weight rows once per task: 64 rows lost 5%)
+ROWS_PER_BLOCK = 128  # activation rows per parallel task (an outer-product task converts its weight rows once: at 64 rows that cost ~5%)
 
 
 class Int8Weight(NamedTuple):
@@ -118,7 +118,7 @@ def prepare(p: Packed) -> Int8Weight | None:
 # columns of a job row: one weight matrix, where its product starts in `out` (at
 # T * first_row floats, as a C-contiguous [T, rows] block), the addresses of its
 # layout's kernels in int8_ir.SHAPES' order, then of its outer-product prefill kernels
-# (u5, k4: convert, product, and their scratch bytes per weight row and step; others 0, 0, 0)
+# (u5, k4, u6: convert, product, and their scratch bytes per weight row and step; others 0, 0, 0)
 _W, _D, _M, _WSTRIDE, _DSTRIDE, _ROWS, _FIRST_ROW, _KERNELS = range(8)
 _KTILE, _KROWS = int8_ir.TILE, int8_ir.ROWS
 assert int8_ir.SHAPES == ((1, 1), (1, _KROWS), (_KTILE, 1), (_KTILE, _KROWS))
@@ -285,6 +285,6 @@ def _kernels(kind: str, dps: int, half: bool) -> tuple[int, ...]:
 
 
 def _outer_kernels(kind: str) -> tuple[int, int, int]:
-    """A layout's outer-product prefill kernels (u5's, k4's) and scratch bytes per row and step, else zeros."""
+    """A layout's outer-product prefill kernels (u5's, k4's, u6's) and scratch bytes per row and step, else zeros."""
     outer = int8_ir.outer_addresses(kind)
     return (0, 0, 0) if outer is None else (*outer, int8_ir_outer.scratch_bytes_per_row_step(kind))
