@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from zinfer.kernels import int8_ir_frame as frame
 from zinfer.kernels.int8_ir_outer import OUTER_BLOCK_BYTES
-from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, U6_SUPER_BYTES, bit4s, high_pairs, k4_mins, splat
+from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, U6_SUPER_BYTES, bit4s, broadcast, high_pairs, k4_mins, shuffle_mask, splat
 
 STEP_BYTES = {"u5": 40, "k4": 32, "u6": 48}  # the row layouts' bytes per 64-column step and row
 U6_SUB_BYTES = 128  # a u6 sub-block of 16 columns in the scratch: 4 k-steps of 32 bytes
@@ -24,14 +24,10 @@ _I8 = "<8 x i32>"
 _B32 = "<32 x i8>"
 
 
-def _mask(values) -> str:
-    return "<" + ", ".join(f"i32 {v}" for v in values) + ">"
-
-
 # an 8 x 8 transpose of 32-bit words in three rounds of two-source shuffles
-_PAIR_LO, _PAIR_HI = _mask((0, 8, 1, 9, 4, 12, 5, 13)), _mask((2, 10, 3, 11, 6, 14, 7, 15))
-_QUAD_LO, _QUAD_HI = _mask((0, 1, 8, 9, 4, 5, 12, 13)), _mask((2, 3, 10, 11, 6, 7, 14, 15))
-_HALF_LO, _HALF_HI = _mask((0, 1, 2, 3, 8, 9, 10, 11)), _mask((4, 5, 6, 7, 12, 13, 14, 15))
+_PAIR_LO, _PAIR_HI = shuffle_mask((0, 8, 1, 9, 4, 12, 5, 13)), shuffle_mask((2, 10, 3, 11, 6, 14, 7, 15))
+_QUAD_LO, _QUAD_HI = shuffle_mask((0, 1, 8, 9, 4, 5, 12, 13)), shuffle_mask((2, 3, 10, 11, 6, 7, 14, 15))
+_HALF_LO, _HALF_HI = shuffle_mask((0, 1, 2, 3, 8, 9, 10, 11)), shuffle_mask((4, 5, 6, 7, 12, 13, 14, 15))
 
 
 def transpose8(e, name: str, rows: list[str]) -> list[str]:
@@ -189,8 +185,7 @@ def _k4_scales(e, size: int) -> None:
         e(f"  %sp{i} = getelementptr i8, ptr %drow{i}, i64 %sup")
         e(f"  %dh{i} = load half, ptr %sp{i}, align 1")
         e(f"  %df{i} = fpext half %dh{i} to float")
-        e(f"  %di{i} = insertelement {_F8} poison, float %df{i}, i64 0")
-        e(f"  %db{i} = shufflevector {_F8} %di{i}, {_F8} poison, <8 x i32> zeroinitializer")
+        broadcast(e, f"db{i}", _F8, "float", f"%df{i}")
         e(f"  %qp{i} = getelementptr i8, ptr %sp{i}, i64 4")
         e(f"  %q{i} = load <8 x i8>, ptr %qp{i}, align 1")
         e(f"  %qf{i} = uitofp <8 x i8> %q{i} to {_F8}")

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from zinfer.kernels import int8_ir_frame as frame
 from zinfer.kernels.int8_ir_dot import dot
+from zinfer.kernels.int8_ir_scales import broadcast
 
 OUTER_KINDS = ("u5", "k4", "u6")
 OUTER_BLOCK_COLUMNS = {"u5": 32, "k4": 32, "u6": 256}  # the columns of a block of the product's loop
@@ -52,28 +53,21 @@ def scratch_bytes_per_row_step(kind: str) -> int:
     return OUTER_BLOCK_BYTES[kind] * 64 // OUTER_BLOCK_COLUMNS[kind] // 8
 
 
-def _splat(e, name: str, vector: str, scalar_type: str, value: str) -> None:
-    e(f"  %{name}i = insertelement {vector} poison, {scalar_type} {value}, i32 0")
-    e(f"  %{name} = shufflevector {vector} %{name}i, {vector} poison, <8 x i32> zeroinitializer")
-
-
 def _block_position(e, kind: str) -> None:
-    """Of block %b: %sl (S's lane of its d_a), %cl (C's first lane; u5), %nl (N's index; k4),
-    %ab (its first activation), as i64 (lanes in 4-byte units)."""
+    """Of block %b: %sl (S's lane of its d_a; u5: also C's first lane of the block), %ab (its
+    first activation), as i64 (lanes in 4-byte units); k4's N index is %b itself."""
     if kind == "u5":  # 4 blocks per group of 128; S and C: 16 lanes per group, the block's 2b, 2b + 1
         e("  %g = lshr i64 %b, 2")
         e("  %bw = and i64 %b, 3")
         e("  %sl0 = shl i64 %g, 4")
         e("  %bw2 = shl i64 %bw, 1")
         e("  %sl = add i64 %sl0, %bw2")
-        e("  %cl = add i64 %sl, 0")
         e("  %ag = shl i64 %g, 7")
         e("  %abw = shl i64 %bw, 3")
     else:  # 8 blocks per super-block of 256; S: 32 lanes per super-block, all its d_a
         e("  %g = lshr i64 %b, 3")
         e("  %bw = and i64 %b, 7")
         e("  %sl = shl i64 %g, 5")
-        e("  %nl = add i64 %b, 0")
         e("  %ag = shl i64 %g, 8")
         e("  %abw = shl i64 %bw, 2")
     e("  %ab = add i64 %ag, %abw")
@@ -91,12 +85,12 @@ def _block_sums(e, kind: str, tile: int, pairs, isa: str) -> dict:
     sums = {p: "zeroinitializer" for p in pairs}
     if kind == "u5":  # the codes' offset: C's two lanes of the block
         for t in range(tile):
-            e(f"  %cp{t} = getelementptr i32, ptr %crow{t}, i64 %cl")
+            e(f"  %cp{t} = getelementptr i32, ptr %crow{t}, i64 %sl")
             e(f"  %c{t}v = load <2 x i32>, ptr %cp{t}, align 4")
             e(f"  %c{t}a = extractelement <2 x i32> %c{t}v, i32 0")
             e(f"  %c{t}b = extractelement <2 x i32> %c{t}v, i32 1")
             e(f"  %c{t} = add i32 %c{t}a, %c{t}b")
-            _splat(e, f"off{t}", _I8, "i32", f"%c{t}")
+            broadcast(e, f"off{t}", _I8, "i32", f"%c{t}")
         sums = {p: f"%off{p[1]}" for p in pairs}
     for k in range(8):
         _k_step(e, isa, tile, sums, k, str(32 * k), _step_offset(kind, k))
@@ -114,7 +108,7 @@ def _k_step(e, isa: str, tile: int, sums: dict, k: int, weights: str, activation
         e(f"  %ao{t}_{k} = add i64 %ab, {activations}")
         e(f"  %ap{t}_{k} = getelementptr i8, ptr %arow{t}, i64 %ao{t}_{k}")
         e(f"  %a{t}_{k}s = load i32, ptr %ap{t}_{k}, align 1")
-        _splat(e, f"a{t}_{k}", _I8, "i32", f"%a{t}_{k}s")
+        broadcast(e, f"a{t}_{k}", _I8, "i32", f"%a{t}_{k}s")
         for gi in range(GROUPS):
             dot(e, isa, f"q{gi}_{t}_{k}", sums[(gi, t)], f"%w{gi}_{k}", f"%a{t}_{k}")
             sums[(gi, t)] = f"%q{gi}_{t}_{k}"
@@ -151,7 +145,7 @@ def _u6_sums(e, tile: int, pairs, isa: str) -> dict:
         e(f"  %c{t}s1 = add i32 %c{t}e2, %c{t}e3")
         e(f"  %c{t}s = add i32 %c{t}s0, %c{t}s1")
         e(f"  %c{t} = sub i32 0, %c{t}s")
-        _splat(e, f"off{t}", _I8, "i32", f"%c{t}")
+        broadcast(e, f"off{t}", _I8, "i32", f"%c{t}")
     sums = {p: f"%off{p[1]}" for p in pairs}
     for k in range(4):  # k-step 2h + e: the sub-block's code vector k, the activations at 32h + 4e
         h, step = divmod(k, 2)
@@ -218,11 +212,11 @@ def product_ir(kind: str, name: str, signature, tile: int, isa: str) -> str:
     for t in range(tile):
         e(f"  %sp{t} = getelementptr float, ptr %srow{t}, i64 %sl")
         e(f"  %sa{t} = load float, ptr %sp{t}, align 4")
-        _splat(e, f"sc{t}", _F8, "float", f"%sa{t}")
+        broadcast(e, f"sc{t}", _F8, "float", f"%sa{t}")
         if kind == "k4":
-            e(f"  %np{t} = getelementptr float, ptr %nrow{t}, i64 %nl")
+            e(f"  %np{t} = getelementptr float, ptr %nrow{t}, i64 %b")
             e(f"  %na{t} = load float, ptr %np{t}, align 4")
-            _splat(e, f"nv{t}", _F8, "float", f"%na{t}")
+            broadcast(e, f"nv{t}", _F8, "float", f"%na{t}")
     for gi, t in pairs:
         k = f"{gi}_{t}"
         e(f"  %f{k} = sitofp {_I8} {sums[(gi, t)]} to {_F8}")

@@ -18,6 +18,17 @@ def splat(n: int, ty: str, v: int) -> str:
     return "<" + ", ".join([f"{ty} {v}"] * n) + ">"
 
 
+def shuffle_mask(values) -> str:
+    """The IR constant <n x i32> of shufflevector's lane indices `values`."""
+    return "<" + ", ".join(f"i32 {v}" for v in values) + ">"
+
+
+def broadcast(e, name: str, vector: str, scalar_type: str, value: str) -> None:
+    """%name = `vector` (e.g. <8 x i32>) with the scalar `value` in every lane."""
+    e(f"  %{name}i = insertelement {vector} poison, {scalar_type} {value}, i32 0")
+    e(f"  %{name} = shufflevector {vector} %{name}i, {vector} poison, <8 x i32> zeroinitializer")
+
+
 def scale_vector(e, name: str, ptr: str, offset: str, count: int, half: bool) -> None:
     """%name = `count` scales at ptr + offset (f16 or f32), spread over 8 float lanes."""
     ty, size = ("half", 2) if half else ("float", 4)

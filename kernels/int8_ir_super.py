@@ -41,7 +41,7 @@ f32 rounding of the scale products and of the sums across super-blocks.
 from __future__ import annotations
 
 from zinfer.kernels import int8_ir_frame as frame
-from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, U6_SUPER_BYTES, high_pairs, splat
+from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, U6_SUPER_BYTES, high_pairs, shuffle_mask, splat
 
 KINDS = ("k4", "u6")
 SUPER_STEPS = 4  # steps of 64 columns per super-block of 256
@@ -55,10 +55,6 @@ _W16 = "<16 x i16>"
 _MADDUBS = "@llvm.x86.avx2.pmadd.ub.sw"  # declared in int8_ir_dot.DECLS
 _MADDWD = "@llvm.x86.avx2.pmadd.wd"
 _VPDPBUSD = "@llvm.x86.avx512.vpdpbusd.256"
-
-
-def _mask(values: list[int]) -> str:
-    return "<" + ", ".join(f"i32 {v}" for v in values) + ">"
 
 
 def _pairs(e, name: str, u: str, s: str) -> None:
@@ -97,7 +93,7 @@ def kernel_ir(kind: str, tile: int, rows: int, name: str, signature, prefetch: i
                 e(f"  %scr{i} = zext <8 x i8> %scb{i} to {_I8}")
             else:  # int16 lanes 2b, 2b + 1: block b's
                 e(f"  %scw{i} = zext <8 x i8> %scb{i} to <8 x i16>")
-                e(f"  %scr{i} = shufflevector <8 x i16> %scw{i}, <8 x i16> poison, <16 x i32> {_mask([g // 2 for g in range(16)])}")
+                e(f"  %scr{i} = shufflevector <8 x i16> %scw{i}, <8 x i16> poison, <16 x i32> {shuffle_mask([g // 2 for g in range(16)])}")
         else:
             e(f"  %scp{i} = getelementptr i8, ptr %dp{i}, i64 2")
             e(f"  %scb{i} = load <16 x i8>, ptr %scp{i}, align 1")
@@ -201,7 +197,7 @@ def _u6_step(e, j: int, rows: int, tile: int, pairs, prefetch: int, locality: in
         high_pairs(e, f"hl{w}", f"hh{w}", f"%wp{w}", 32)
         e(f"  %qlo{w} = or {_B32} %lo{w}, %hl{w}")
         e(f"  %qhi{w} = or {_B32} %hi{w}, %hh{w}")
-        e(f"  %sc{w} = shufflevector {_W16} %scr{i}, {_W16} poison, <16 x i32> {_mask([4 * j + g for g in range(4) for _ in range(4)])}")
+        e(f"  %sc{w} = shufflevector {_W16} %scr{i}, {_W16} poison, <16 x i32> {shuffle_mask([4 * j + g for g in range(4) for _ in range(4)])}")
     for t in range(tile):
         a = f"{t}_{j}"
         e(f"  %ao{a} = shl i64 %s{j}, 6")
