@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 import structlog
@@ -32,7 +33,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from zinfer.actors.constraints import compile_grammar
 from zinfer.gateway.auth import authorized
 from zinfer.gateway.state import GatewayState
-from zinfer.messages.client import Cancelled, Delta, Failed, Finished, Rejected, Started
+from zinfer.gateway.client import EngineError
+from zinfer.messages.client import MAX_REQUEST_ID, Cancelled, Delta, Failed, Finished, Rejected, Started
 from zinfer.messages.params import SamplingParams
 
 log = structlog.get_logger("zinfer.websocket")
@@ -40,10 +42,13 @@ log = structlog.get_logger("zinfer.websocket")
 STATIC = Path(__file__).parent / "static"
 ASSETS = {"chat.html": "text/html", "chat.js": "text/javascript", "chat.css": "text/css"}
 SOCKET_NUMBERS = itertools.count(1)
+MAX_WS_ID = MAX_REQUEST_ID - 56
+"""Characters in a client's id: with the engine's prefix "ws<N>." it stays within the engine's request id bound."""
+WsId = Annotated[str, msgspec.Meta(max_length=MAX_WS_ID)]
 
 
 class WsGenerate(msgspec.Struct, tag="generate", tag_field="type", forbid_unknown_fields=True):
-    id: str
+    id: WsId
     prompt: str | None = None
     messages: list[dict[str, str]] | None = None
     params: SamplingParams = msgspec.field(default_factory=SamplingParams)
@@ -51,7 +56,7 @@ class WsGenerate(msgspec.Struct, tag="generate", tag_field="type", forbid_unknow
 
 
 class WsCancel(msgspec.Struct, tag="cancel", tag_field="type", forbid_unknown_fields=True):
-    id: str
+    id: WsId
 
 
 class WsPing(msgspec.Struct, tag="ping", tag_field="type", forbid_unknown_fields=True):
@@ -59,6 +64,24 @@ class WsPing(msgspec.Struct, tag="ping", tag_field="type", forbid_unknown_fields
 
 
 WsRequest = WsGenerate | WsCancel | WsPing
+
+
+class _Head(msgspec.Struct):
+    """The type and id of a message, read without converting any other value."""
+
+    type: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)  # empty when absent
+    id: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+
+
+def _head(text: str) -> tuple[object, str | None]:
+    """The message's type and its string id (None when it has none or they cannot be read)."""
+    try:
+        head = msgspec.json.decode(text, type=_Head)
+        kind = msgspec.json.decode(head.type) if len(head.type) else None
+        mid = msgspec.json.decode(head.id) if len(head.id) else None
+    except msgspec.DecodeError:
+        return None, None
+    return kind, mid if isinstance(mid, str) else None
 
 
 class BadMessage(Exception):
@@ -77,8 +100,10 @@ class ChatSocket:
     """One accepted websocket: reads client messages, runs one task per generation.
 
     `running` maps the client's ids to engine request ids for generations not yet
-    ended; the nursery that owns their tasks is cancelled when the socket closes, and
-    AsyncClient.generate then cancels each one in the engine.
+    ended; `unsent` holds those whose task has not sent the request to the engine yet
+    (a cancel then stops it there, since the engine has nothing to cancel). The nursery
+    that owns their tasks is cancelled when the socket closes, and AsyncClient.generate
+    then cancels each one in the engine.
     """
 
     def __init__(self, ws: WebSocket, state: GatewayState):
@@ -89,6 +114,7 @@ class ChatSocket:
         self.encoder = msgspec.json.Encoder()
         self.out_tx, self.out_rx = trio.open_memory_channel[dict](float("inf"))
         self.running: dict[str, str] = {}
+        self.unsent: set[str] = set()
 
     def send(self, message: dict) -> None:
         """Queue one message for the sender task."""
@@ -133,14 +159,16 @@ class ChatSocket:
             msg = self.decoder.decode(text)
         except msgspec.ValidationError as exc:  # (a DecodeError subclass: test it first)
             try:
-                raw = msgspec.json.decode(text)  # "[x": the typed decoder stopped at "[", this one reads on
+                msgspec.json.decode(text)  # "[x": the typed decoder stopped at "[", this one reads on
+            except msgspec.ValidationError:  # JSON, but a number past Python's range: the typed error names it
+                pass
             except msgspec.DecodeError as bad:  # (RecursionError: run() answers it)
                 raise BadMessage("bad_json", f"not a JSON message: {bad}") from None
-            mid = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else None
-            kind = raw.get("type") if isinstance(raw, dict) else None
+            kind, mid = _head(text)
             if kind not in ("generate", "cancel", "ping"):
                 raise BadMessage("bad_message", f"unknown message type {kind!r} (generate, cancel, ping)", mid) from None
-            raise BadMessage("bad_message", str(exc), mid) from None
+            # only a generate's id: an error naming a running generation's id would be read as its terminal
+            raise BadMessage("bad_message", str(exc), mid if kind == "generate" else None) from None
         except msgspec.DecodeError as exc:
             raise BadMessage("bad_json", f"not a JSON message: {exc}") from None
         if isinstance(msg, WsGenerate):
@@ -159,19 +187,29 @@ class ChatSocket:
             self.send({"type": "pong"})
         elif isinstance(msg, WsCancel):
             rid = self.running.get(msg.id)
-            if rid is not None and self.state.client is not None:
-                self.state.client.cancel(rid)  # the generation then ends with "cancelled"
+            if msg.id in self.unsent:
+                self.unsent.discard(msg.id)  # its task answers "cancelled" without sending it
+            elif rid is not None and self.state.client is not None:
+                try:
+                    self.state.client.cancel(rid)  # the generation then ends with "cancelled"
+                except EngineError as exc:  # (WsId keeps rid within the engine's bounds: not expected)
+                    raise BadMessage("bad_message", f"cannot cancel {msg.id!r}: {exc}") from None
         else:
             if msg.id in self.running:
                 raise BadMessage("id_in_use", f"a generation with id {msg.id!r} is still running")  # id null: not its terminal
             if self.state.client is None:
                 raise BadMessage("loading", "the model is still loading", msg.id)
             self.running[msg.id] = self.prefix + msg.id
+            self.unsent.add(msg.id)
             nursery.start_soon(self.generate, msg)
 
     async def generate(self, msg: WsGenerate) -> None:
         """Stream one generation's events to the socket, ending with its one terminal."""
         try:
+            if msg.id not in self.unsent:  # cancelled before it was sent
+                self.send({"type": "cancelled", "id": msg.id})
+                return
+            self.unsent.discard(msg.id)  # the first step of the loop below sends it, with no checkpoint before
             events = self.state.client.generate(
                 msg.prompt, messages=msg.messages, params=msg.params, request_id=self.running[msg.id], add_special=msg.add_special
             )
@@ -192,6 +230,7 @@ class ChatSocket:
                     self.send(error(msg.id, "failed", ev.message))
         finally:
             self.running.pop(msg.id, None)
+            self.unsent.discard(msg.id)
 
 
 def _authorized(state: GatewayState, headers, query) -> bool:

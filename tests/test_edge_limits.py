@@ -128,7 +128,7 @@ def test_websocket_out_of_range_values_get_one_error_each(server):
         (gen("topk", params={"top_k": 2**64}), "topk", "top_k"),
         (gen("bias", params={"logit_bias": {str(2**70): 1}}), "bias", "logit_bias"),
         (json.dumps({"type": "generate", "id": "many", "messages": [{"role": "user", "content": "Hi"}] * 1025}), "many", "messages"),
-        (gen("i" * 300), "i" * 300, "request_id"),
+        (gen("i" * 300), "i" * 300, "length <= 200 - at `$.id`"),
         ('{"type": "generate", "id": "deep", "prompt": "Hi", "params": ' + DEEP + "}", None, "nested too deeply"),
         ('{"type": "generate", "id": "deeper", "prompt": "Hi", "extra": ' + DEEP + "}", None, "nested too deeply"),
         ("[x", None, "not a JSON message"),  # the typed decoder stops at "[", the untyped one read on and raised

@@ -163,3 +163,34 @@ def test_closing_the_socket_cancels_its_generations(server):
     while (n := open_requests(server)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert n == 0
+
+
+def test_an_overlong_id_then_its_cancel_get_errors_and_the_socket_stays_open(server):
+    """Before, the generate's engine id (ws<N>.<id>) passed 256 characters, the cancel that
+    followed raised EngineError out of the socket's nursery and the socket closed with 1011."""
+    long_id, longest = "i" * 253, "j" * 200  # 253: past 256 with the shortest prefix, ws1.
+    with connect(server.ws) as ws:
+        ws.send(generate(long_id, temperature=0, max_tokens=400, ignore_eos=True))
+        ws.send(json.dumps({"type": "cancel", "id": long_id}))
+        first, second = recv(ws), recv(ws)
+        assert first["type"] == "error" and first["id"] == long_id and "200" in first["message"] and "id" in first["message"], first
+        assert second["type"] == "error" and second["id"] is None and "200" in second["message"], second  # not a second terminal
+        ws.send(generate(longest, temperature=0, max_tokens=400, ignore_eos=True))  # the longest id works, and so does its cancel
+        ws.send(json.dumps({"type": "cancel", "id": longest}))
+        msgs = until_terminal(ws, {longest})[longest]
+    assert msgs[-1] == {"type": "cancelled", "id": longest}, msgs
+
+
+def test_a_huge_seed_is_named_with_the_generations_id(server):
+    """Before, a seed of 5,000 digits (past Python's 4300-digit limit) was "not a JSON message" with id null."""
+    with connect(server.ws) as ws:
+        for digits in ("9" * 5000, "-" + "9" * 5000):
+            ws.send('{"type": "generate", "id": "s", "prompt": "Hi", "params": {"seed": %s}}' % digits)
+            m = recv(ws)
+            assert m["type"] == "error" and m["id"] == "s" and "seed" in m["message"] and "range" in m["message"], m
+            assert "JSON" not in m["message"], m
+        ws.send('{"type": "cancel", "id": "c", "extra": %s}' % ("1" * 5000))
+        m = recv(ws)
+        assert m["type"] == "error" and m["id"] is None and "extra" in m["message"], m
+        ws.send(generate("after", temperature=0, max_tokens=3))
+        assert until_terminal(ws, {"after"})["after"][-1]["type"] == "done"
