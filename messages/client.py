@@ -31,7 +31,7 @@ TokenId = Annotated[int, Meta(ge=0, lt=TOKEN_ID_LIMIT)]
 TokenIds = Annotated[list[TokenId], Meta(max_length=MAX_PROMPT_IDS)]
 MAX_TOOLS = 128
 """Tools one request may offer (OpenAI's limit), and tool calls one assistant message may hold."""
-ToolName = Annotated[str, Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+ToolName = Annotated[str, Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}\Z")]  # \Z: "$" matches before a final newline
 CallId = Annotated[str, Meta(max_length=MAX_REQUEST_ID)]
 
 

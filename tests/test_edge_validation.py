@@ -90,6 +90,11 @@ BAD_REQUESTS = [
     ("float seed", {"type": "generate", "request_id": "a", "prompt": "Hi", "params": {"seed": 1e30}}, "params.seed"),
     ("top_k over int64", {"type": "generate", "request_id": "a", "prompt": "Hi", "params": {"top_k": 2**64 - 1}}, "params.top_k"),
     ("logit_bias key over int64", {"type": "generate", "request_id": "a", "prompt": "Hi", "params": {"logit_bias": {2**63: 1.0}}}, "params.logit_bias"),
+    # "$" matches before a final newline: the name would reach the prompt and the grammar with it
+    ("tool name ending in a newline", {"type": "generate", "request_id": "a", "messages": [{"role": "user", "content": "Hi"}],
+                                       "tools": [{"name": "get_weather\n"}]}, "tools[0].name"),
+    ("called name ending in a newline", {"type": "tokenize", "request_id": "a", "messages": [{"role": "assistant", "tool_calls": [
+        {"id": "c", "function": {"name": "f\n", "arguments": "{}"}}]}]}, "messages[0].tool_calls[0].function.name"),
 ]
 
 

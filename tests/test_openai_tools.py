@@ -234,6 +234,7 @@ def bad_request(oai, **kw) -> dict:
     [
         ({"tools": [{"type": "function", "function": {**WEATHER, "name": "get weather!"}}]}, "tools[0].function.name"),
         ({"tools": [{"type": "function", "function": {**WEATHER, "name": "x" * 65}}]}, "tools[0].function.name"),
+        ({"tools": [{"type": "function", "function": {**WEATHER, "name": "get_weather\n"}}]}, "tools[0].function.name"),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice"),
         ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
         ({"tool_choice": "required"}, "tool_choice"),
@@ -241,7 +242,7 @@ def bad_request(oai, **kw) -> dict:
         ({"tools": [{"type": "function", "function": {**WEATHER, "parameters": {"description": "x" * (65 << 10)}}}]}, "tools[0].function.parameters"),
         ({"tools": [{"type": "retrieval", "function": WEATHER}]}, "tools[0].type"),
     ],
-    ids=["name-chars", "name-length", "unknown-named-choice", "bad-choice", "choice-without-tools", "too-many", "schema-size", "type"],
+    ids=["name-chars", "name-length", "name-newline", "unknown-named-choice", "bad-choice", "choice-without-tools", "too-many", "schema-size", "type"],
 )
 def test_bad_tools_are_400_with_the_param(oai, kw, param):
     assert bad_request(oai, **kw)["param"] == param
