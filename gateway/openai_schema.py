@@ -20,6 +20,7 @@ import msgspec
 from msgspec import Meta
 from starlette.responses import JSONResponse
 
+from zinfer.messages.json_errors import validation_message
 from zinfer.messages.client import MAX_MESSAGES, MAX_PROMPT_IDS, MAX_TOOLS, CallId, ToolName
 from zinfer.messages.params import MAX_IDS, MAX_STOP_CHARS, MAX_STOPS, SEED_MAX, SEED_MIN, TOKEN_ID_LIMIT, SamplingParams
 
@@ -163,7 +164,7 @@ def parse(body: bytes, kind: type[ChatRequest] | type[CompletionRequest]) -> Cha
         m = _PATH.search(str(exc))
         missing = re.search(r"missing required field `([^`]*)`", str(exc))
         param = m.group(1).replace("[...]", "") if m else missing.group(1) if missing else None
-        raise ApiError(400, f"invalid request: {exc}", param=param, code="invalid_value") from None
+        raise ApiError(400, f"invalid request: {validation_message(exc, body)}", param=param, code="invalid_value") from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
     except RecursionError:  # msgspec's decoder recurses per nesting level

@@ -32,6 +32,7 @@ from zinfer.gateway.run_command import engine_config
 from zinfer.messages.bus import AsyncSocket
 from zinfer.messages.client import TERMINAL_EVENTS, Cancel, ClientEvent, ClientRequest, Rejected, request_id_of
 from zinfer.messages.codec import Codec
+from zinfer.messages.json_errors import validation_message
 
 log = structlog.get_logger("zinfer.stdio")
 
@@ -175,6 +176,9 @@ class StdioRelay:
             return
         try:
             req = self.json_requests.decode(line)
+        except msgspec.ValidationError as exc:  # (a MsgspecError: test it first)
+            self._reject(request_id_of(line, "json"), f"line {self.line_no}: {validation_message(exc, line)}")
+            return
         except msgspec.MsgspecError as exc:
             self._reject(request_id_of(line, "json"), f"line {self.line_no}: {exc}")
             return

@@ -34,6 +34,7 @@ from zinfer.actors.constraints import compile_grammar
 from zinfer.gateway.auth import authorized
 from zinfer.gateway.state import GatewayState
 from zinfer.gateway.client import EngineError
+from zinfer.messages.json_errors import validation_message
 from zinfer.messages.client import MAX_REQUEST_ID, Cancelled, Delta, Failed, Finished, Rejected, Started
 from zinfer.messages.params import SamplingParams
 
@@ -168,7 +169,7 @@ class ChatSocket:
             if kind not in ("generate", "cancel", "ping"):
                 raise BadMessage("bad_message", f"unknown message type {kind!r} (generate, cancel, ping)", mid) from None
             # only a generate's id: an error naming a running generation's id would be read as its terminal
-            raise BadMessage("bad_message", str(exc), mid if kind == "generate" else None) from None
+            raise BadMessage("bad_message", validation_message(exc, text), mid if kind == "generate" else None) from None
         except msgspec.DecodeError as exc:
             raise BadMessage("bad_json", f"not a JSON message: {exc}") from None
         if isinstance(msg, WsGenerate):

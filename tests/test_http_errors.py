@@ -88,6 +88,9 @@ BAD = [
     ("logit_bias key over 64 bits", "/v1/chat/completions", chat(logit_bias={str(2**64): 1}), 400, "logit_bias", "2**31-1"),
     ("detokenize id over 64 bits", "/detokenize", {"tokens": [2**64]}, 400, "tokens[0]", "<= 2147483647"),
     ("detokenize id negative", "/detokenize", {"tokens": [-1]}, 400, "tokens[0]", ">= 0"),
+    # msgspec reads an integer literal past 64 bits as a float: it was refused as "got `float`"
+    ("add_special over 64 bits", "/tokenize", {"content": "Hi", "add_special": 2**70}, 400, "add_special", "Expected `bool`, got `int`"),
+    ("content over 64 bits", "/v1/chat/completions", {"messages": [{"role": "user", "content": -(2**70)}]}, 400, "messages[0].content", "got `int`"),
     # nesting 5000 deep: once a 500 that left zinfer_requests_in_flight at 1
     ("nested chat", "/v1/chat/completions", nested(b'{"messages": [{"role": "user", "content": "Hi"}]}'), 400, None, "nested too deeply"),
     ("nested prompt", "/v1/completions", b'{"prompt": ' + DEEP + b"}", 400, None, "nested too deeply"),

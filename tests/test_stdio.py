@@ -156,3 +156,19 @@ def test_stdio_on_the_tcp_topology(tiny_model):
     types = [e["type"] for e in events[1:]]
     assert types[0] == "started" and types[-1] == "finished" and set(types[1:-1]) == {"delta"}, types
     assert events[-1]["usage"]["completion_tokens"] == 4
+
+
+def test_an_integer_past_64_bits_is_named_an_integer(tiny_model):
+    """Before, add_special: 2**70 was refused as "Expected `bool`, got `float`": msgspec reads such a literal as a float."""
+    lines = ['{"type": "tokenize", "request_id": "t", "text": "hi", "add_special": %d}' % 2**70,
+             '{"type": "generate", "request_id": "g", "messages": [{"role": "user", "content": %d}]}' % -(2**70)]
+    proc = subprocess.Popen(zinfer_stdio(tiny_model), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate("\n".join(lines).encode() + b"\n", timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    events = [json.loads(line) for line in out.splitlines()][1:]  # after "ready"
+    assert [(e["type"], e["request_id"]) for e in events] == [("rejected", "t"), ("rejected", "g")], events
+    assert "Expected `bool`, got `int` - at `$.add_special`" in events[0]["message"], events[0]
+    assert "got `int` - at `$.messages[0].content`" in events[1]["message"], events[1]
