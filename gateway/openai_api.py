@@ -126,12 +126,23 @@ async def respond(state: GatewayState, request: Request, kind: type[ChatRequest]
         plan = tool_plan(req, tool_syntax(state)) if isinstance(req, ChatRequest) else None
         params = constrained(params, constraint_from_request(req), plan)  # response_format, guided_*, ...
         forms = [chat_form(req, plan)] if isinstance(req, ChatRequest) else completion_prompts(req)
+        check_sequences(state, len(forms), params.n)
     except ApiError as exc:
         record.finish("rejected")
         return exc.response()
     rid = uuid.uuid4().hex
     open_events = partial(engine_events, state.client, forms, params, rid, record)
     return await answer(request, Shaper(state, isinstance(req, ChatRequest), rid, plan), open_events, req.stream, include_usage(req), record)
+
+
+def check_sequences(state: GatewayState, prompts: int, n: int) -> None:
+    """ApiError 400 when the request's sequences (prompts x n) outnumber what the engine's
+    waiting queue holds: all are queued at once, so no retry could be admitted (429 is for
+    a queue that is full now)."""
+    if state.max_waiting and prompts * n > state.max_waiting:
+        asked = f"{prompts} prompts x n={n}" if prompts > 1 else f"n={n}"
+        limit = f"this server queues at most {state.max_waiting} at once (--max-waiting)"
+        raise ApiError(400, f"{asked} is {prompts * n} sequences; {limit}", param="prompt" if prompts > 1 else "n", code="too_many_sequences")
 
 
 async def read_request(state: GatewayState, request: Request, kind: type) -> Any:

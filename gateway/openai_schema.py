@@ -146,6 +146,7 @@ class CompletionRequest(_Sampling, kw_only=True):
     prompt: Any
     logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     echo: bool = False
+    best_of: Annotated[int, Meta(ge=1, le=16)] | None = None  # only equal to n: see sampling_params
 
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -237,6 +238,10 @@ def sampling_params(req: ChatRequest | CompletionRequest, max_model_len: int) ->
     completions and up to the context for chat."""
     if isinstance(req, CompletionRequest) and req.echo:
         raise ApiError(400, "echo is not supported", param="echo")
+    if isinstance(req, CompletionRequest) and req.best_of not in (None, req.n or 1):
+        # as vLLM's V1 engine: no extra choices ranked by log probability (ask for n with logprobs instead)
+        message = f"best_of is not supported unless it equals n ({req.n or 1}), got {req.best_of}"
+        raise ApiError(400, message, param="best_of", code="invalid_value")
     bias = {}
     for key, value in (req.logit_bias or {}).items():
         try:

@@ -47,6 +47,7 @@ async def run_server(args: argparse.Namespace, config: EngineConfig) -> None:
         await nursery.start(partial(hypercorn.trio.serve, build_app(state), hc))
         async with open_engine(config) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
             state.max_model_len = engine.max_model_len
+            state.max_waiting = config.max_waiting
             state.model_aliases = set(served[1:]) if served else {str(engine.source.path), engine.source.path.name}
             state.system_fingerprint = fingerprint(str(engine.source.path), engine.config.device)
             state.extra["tool_syntax"] = call_syntax(source_chat_template(engine.source))  # what a compulsory tool call's grammar follows

@@ -19,6 +19,7 @@ class GatewayState:
     origins: OriginPolicy = field(default_factory=OriginPolicy)  # Host, Origin and CORS rules
     client: AsyncClient | None = None  # set once the engine is ready
     max_model_len: int = 0
+    max_waiting: int = 0  # sequences the engine queues at once (--max-waiting): a request for more is a 400; 0: unchecked
     model_aliases: set[str] = field(default_factory=set)  # other names a request may use: the model's path, or --served-model-name's aliases
     system_fingerprint: str = ""  # in every completion response and chunk: see fingerprint()
     max_body_bytes: int = 4 << 20  # larger request bodies get 413
