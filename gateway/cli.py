@@ -150,6 +150,31 @@ def user_error(exc: BaseException) -> BaseException | None:
     return exc if isinstance(exc, USER_ERRORS) else None
 
 
+ENGINE_COMMANDS = ("run", "bench", "serve", "stdio")
+"""Commands that run an engine and log through structlog (dispatch configures it first)."""
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside exc's groups (trio wraps a nursery's errors in groups), in order."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in leaves(e)]
+    return [exc]
+
+
+def engine_stopped(exc: BaseException) -> None:
+    """Log why an engine command stopped (an actor died, or a bug): one error line with each
+    error's type and message (an actor process's names the actor; an in-process actor's
+    "actor failed" line just before names it), and the whole traceback at debug level."""
+    import traceback
+
+    import structlog
+
+    log = structlog.get_logger("zinfer.cli")
+    errors = [f"{type(e).__name__}: {e}" for e in leaves(exc)]
+    log.debug("traceback of the stop", traceback="".join(traceback.format_exception(exc)))
+    log.error("zinfer stopped", error="; ".join(dict.fromkeys(errors)))
+
+
 def _contains(exc: BaseException, kind: type) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return any(_contains(e, kind) for e in exc.exceptions)
@@ -164,6 +189,9 @@ def main(argv: list[str] | None = None) -> None:
         if _contains(exc, KeyboardInterrupt):
             sys.exit(130)
         err = user_error(exc)
+        if err is None and args.command in ENGINE_COMMANDS and isinstance(exc, Exception):
+            engine_stopped(exc)
+            sys.exit(1)
         if err is None:
             raise
         print(f"zinfer: error: {err}", file=sys.stderr)
