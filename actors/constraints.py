@@ -6,29 +6,39 @@ regexes and Lark grammars, and computes each step's allowed tokens as a bitmask 
 vocabulary while holding no GIL, so a worker thread can compute the next masks while the
 executors run the next forward (MaskPrefetch).
 
-- compile_grammar(constraint): the llguidance grammar, or ValueError naming the problem.
-  The gateways call it before any work is queued; the sampler calls it again. A JSON
+- compile_grammar(constraint): the llguidance grammar, or ValueError naming the problem,
+  after actors/grammar_limits.py has measured the spec (no library sees an unmeasured
+  grammar). The grammar worker (actors/grammar_worker.py) calls it, in a child process,
+  before the front door admits the request; the sampler calls it again. A JSON
   schema's integers and numbers get at most NUMBER_DIGITS digits before the point
   (bounded_numbers), as llama.cpp's JSON grammar has: llguidance's are unbounded, and a
   model can write "123456789012345..." until max_tokens.
 - grammar_tokenizer(source): the model's vocabulary as llguidance's LLTokenizer, with the
   EOS ids the scheduler stops on. Costs about 1 s (49k tokens) to 10 s (262k) on 2 cores:
   built once per sampler actor, on the first constrained request.
+- GrammarProbe: the worker's check of a constraint with the vocabulary: it compiles, and
+  its first mask allows a token (an empty language, `start: start`, fails here).
 - GrammarMask: one request's matcher and its next-token bitmask.
+- on_thread(stack, fn): fn on a new thread with that much stack. llguidance recurses on
+  the native stack; the sampler compiles on COMPILE_STACK, the worker probes on a
+  quarter of it, so what the worker survived the engine survives.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 import trio
-from llguidance import LLMatcher, LLTokenizer
+from llguidance import LLMatcher, LLParserLimits, LLTokenizer
+from llguidance.gbnf_to_lark import gbnf_to_lark
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
+from zinfer.actors.grammar_limits import SUBSCHEMA_LISTS, SUBSCHEMA_MAPS, SUBSCHEMAS, check_limits, parse_json
 from zinfer.messages.params import Constraint
 
 if TYPE_CHECKING:
@@ -47,14 +57,38 @@ digits, as many as an IEEE double holds exactly (what JSON parsers read numbers 
 RFC 8259 section 6); llama.cpp's JSON grammar allows 16. All nines, so llguidance's range
 lexer stays small (a bound like 2**53 - 1 costs ~40 ms a request to compile)."""
 
-KIND_NAMES = {"json_schema": "JSON schema", "regex": "regex", "lark": "Lark grammar", "choice": "choice"}
+T = TypeVar("T")
+KIND_NAMES = {"json_schema": "JSON schema", "regex": "regex", "lark": "Lark grammar", "gbnf": "GBNF grammar", "choice": "choice"}
+COMPILE_STACK = 16 << 20
+"""Bytes of stack the engine compiles grammars on (the grammar worker probes on a quarter)."""
+
+
+def limits() -> LLParserLimits:
+    """llguidance's resource limits, its defaults but for errors that name no parser internals."""
+    return LLParserLimits(verbose_errors=False)
+
+
+def as_lark(constraint: Constraint) -> Constraint:
+    """constraint with a GBNF grammar converted to Lark (measured first: the conversion is
+    quadratic in its rules); others as they are. ValueError when GBNF does not parse."""
+    if constraint.kind != "gbnf":
+        return constraint
+    check_limits(constraint)
+    try:
+        return Constraint("lark", gbnf_to_lark(constraint.spec))
+    except RecursionError:
+        raise ValueError("invalid GBNF grammar: it nests too deeply") from None
+    except Exception as exc:  # the converter raises its own error types
+        raise ValueError(f"invalid GBNF grammar: {_first_line(str(exc))}") from None
 
 
 def compile_grammar(constraint: Constraint) -> str:
     """The llguidance grammar of constraint; ValueError saying what is wrong with its spec."""
+    constraint = as_lark(constraint)
+    check_limits(constraint)
     kind, spec = constraint.kind, constraint.spec
     if kind == "json_schema":
-        schema = _json(spec, "the JSON schema")
+        schema = parse_json(spec, "the JSON schema")
         if not isinstance(schema, (dict, bool)):
             raise ValueError(f"a JSON schema is an object (or true/false), got {type(schema).__name__}")
         grammar = LLMatcher.grammar_from_json_schema(json.dumps(bounded_numbers(schema)), defaults=JSON_OPTIONS)
@@ -63,21 +97,18 @@ def compile_grammar(constraint: Constraint) -> str:
     elif kind == "lark":
         grammar = LLMatcher.grammar_from_lark(spec)
     elif kind == "choice":
-        choices = _json(spec, "the choices")
+        choices = parse_json(spec, "the choices")
         if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
             raise ValueError("choices are a non-empty list of non-empty strings")
         grammar = LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in choices))
     else:
         raise ValueError(f"unknown constraint kind {kind!r}")
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, limits=limits())
     if is_error:
         raise ValueError(f"invalid {KIND_NAMES[kind]}: {_first_line(messages[0])}")
     return grammar
 
 
-SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
-SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-SUBSCHEMAS = ("items", "additionalItems", "additionalProperties", "unevaluatedItems", "unevaluatedProperties", "propertyNames", "not", "if", "then", "else", "contains")
 MAX_SCHEMA_DEPTH = 64
 
 
@@ -91,7 +122,7 @@ def map_schemas(schema: Any, fn: Callable[[dict[str, Any]], dict[str, Any]], dep
     for key in SUBSCHEMA_MAPS:
         if isinstance(out.get(key), Mapping):
             out[key] = {k: map_schemas(v, fn, depth + 1) for k, v in out[key].items()}
-    for key in SUBSCHEMA_LISTS + ("items",):  # items: a list in draft 4's tuple form
+    for key in SUBSCHEMA_LISTS:  # items among them: a list in draft 4's tuple form
         if isinstance(out.get(key), list):
             out[key] = [map_schemas(v, fn, depth + 1) for v in out[key]]
     for key in SUBSCHEMAS:
@@ -130,17 +161,10 @@ def _number(schema: Mapping[str, Any], *keys: str) -> float | None:
     return None
 
 
-def _json(text: str, what: str) -> object:
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise ValueError(f"{what} is not valid JSON: {exc}") from None
-
-
 def _first_line(message: str) -> str:
     """llguidance's message on one line, without its source excerpt and caret lines (the
     excerpt can repeat a 256 KiB spec), at most 500 characters."""
-    keep = [ln.strip() for ln in message.splitlines() if ln.strip() and ln.strip() != "^" and not re.match(r"\s*\d+ \|", ln)]
+    keep = [ln.strip() for ln in message.splitlines() if ln.strip() and ln.strip() not in ("^", "<non-verbose/>") and not re.match(r"\s*\d+ \|", ln)]
     text = " ".join(keep) or "rejected by llguidance"
     return text if len(text) <= 500 else text[:497] + "..."
 
@@ -167,10 +191,12 @@ def grammar_tokenizer(source: ModelSource) -> LLTokenizer:
 class GrammarMask:
     """One request's grammar state: an llguidance matcher and the bitmask of the tokens
     allowed next. masked() bans the others in a logits row; accept() advances the matcher.
-    Once the grammar is complete (the matcher stopped) only EOS is allowed."""
+    Once the grammar is complete (the matcher stopped) only EOS is allowed. Build it on a
+    COMPILE_STACK thread (on_thread): its grammar is compiled as it is made."""
 
     def __init__(self, tokenizer: LLTokenizer, constraint: Constraint, vocab_size: int):
-        self.matcher = LLMatcher(tokenizer, compile_grammar(constraint), log_level=0)
+        self.accepted = 0  # tokens the matcher has consumed
+        self.matcher = LLMatcher(tokenizer, compile_grammar(constraint), log_level=0, limits=limits())
         self._check()
         self.vocab_size = vocab_size
         self.bitmask = allocate_token_bitmask(1, vocab_size)  # [1, ceil(vocab / 32)] int32; bit t: token t allowed
@@ -198,10 +224,66 @@ class GrammarMask:
             self._check()
             raise ValueError(f"constraint: token {token_id} is not allowed here")
         self.fresh = False
+        self.accepted += 1
 
     def _check(self) -> None:
         if self.matcher.is_error():
-            raise ValueError(f"constraint: {_first_line(self.matcher.get_error())}")
+            error = self.matcher.get_error()
+            if error.startswith("NoExtensionBias"):  # no token continues the output
+                where = "no output at all" if self.accepted == 0 else f"nothing after the {self.accepted} tokens generated"
+                raise ValueError(f"the grammar allows {where} (a rule that can never complete?)")
+            raise ValueError(_first_line(error))
+
+
+class GrammarProbe:
+    """The grammar worker's check of constraints against one vocabulary."""
+
+    def __init__(self, tokenizer: LLTokenizer, vocab_size: int):
+        self.tokenizer, self.vocab_size = tokenizer, vocab_size
+
+    @staticmethod
+    def for_model(model: str) -> GrammarProbe:
+        """The probe of a model (a path or known name): builds its llguidance vocabulary."""
+        from zinfer.models.loader import open_model
+
+        source = open_model(model)
+        return GrammarProbe(grammar_tokenizer(source), source.spec.vocab_size)
+
+    def check(self, constraint: Constraint) -> Constraint:
+        """The constraint the engine should run (GBNF as Lark) once it compiles with the
+        vocabulary and its first mask allows a token; ValueError saying why not."""
+        constraint = as_lark(constraint)
+        mask = GrammarMask(self.tokenizer, constraint, self.vocab_size)
+        mask.masked(np.zeros(self.vocab_size, np.float32))  # raises when nothing is allowed
+        return constraint
+
+
+def on_thread(stack: int, fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) on a new thread with `stack` bytes of stack; returns or raises what it did.
+    Blocks: call it from a worker thread, not the event loop."""
+    result: list[Any] = []
+
+    def run() -> None:
+        try:
+            result.append((True, fn(*args)))
+        except BaseException as exc:  # re-raised in the caller
+            result.append((False, exc))
+
+    with _stack_lock:  # threading.stack_size is process-wide: set it only for this start
+        old = threading.stack_size(stack)
+        try:
+            thread = threading.Thread(target=run, name="grammar-compile", daemon=True)
+            thread.start()
+        finally:
+            threading.stack_size(old)
+    thread.join()
+    ok, value = result[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
+_stack_lock = threading.Lock()
 
 
 def fill_masks(masks: Sequence[GrammarMask]) -> None:

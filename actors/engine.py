@@ -111,7 +111,9 @@ def build_actor(name: str, ctx: zmq.Context[zmq.Socket[bytes]], addrs: Addresses
     if name == "tokenizer":
         from zinfer.models.prompt import PromptBuilder
 
-        return TokenizerActor(ctx, addrs, PromptBuilder.from_source(source), sched.max_model_len, public=list(config.zmq_endpoints), public_curve=public_curve_keys(config), tracing=tracing)
+        return TokenizerActor(
+            ctx, addrs, PromptBuilder.from_source(source), sched.max_model_len, public=list(config.zmq_endpoints), public_curve=public_curve_keys(config),
+            tracing=tracing, grammar_model=str(source.path))
     if name == "scheduler":
         return SchedulerActor(ctx, addrs, sched, tracing)
     if name == "kv":

@@ -9,9 +9,10 @@ sequence, which the scheduler ends; the other rows of the round are sampled as u
 
 Constrained requests (params.constraint) get a GrammarMask (actors/constraints.py) built
 on the model's vocabulary as llguidance reads it, made once per actor from `source` on the
-first constrained request. Their next masks are computed in a worker thread right after a
-round is sampled, while the executors run the next forward, and awaited only when that
-round's logits arrive.
+first constrained request. Masks are compiled in a worker thread on a large stack
+(constraints.on_thread) before their round is sampled; their next masks are computed in a
+worker thread right after a round is sampled, while the executors run the next forward,
+and awaited only when that round's logits arrive.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import trio
 import zmq
 from llguidance import LLTokenizer
 
-from zinfer.actors.constraints import GrammarMask, MaskPrefetch, grammar_tokenizer
+from zinfer.actors.constraints import COMPILE_STACK, GrammarMask, MaskPrefetch, grammar_tokenizer, on_thread
 from zinfer.actors.sampling import RequestSampler
 from zinfer.actors.topology import Addresses
 from zinfer.messages.channel import Inbox, Outbox
@@ -63,8 +64,9 @@ class SamplerActor:
                         return
                     await self.prefetch.wait()
                     await self._load_grammar_tokenizer(msg)
+                    grammars = await trio.to_thread.run_sync(self.build_grammars, msg)
                     t0 = time.time_ns()
-                    sampled = self.sample_round(msg)
+                    sampled = self.sample_round(msg, grammars)
                     if self.tracing is not None and msg.traceparents:
                         attrs = {"sampled_round": msg.round_id, "rows": len(msg.seq_ids), "seq_ids": msg.seq_ids}
                         self.tracing.record("sample", msg.traceparents[0], attrs, msg.traceparents[1:], t0)
@@ -74,20 +76,36 @@ class SamplerActor:
             self.inbox.close()
             self.to_scheduler.close()
 
-    def sample_round(self, msg: RoundLogits) -> Sampled:
+    def build_grammars(self, msg: RoundLogits) -> dict[int, GrammarMask | Exception]:
+        """The grammar mask (or the exception building it raised) of each constrained
+        sequence the round adds, compiled on a COMPILE_STACK thread. Blocks for as long as
+        llguidance compiles: call it in a worker thread."""
+        out: dict[int, GrammarMask | Exception] = {}
+        for u in msg.sampler_updates:
+            if isinstance(u, SamplerAdd) and u.params.constraint is not None:
+                try:
+                    out[u.seq_id] = on_thread(COMPILE_STACK, GrammarMask, self._grammar_tokenizer(), u.params.constraint, self.vocab_size)
+                except Exception as e:  # this request's alone
+                    out[u.seq_id] = e
+        return out
+
+    def sample_round(self, msg: RoundLogits, grammars: dict[int, GrammarMask | Exception] | None = None) -> Sampled:
         """Apply the round's sampler updates, then sample one token per logits row and per
-        candidates row.
+        candidates row. grammars: build_grammars(msg), built here when not given.
 
         A sequence whose set-up or sampling raises gets TokenSample(seq_id, -1,
         error=...) instead of a token; its state is dropped. Mutates self.samplers.
         """
+        grammars = self.build_grammars(msg) if grammars is None else grammars
         tokens, failed = [], set()
         for u in msg.sampler_updates:
             if isinstance(u, SamplerAdd):
                 try:
                     sampler = RequestSampler(u.params, u.prompt_ids, self.vocab_size, u.seq_id)
-                    if u.params.constraint is not None:
-                        sampler.grammar = GrammarMask(self._grammar_tokenizer(), u.params.constraint, self.vocab_size)
+                    grammar = grammars.get(u.seq_id)
+                    if isinstance(grammar, Exception):
+                        raise grammar
+                    sampler.grammar = grammar
                     self.samplers[u.seq_id] = sampler
                 except Exception as e:  # bad parameters, a bad constraint: this request only
                     tokens.append(self._failure(u.seq_id, e))

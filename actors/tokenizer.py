@@ -29,6 +29,7 @@ import zmq
 from opentelemetry.trace import Span
 
 from zinfer.actors.front_requests import Choice, Request, request_fields
+from zinfer.actors.grammar_checker import GrammarChecker
 from zinfer.actors.prompt_encoding import PromptLimits, PromptTooLong, Worker, encode_prompt, encode_text_or_chat, input_size
 from zinfer.actors.topology import Addresses
 from zinfer.messages.bus import AsyncSocket, PeerGone
@@ -72,6 +73,10 @@ SEED_RANGE = 2**64
 """Seeds are taken modulo this: choice i of a seeded request samples with seed + i."""
 
 
+class GrammarRefused(ValueError):
+    """The request's constraint did not pass the grammar check."""
+
+
 @dataclass
 class TokenizerActor:
     ctx: zmq.Context[zmq.Socket[bytes]]
@@ -84,6 +89,7 @@ class TokenizerActor:
     public_curve: KeyPair | None = None  # CURVE server keys of the public endpoints (None: plain)
     stats: SchedulerStats = field(default_factory=SchedulerStats)
     tracing: Tracing | None = None  # None: tracing off
+    grammar_model: str | None = None  # the model constraints are checked against (None: the sampler alone checks them)
 
     def __post_init__(self) -> None:
         self.front = AsyncSocket(self.ctx, zmq.ROUTER, bind=self.addrs.frontend)
@@ -99,6 +105,7 @@ class TokenizerActor:
         self.limits = PromptLimits.for_tokenizer(self.prompts.tokenizer, self.max_model_len)
         self.worker = Worker()
         self.down: str | None = None  # why new generations fail at once (an actor died, shutdown)
+        self.grammars = GrammarChecker(self.grammar_model) if self.grammar_model is not None else None
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -113,6 +120,8 @@ class TokenizerActor:
         finally:
             for end in (self.front, self.inbox, self.to_scheduler):
                 end.close()
+            if self.grammars is not None:
+                await self.grammars.aclose()
 
     # ---- sockets: one task each -----------------------------------------------------
 
@@ -224,8 +233,10 @@ class TokenizerActor:
         If r ended meanwhile (cancelled, failed, its client gone), its terminal event is
         already out: the result is dropped."""
         refusal: Rejected | Failed | None = None
+        params = req.params
         try:
             r.prompt_ids = await self.worker.run(input_size(req), encode_prompt, self.prompts, self.limits, req)
+            params = await self._checked_grammar(params)
         except ValueError as exc:
             refusal = self._refusal(r, exc)
         except Exception as exc:  # a tokenizer bug fails this request only
@@ -239,9 +250,22 @@ class TokenizerActor:
         if refusal is not None:
             self._finish(r, refusal)
             return
-        self._admit(r, req.params, req.traceparent)
+        self._admit(r, params, req.traceparent)
+
+    async def _checked_grammar(self, params: SamplingParams) -> SamplingParams:
+        """params with its constraint as the grammar worker compiled it (GBNF as Lark);
+        GrammarRefused when the worker refuses it. A grammar the engine runs is one the
+        worker compiled (actors/grammar_checker.py)."""
+        if params.constraint is None or self.grammars is None:
+            return params
+        try:
+            return msgspec.structs.replace(params, constraint=await self.grammars.check(params.constraint))
+        except ValueError as exc:
+            raise GrammarRefused(str(exc)) from None
 
     def _refusal(self, r: Request, exc: ValueError) -> Rejected:
+        if isinstance(exc, GrammarRefused):
+            return Rejected(r.request_id, "bad_constraint", f"constraint: {exc}")
         if isinstance(exc, PromptTooLong):
             return Rejected(r.request_id, "too_long", str(exc), n_prompt_tokens=exc.n_tokens, n_ctx=self.max_model_len)
         return Rejected(r.request_id, "bad_request", str(exc))

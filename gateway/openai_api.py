@@ -35,7 +35,7 @@ from zinfer.gateway.openai_schema import (
     parse,
     sampling_params,
 )
-from zinfer.gateway.openai_constraints import constraint_from_request
+from zinfer.gateway.openai_constraints import constraint_field, constraint_from_request
 from zinfer.gateway.openai_shaper import Shaper
 from zinfer.gateway.openai_tools import ToolPlan, tool_constraint, tool_plan
 from zinfer.gateway.sse import SSEResponse, until_disconnect
@@ -132,7 +132,8 @@ async def respond(state: GatewayState, request: Request, kind: type[ChatRequest]
         return exc.response()
     rid = uuid.uuid4().hex
     open_events = partial(engine_events, state.client, forms, params, rid, record)
-    return await answer(request, Shaper(state, isinstance(req, ChatRequest), rid, plan), open_events, req.stream, include_usage(req), record)
+    field = "tools" if plan is not None and plan.forced else constraint_field(req)  # named when the engine refuses the grammar
+    return await answer(request, Shaper(state, isinstance(req, ChatRequest), rid, plan, field), open_events, req.stream, include_usage(req), record)
 
 
 def check_sequences(state: GatewayState, prompts: int, n: int) -> None:

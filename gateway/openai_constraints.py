@@ -12,8 +12,10 @@ Taken the way each server takes them:
   Lark dialect by llguidance).
 
 At most one of them per request. Every problem is an ApiError 400 naming the field in
-`param`: the schema, regex or grammar is compiled by llguidance here (no tokenizer needed)
-as the sampler will compile it again.
+`param`: here the fields' shapes and sizes; the grammar itself is measured and compiled
+with the model's vocabulary at the engine's front door (actors/grammar_checker.py), whose
+refusal (code "bad_constraint") the shaper answers as a 400 naming the same field
+(constraint_field). No grammar library runs in the gateway.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from llguidance.gbnf_to_lark import any_to_lark
+from llguidance.gbnf_to_lark import is_lark_syntax
 
-from zinfer.actors.constraints import compile_grammar, map_schemas
+from zinfer.actors.constraints import map_schemas
 from zinfer.gateway.openai_schema import ApiError
 from zinfer.messages.params import MAX_CONSTRAINT_BYTES, Constraint
 
@@ -53,14 +55,15 @@ def constraint_from_request(req: Any) -> Constraint | None:
     return checked(c, name)
 
 
+def constraint_field(req: Any) -> str | None:
+    """The field of req that asked for a constraint (as constraint_from_request read it)."""
+    return next((name for name in FIELDS if getattr(req, name, None) is not None), None)
+
+
 def checked(c: Constraint, param: str) -> Constraint:
-    """c, once llguidance compiles it; else ApiError 400 naming param and the problem."""
+    """c, if its spec is within the size limit; else ApiError 400 naming param."""
     if len(c.spec.encode("utf-8", "surrogatepass")) > MAX_CONSTRAINT_BYTES:
         raise ApiError(400, f"{param} is larger than {MAX_CONSTRAINT_BYTES >> 10} KiB", param=param, code="invalid_value")
-    try:
-        compile_grammar(c)
-    except (ValueError, TypeError) as exc:
-        raise ApiError(400, f"{param}: {exc}", param=param, code="invalid_value") from None
     return c
 
 
@@ -123,12 +126,9 @@ def _choices(value: Any, param: str) -> Constraint:
 
 
 def _grammar(value: Any, param: str) -> Constraint:
-    """A Lark or GBNF grammar (llguidance tells them apart and converts GBNF) as kind lark."""
+    """A Lark or GBNF grammar, told apart as llguidance tells them (the engine converts GBNF)."""
     text = _string(value, param)
-    try:
-        return Constraint("lark", any_to_lark(text))
-    except Exception as exc:  # llguidance's GBNF converter raises its own error types
-        raise ApiError(400, f"invalid {param}: not a Lark or GBNF grammar llguidance reads: {exc}", param=param, code="invalid_value") from None
+    return Constraint("lark" if is_lark_syntax(text) else "gbnf", text)
 
 
 def _structured_outputs(value: Any, param: str) -> Constraint | None:

@@ -75,7 +75,7 @@ async def respond(state: GatewayState, request: Request, kind: type[ResponsesReq
         record.finish("rejected")
         return renamed(exc).response()
     rid = uuid.uuid4().hex
-    shaper = ResponsesShaper(state, req, rid, plan.names if plan else None)
+    shaper = ResponsesShaper(state, req, rid, plan.names if plan else None, "tools" if plan is not None and plan.forced else "text.format")
     open_events = partial(engine_events, state.client, forms, params, rid, record)
     return await answer(request, shaper, open_events, req.stream, True, record)
 
@@ -91,14 +91,15 @@ class ResponsesShaper:
     `tools`: the names of the functions offered, when the model may call them: its text is
     then parsed into function_call items (gateway/openai_tools.py)."""
 
-    def __init__(self, state: GatewayState, req: ResponsesRequest, rid: str, tools: set[str] | None):
+    def __init__(self, state: GatewayState, req: ResponsesRequest, rid: str, tools: set[str] | None, constraint_param: str | None = None):
         self.state, self.settings, self.tools = state, echo(req), tools
+        self.constraint_param = constraint_param  # the field a refused grammar came from
         self.id = "resp_" + rid
         self.created_at = int(time.time())
 
     def error(self, event: Rejected | Failed | Cancelled) -> ApiError:
         """The HTTP error for a request the engine refused or did not finish."""
-        return renamed(engine_error(event, chat=True))
+        return renamed(engine_error(event, chat=True, constraint_param=self.constraint_param))
 
     def response(self, status: str, output: list[dict], usage: Usage | None = None, error: dict | None = None) -> dict:
         """The Response object; status in_progress, completed, incomplete or failed."""

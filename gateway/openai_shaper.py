@@ -14,14 +14,17 @@ from zinfer.gateway.state import GatewayState
 from zinfer.messages.client import Cancelled, ClientEvent, Delta, Failed, Finished, Rejected, Usage
 
 ENGINE_PARAMS = {"logit_bias": "logit_bias", "stop_token_ids": "stop_token_ids", "prompt_ids": "prompt"}  # first word of an engine message -> param
-REJECTION_STATUS = {"too_long": 400, "bad_request": 400, "cannot_fit": 400, "queue_full": 429}
+REJECTION_STATUS = {"too_long": 400, "bad_request": 400, "bad_constraint": 400, "cannot_fit": 400, "queue_full": 429}
 
 
-def engine_error(event: Rejected | Failed | Cancelled, chat: bool) -> ApiError:
+def engine_error(event: Rejected | Failed | Cancelled, chat: bool, constraint_param: str | None = None) -> ApiError:
     """The HTTP error for a request the engine did not finish (a too-long prompt names
-    `messages` for chat, `prompt` for completions)."""
+    `messages` for chat, `prompt` for completions; a refused grammar, constraint_param:
+    the request field it came from)."""
     if isinstance(event, Rejected):
         status = REJECTION_STATUS.get(event.code, 400)
+        if event.code == "bad_constraint":
+            return ApiError(status, event.message, param=constraint_param, code="invalid_value")
         if event.code == "too_long":
             return ApiError(status, event.message, param="messages" if chat else "prompt", code="context_length_exceeded", n_prompt_tokens=event.n_prompt_tokens, n_ctx=event.n_ctx)
         if event.code == "queue_full":
@@ -37,8 +40,9 @@ def engine_error(event: Rejected | Failed | Cancelled, chat: bool) -> ApiError:
 class Shaper:
     """Turns one request's engine events into OpenAI chunks or a whole response."""
 
-    def __init__(self, state: GatewayState, chat: bool, rid: str, tools: ToolPlan | None = None):
+    def __init__(self, state: GatewayState, chat: bool, rid: str, tools: ToolPlan | None = None, constraint_param: str | None = None):
         self.state, self.chat = state, chat
+        self.constraint_param = constraint_param  # the request field its constraint came from, named in a refusal
         self.tools = tools if chat else None  # the model may call these: its text is parsed for calls
         self.calls = StreamedCalls(tools.names) if self.tools else None
         self.id = ("chatcmpl-" if chat else "cmpl-") + rid
@@ -47,7 +51,7 @@ class Shaper:
 
     def error(self, event: Rejected | Failed | Cancelled) -> ApiError:
         """The HTTP error for a request the engine refused or did not finish."""
-        return engine_error(event, self.chat)
+        return engine_error(event, self.chat, self.constraint_param)
 
     def envelope(self, choices: list[dict], chunk: bool, **extra: Any) -> dict:
         obj = self.object + ".chunk" if chunk and self.chat else self.object
@@ -99,7 +103,7 @@ class Shaper:
                 yield DONE
                 return
             elif isinstance(event, (Rejected, Failed, Cancelled)):
-                yield frame(engine_error(event, self.chat).body())
+                yield frame(self.error(event).body())
                 yield DONE
                 return
             event = await events.__anext__()
@@ -121,8 +125,8 @@ class Shaper:
                         with_tool_calls(c, self.tools.names)
                 return self.envelope(ordered, False, usage=usage_body(event.usage))
             elif isinstance(event, (Rejected, Failed, Cancelled)):
-                return engine_error(event, self.chat)
-        return engine_error(Failed("", "the engine stream ended early"), self.chat)
+                return self.error(event)
+        return self.error(Failed("", "the engine stream ended early"))
 
     def empty(self, index: int) -> dict:
         if self.chat:

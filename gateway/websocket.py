@@ -30,7 +30,6 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from zinfer.actors.constraints import compile_grammar
 from zinfer.gateway.auth import authorized
 from zinfer.gateway.state import GatewayState
 from zinfer.gateway.client import EngineError
@@ -176,9 +175,7 @@ class ChatSocket:
             if (msg.prompt is None) == (msg.messages is None):
                 raise BadMessage("bad_message", "give exactly one of prompt and messages", msg.id)
             try:
-                msg.params.validate()
-                if msg.params.constraint is not None:  # compiles, or is refused before it is queued
-                    compile_grammar(msg.params.constraint)
+                msg.params.validate()  # a constraint is compiled at the engine's front door, before it is queued
             except ValueError as exc:
                 raise BadMessage("bad_request", str(exc), msg.id) from None
         return msg

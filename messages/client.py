@@ -158,7 +158,8 @@ class Cancelled(msgspec.Struct, tag="cancelled", **_MAP):
 
 
 class Rejected(msgspec.Struct, tag="rejected", **_MAP):
-    """Terminal: never started. code: "too_long", "queue_full", "bad_request", "cannot_fit"."""
+    """Terminal: never started. code: "too_long", "queue_full", "bad_request", "bad_constraint"
+    (the grammar check refused the constraint), "cannot_fit"."""
 
     request_id: str
     code: str

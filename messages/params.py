@@ -29,7 +29,7 @@ MAX_STOPS, MAX_STOP_CHARS = 16, 512
 MAX_LOGPROBS, MAX_N = 20, 16
 MAX_CONSTRAINT_BYTES = 256 << 10
 """A constraint's spec (schema, regex, grammar or choice list) is at most 256 KiB of UTF-8."""
-CONSTRAINT_KINDS = ("json_schema", "regex", "lark", "choice")
+CONSTRAINT_KINDS = ("json_schema", "regex", "lark", "gbnf", "choice")
 
 Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 
@@ -39,10 +39,12 @@ class Constraint(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     kind "json_schema": spec is a JSON schema as JSON text (`{"type": "object"}`: any JSON
     object); "regex": a regular expression the whole output matches; "lark": a grammar in
-    llguidance's Lark dialect (which may embed JSON schemas with `%json {...}`); "choice":
-    a JSON array of strings, the output is exactly one of them. validate() checks the kind
-    and the size; whether the spec compiles is checked where it is compiled
-    (actors/constraints.py: the gateways before queueing, the sampler again).
+    llguidance's Lark dialect (which may embed JSON schemas with `%json {...}`); "gbnf": a
+    grammar in llama.cpp's GBNF (the front door converts it to Lark); "choice": a JSON
+    array of strings, the output is exactly one of them. validate() checks the kind and the
+    size; whether the spec compiles is checked at the engine's front door before the request
+    is queued (actors/grammar_checker.py: a refusal is Rejected "bad_constraint"), and by
+    the sampler again.
     """
 
     kind: str

@@ -141,9 +141,9 @@ def tap_sampler(engine) -> list[RoundLogits]:
     sampler, seen = engine.actors["sampler"], []
     sample_round = sampler.sample_round
 
-    def recording(msg: RoundLogits):
+    def recording(msg: RoundLogits, *grammars):
         seen.append(msg)
-        return sample_round(msg)
+        return sample_round(msg, *grammars)
 
     sampler.sample_round = recording
     return seen

@@ -80,9 +80,9 @@ async def speed(model: str, runs: int) -> None:
         spent: list[float] = []  # seconds the sampler's loop spent per round: waiting for masks, then sampling
         sample_round, wait = sampler.sample_round, sampler.prefetch.wait
 
-        def timed_round(msg):
+        def timed_round(msg, *grammars):
             t = time.perf_counter()
-            out = sample_round(msg)
+            out = sample_round(msg, *grammars)
             spent[-1] += time.perf_counter() - t
             return out
 
