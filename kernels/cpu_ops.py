@@ -25,7 +25,7 @@ def compile_twice(body, **flags):
     gets its own name so that numba's on-disk cache keeps the two apart."""
     one = types.FunctionType(body.__code__, body.__globals__, body.__name__ + "_one", body.__defaults__, body.__closure__)
     one.__qualname__ = body.__qualname__ + "_one"
-    flags = {"cache": True, "nogil": True, **flags}
+    flags = {"cache": True, "nogil": True, "error_model": "numpy", **flags}
     return njit(parallel=True, **flags)(body), njit(**flags)(one)
 
 
@@ -36,7 +36,17 @@ def specialize(body, name: str, **constants):
     module-level `name` (numba's cache and the compile helper find kernels by name)."""
     func = types.FunctionType(body.__code__, {**body.__globals__, **constants}, name, body.__defaults__, body.__closure__)
     func.__qualname__ = name
-    return njit(cache=True, nogil=True)(func)
+    return njit(cache=True, nogil=True, error_model="numpy")(func)
+
+
+# Every kernel here compiles with error_model="numpy": a float division by zero gives inf or NaN
+# as IEEE says, where numba's default raises ZeroDivisionError (in a prange loop, a SystemError),
+# and a NaN that fast-math arithmetic turned into a zero divisor killed the round.
+# Under fastmath, NaN checks on floats fold away: a kernel that must see a NaN or an
+# infinity tests the value's bits (f32_bits, NON_FINITE_BITS), which no fast-math flag touches.
+
+NON_FINITE_BITS = np.int32(0x7F800000)  # exponent bits all set: inf or NaN (|v|'s bits >= this)
+ABS_BITS = np.int32(0x7FFFFFFF)  # the bits of |v|: for v >= 0, bits order as values do
 
 
 # ---- scalar helpers that LLVM vectorizes: exp (numba's np.exp is a libm call per element), f16 -> f32 ----
@@ -49,6 +59,17 @@ def _f32_from_bits(typingctx, bits):
 
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def f32_bits(typingctx, x):
+    """The bit pattern of float32 x as an int32."""
+    sig = nt.int32(nt.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
 
     return sig, codegen
 
@@ -78,7 +99,7 @@ def f16_bits(typingctx, x):
     return sig, codegen
 
 
-@njit(fastmath=True, inline="always")
+@njit(fastmath=True, inline="always", error_model="numpy")
 def fast_exp(x):
     """exp(x) in float32 to ~1 ulp for x in [-87, 88] (clamped there): Cody-Waite
     reduction x = k ln2 + r and Cephes' degree-6 polynomial for exp(r), scaled by 2^k
@@ -95,12 +116,18 @@ def fast_exp(x):
     return (p * r * r + r + np.float32(1)) * _f32_from_bits((np.int32(k) + np.int32(127)) << np.int32(23))
 
 
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def softmax_(row, scale):
-    """row [n] f32 (n >= 1), in place: softmax(scale * row)."""
+    """row [n] f32 (n >= 1), in place: softmax(scale * row); all NaN where row holds a NaN
+    or an infinity (fast_exp's clamp would turn those into plausible weights)."""
     mx = row[0]
+    top = np.int32(0)  # the largest |row[j]|'s bits
     for j in range(row.shape[0]):
         mx = max(mx, row[j])
+        top = max(top, f32_bits(row[j]) & ABS_BITS)
+    if top >= NON_FINITE_BITS:
+        row[:] = np.nan
+        return
     tot = np.float32(0)
     for j in range(row.shape[0]):
         e = fast_exp((row[j] - mx) * scale)
@@ -143,7 +170,7 @@ def _rms_norm(x, w, eps, out):
 rms_norm, rms_norm_one = compile_twice(_rms_norm, fastmath=True)
 
 
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def rope_table(positions, inv_freq, cos, sin):
     """cos, sin [T, rope_dim/2] of positions [T] int64 times inv_freq [rope_dim/2] f32:
     one round's angles, shared by q and k of every layer with the same base."""
@@ -206,7 +233,7 @@ def _glu(gate, up, gelu, out):
 glu, glu_one = compile_twice(_glu, fastmath=True)
 
 
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True, error_model="numpy")
 def paged_attention(q, k_pool, v_pool, rows, positions, row_seq, tables, block_size, scale, window, out):
     """Causal attention of the token rows `rows` over each one's paged KV, in one kernel.
 

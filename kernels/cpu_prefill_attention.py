@@ -37,7 +37,7 @@ def gather_keys_values(k_pool, v_pool, table, block_size, k0, kt, v):
                 v[g, j, i] = as_f32(v_pool[slot, g, i])
 
 
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True, error_model="numpy")  # see kernels/cpu_ops.py
 def chunk_attention(gemm, q, kt, v, q_pos, k0, scale, window, out):
     """out [n, H, hd] = attention of q [n, H, hd] (positions q_pos [n], increasing) over
     the keys at positions k0 + j held in kt [Hkv, hd, nk + GEMM_NR], v [Hkv, nk + GEMM_NR, hd]

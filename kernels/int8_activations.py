@@ -10,19 +10,28 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from zinfer.kernels.cpu_ops import compile_twice, specialize
+from zinfer.kernels.cpu_ops import ABS_BITS, NON_FINITE_BITS, _f32_from_bits, compile_twice, f32_bits, specialize
 
 PLAIN, U4_ORDER, U6_ORDER, K4_ORDER, U5_ORDER = ORDERS = 0, 1, 2, 3, 4  # the orders of activations in a step
 ORDER_NAMES = ("plain", "u4", "u6", "k4", "u5")
 _ORDER = PLAIN  # the order of a _quantize_in copy: each binds its own (cpu_ops.specialize)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _block_scale(xb):
-    """A block's int8 scale d = amax / 127 and its inverse 127 / amax (0 for a zero block)."""
-    amax = np.float32(0)
+    """A block's int8 scale d = amax / 127 and its inverse 127 / amax (0 for a zero block).
+
+    A block holding a NaN or an infinity gets d = NaN (and inv 0): every product it enters
+    is NaN, so the sampler's finite check fails the request instead of sampling plausible
+    tokens from codes that rounded the NaN to a number. amax is taken on the bits (|v|'s
+    bits order as |v| does, inf and NaN above every finite value): the callers' fast-math
+    flags fold a float NaN test away (v != v was), never an integer one."""
+    top = np.int32(0)
     for v in xb:
-        amax = max(amax, abs(v))
+        top = max(top, f32_bits(v) & ABS_BITS)
+    if top >= NON_FINITE_BITS:
+        return np.float32(np.nan), np.float32(0)
+    amax = _f32_from_bits(top)
     return amax / np.float32(127), (np.float32(127) / amax if amax > 0 else np.float32(0))
 
 
@@ -123,12 +132,12 @@ def _quantize_for_i8(x, A, S, group):
     """A [T, cols] int8 codes, rounded per `group` columns (32 or 256); S lanes = d_a (8 per 32 columns)."""
     T, K = x.shape
     for t in prange(T):
+        xt, At = x[t], A[t]
         for g in range(K // group):
-            d, inv = _block_scale(x[t, g * group : g * group + group])
+            d, inv = _block_scale(xt[g * group : g * group + group])
             for i in range(g * group, g * group + group):
-                A[t, i] = int(np.rint(x[t, i] * inv))
-            for lane in range(g * group // 4, (g * group + group) // 4):
-                S[t, lane] = d
+                At[i] = np.int8(np.rint(xt[i] * inv))
+            S[t, g * group // 4 : (g * group + group) // 4] = d
 
 
 def _u6_offsets_for(A, C):
