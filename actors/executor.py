@@ -6,6 +6,10 @@ run_round over the forward (devices/round.py tells the whole round), traced or n
 CUDA graphs and device-time kernel spans are on the normal path. Only what the sampler
 needs of the logits leaves the device: full rows, or the top candidates of greedy and
 top-k rows (devices/reductions.py).
+
+A round that raises (a kernel fault, a device error) fails that round's requests, not the
+engine: the executor tells the scheduler (RoundFailed), which ends each of the round's
+sequences with the error and frees its KV, and the next round runs as usual.
 """
 
 from __future__ import annotations
@@ -23,7 +27,17 @@ from zinfer.devices.base import Device
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.reductions import reduce_logits
 from zinfer.messages.channel import Inbox, Outbox
-from zinfer.messages.engine import Candidates, ExecutorInbox, Round, RoundLogits, RoundSeq, SamplerInbox, Shutdown
+from zinfer.messages.engine import (
+    Candidates,
+    ExecutorInbox,
+    Round,
+    RoundFailed,
+    RoundLogits,
+    RoundSeq,
+    SamplerInbox,
+    SchedulerInbox,
+    Shutdown,
+)
 from zinfer.models.forward import forward
 from zinfer.models.loader import ModelSource
 from zinfer.models.weight_cache import build_device_weights
@@ -43,6 +57,8 @@ class ExecutorActor:
         log.info("executor ready", device=device.name, seconds=round(time.perf_counter() - started, 2))
         self.inbox: Inbox[ExecutorInbox] = Inbox(ctx, addrs.executor, ExecutorInbox)
         self.to_sampler: Outbox[SamplerInbox] = Outbox(ctx, addrs.sampler, SamplerInbox)
+        self.to_scheduler: Outbox[SchedulerInbox] = Outbox(ctx, addrs.scheduler, SchedulerInbox)  # failed rounds only
+        self.failed_rounds = 0
         self.busy_seconds = 0.0  # time inside rounds, for the bus-overhead figure
         self.round_tracer = RoundTracer(tracing, device, device.kernel_clock()) if tracing is not None else None  # None: tracing off
         self.tables = BlockTables()
@@ -55,10 +71,23 @@ class ExecutorActor:
                 if isinstance(msg, Shutdown):
                     await self.to_sampler.send(msg)
                     return
-                await self.to_sampler.send(await self.run_round(msg))
+                try:
+                    logits = await self.run_round(msg)
+                except Exception as e:  # this round's requests fail; the engine serves on
+                    await self.to_scheduler.send(RoundFailed(msg.round_id, self._failure(msg, e)))
+                    continue
+                await self.to_sampler.send(logits)
         finally:
             self.inbox.close()
             self.to_sampler.close()
+            self.to_scheduler.close()
+
+    def _failure(self, r: Round, e: Exception) -> str:
+        """The one-line reason round r failed, logged (the first failure with its traceback)."""
+        self.failed_rounds += 1
+        message = f"the device failed this round: {type(e).__name__}: {_first_line(e)}"
+        log.error("round failed", round_id=r.round_id, seq_ids=[s.seq_id for s in r.seqs], error=message, exc_info=self.failed_rounds == 1)
+        return message
 
     async def run_round(self, r: Round) -> RoundLogits:
         tables = self.tables.update(r)
@@ -117,6 +146,11 @@ class BlockTables:
             table.extend(s.new_blocks)
             out.append(table)
         return out
+
+
+def _first_line(e: Exception) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0][:200] if lines else "(no message)"
 
 
 def round_name(r: Round) -> str:

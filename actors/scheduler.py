@@ -4,7 +4,8 @@ It receives admissions, aborts and sampled tokens on its inbox; asks the KV acto
 blocks when a round needs some (or frees and commits are pending: a decode step inside
 its last block needs no call); sends the round to the executor and each round's new
 tokens to the tokenizer. One round is in flight at a time: the next is planned when the
-sampled tokens of the last come back, so admissions and aborts that arrive meanwhile
+sampled tokens of the last come back (or the executor says it failed: RoundFailed ends
+that round's sequences with the error), so admissions and aborts that arrive meanwhile
 join the next round.
 """
 
@@ -32,6 +33,7 @@ from zinfer.messages.engine import (
     KvStats,
     KvUpdate,
     Round,
+    RoundFailed,
     SamplerAdd,
     SamplerDrop,
     SamplerUpdate,
@@ -68,6 +70,7 @@ class SchedulerActor:
         self.round_id = 0
         self.preemptions = 0
         self.in_flight: list[Chunk] | None = None
+        self.in_flight_updates: list[SamplerUpdate] = []  # the sampler updates the in-flight round carries
         self.frees: list[int] = []
         self.commits: list[KvCommit] = []
         self.forget: list[int] = []  # seq ids whose block tables the executor may drop
@@ -90,7 +93,7 @@ class SchedulerActor:
             for end in (self.inbox, self.to_tokenizer, self.to_executor, self.kv):
                 end.close()
 
-    async def handle(self, msg: Admit | Abort | Sampled | ActorFailed) -> None:
+    async def handle(self, msg: Admit | Abort | Sampled | RoundFailed | ActorFailed) -> None:
         if isinstance(msg, Admit):
             seq = Seq(msg.seq_id, list(msg.prompt_ids), msg.params, frozenset(msg.eos_ids), msg.traceparent)
             rejection = self.policy.add(seq)
@@ -106,6 +109,8 @@ class SchedulerActor:
                 self._release(msg.seq_id)
         elif isinstance(msg, Sampled):
             await self._complete(msg)
+        elif isinstance(msg, RoundFailed):
+            await self._fail_round(msg)
         elif isinstance(msg, ActorFailed):
             await self.to_tokenizer.send(msg)
 
@@ -148,7 +153,7 @@ class SchedulerActor:
                 s.logits_need = logits_needed(c.seq.params) if s.wants_logits else 0
         parents = [c.seq.traceparent for c in accepted if c.seq.traceparent]
         await self.to_executor.send(Round(self.round_id, seqs, self.sampler_updates, parents, self.forget))
-        self.sampler_updates, self.forget = [], []
+        self.in_flight_updates, self.sampler_updates, self.forget = self.sampler_updates, [], []
         self.in_flight = accepted
         if self.tracing is not None:
             self._trace_round(t0, accepted, parents)
@@ -213,6 +218,22 @@ class SchedulerActor:
             self._release(seq_id)
         if outputs:
             await self.to_tokenizer.send(SeqOutputs(outputs, self.stats()))
+
+    async def _fail_round(self, msg: RoundFailed) -> None:
+        """The executor could not compute the in-flight round: end each of its sequences
+        with the error (KV, sampler state and table freed, as a failed sample does). The
+        round's sampler updates go out again with the next round, so the sampler's state
+        stays that of the scheduler (an add of a failed sequence is dropped right after)."""
+        chunks, self.in_flight = self.in_flight or [], None
+        self.sampler_updates = self.in_flight_updates + self.sampler_updates
+        self.in_flight_updates = []
+        failed = []
+        for c in chunks:
+            if self.policy.abort(c.seq.seq_id) is not None:  # None: aborted while the round ran
+                self._release(c.seq.seq_id)
+                failed.append(SeqOutput(c.seq.seq_id, [], None, finish_reason=f"error:{msg.message}"))
+        log.warning("round failed", round_id=msg.round_id, seq_ids=[o.seq_id for o in failed], error=msg.message)
+        await self.to_tokenizer.send(SeqOutputs(failed, self.stats()))
 
     def stats(self) -> SchedulerStats:
         p, kv = self.policy, self.kv_stats

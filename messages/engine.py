@@ -35,12 +35,17 @@ class Abort(msgspec.Struct, tag="abort", **_BUS):
     reason: str
 
 
+CONSTRAINT_FAILURE = "constraint: "
+"""How a TokenSample's error starts when the sequence's grammar could not be followed: the
+front door then fails the request as its own problem (Failed code "bad_constraint")."""
+
+
 class TokenSample(msgspec.Struct, array_like=True, gc=False):
     seq_id: int
     token_id: int
     logprob: float | None = None  # None unless the request asked for logprobs
     top: list[tuple[int, float]] | None = None
-    error: str | None = None  # sampling this sequence failed (token_id is then -1): fail it alone
+    error: str | None = None  # sampling this sequence failed (token_id is then -1): fail it alone; CONSTRAINT_FAILURE + why, when its grammar could not be followed
 
 
 class Sampled(msgspec.Struct, tag="sampled", **_BUS):
@@ -59,7 +64,16 @@ class Shutdown(msgspec.Struct, tag="shutdown", **_BUS):
     pass
 
 
-SchedulerInbox = Union[Admit, Abort, Sampled, ActorFailed, Shutdown]
+class RoundFailed(msgspec.Struct, tag="round_failed", **_BUS):
+    """The executor could not compute round `round_id` (an exception on the device): the
+    scheduler fails every sequence of that round alone, with `message`, and serves on.
+    The round's sampler updates never reached the sampler."""
+
+    round_id: int
+    message: str
+
+
+SchedulerInbox = Union[Admit, Abort, Sampled, RoundFailed, ActorFailed, Shutdown]
 
 
 # ---- to the tokenizer (from the scheduler) ------------------------------------------
