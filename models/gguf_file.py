@@ -10,6 +10,7 @@ and tensors are the same memory-map views (`tests/test_startup.py` checks both).
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -24,6 +25,8 @@ from zinfer.models.spec import ModelError
 
 _MAGIC = b"GGUF"
 _STRING, _ARRAY = 8, 9
+MAX_NESTING = 8  # arrays of arrays deeper than this are refused (real files nest 1 or 2)
+MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 # GGUF value type -> numpy dtype of its scalars (little-endian)
 _SCALARS: dict[int, np.dtype] = {
     0: np.dtype("<u1"), 1: np.dtype("<i1"), 2: np.dtype("<u2"), 3: np.dtype("<i2"), 4: np.dtype("<u4"),
@@ -56,6 +59,8 @@ class GGUFFile:
         data_start = -(-header.offset // alignment) * alignment
         self.tensors: dict[str, TensorData] = {}
         for name, dims, qtype, rel in infos:
+            if rel % alignment:
+                raise ModelError(f"{self.path.name}: corrupt GGUF file: tensor {name} data offset {rel} is not a multiple of the alignment {alignment}")
             self.tensors[name] = self._tensor(name, dims, qtype, data_start + rel)
 
     @property
@@ -85,11 +90,15 @@ class GGUFFile:
         except ValueError:
             raise ModelError(f"{self.path.name}: tensor {name} has unknown type {raw_type}") from None
         shape = tuple(reversed(dims))  # numpy order: [out, in]
-        n_elems = int(np.prod(shape, dtype=np.int64))
+        if not 1 <= len(shape) <= MAX_DIMS or min(shape) < 1:
+            raise ModelError(f"{self.path.name}: corrupt GGUF file: tensor {name} has dimensions {list(dims)} (1 to {MAX_DIMS}, each at least 1)")
+        n_elems = math.prod(shape)  # Python ints: a product of corrupt dims cannot wrap around
+        if qtype not in gguf.GGML_QUANT_SIZES:
+            raise ModelError(f"{self.path.name}: tensor {name} has unsupported type {qtype.name}")
         block, type_size = gguf.GGML_QUANT_SIZES[qtype]
-        if shape and shape[-1] % block:
+        if shape[-1] % block:
             raise ModelError(f"{self.path.name}: tensor {name} row of {shape[-1]} is not a multiple of {qtype.name}'s block of {block}")
-        n_bytes = n_elems * type_size // block
+        n_bytes = n_elems // block * type_size
         end = start + n_bytes
         if end > self._map.size:
             raise ModelError(f"{self.path.name}: truncated file: tensor {name} ends at byte {end}, file has {self._map.size}")
@@ -121,7 +130,10 @@ class _Header:
             key = self._string()
             if key in meta:
                 raise ValueError(f"duplicate metadata key {key}")
-            meta[key] = self._value(self._unpack("<I"))
+            try:
+                meta[key] = self._value(self._unpack("<I"))
+            except (ValueError, IndexError, OverflowError, struct.error) as exc:
+                raise ValueError(f"metadata key {key}: {_first_line(exc)}") from None
         return meta
 
     def read_tensor_infos(self) -> list[tuple[str, tuple[int, ...], int, int]]:
@@ -173,7 +185,8 @@ class _Header:
         self.offset = end
         return values
 
-    def _value(self, vtype: int) -> Any:
+    def _value(self, vtype: int, depth: int = 0) -> Any:
+        """One value of type vtype; `depth`: the arrays it is nested in (MAX_NESTING at most)."""
         if vtype == _STRING:
             return self._string()
         if vtype in _SCALARS:
@@ -186,7 +199,9 @@ class _Header:
         if item_type in _SCALARS:
             return self._array(_SCALARS[item_type], count).tolist()
         if item_type == _ARRAY:  # nested arrays come out flat, as gguf-py gives them
-            return [x for _ in range(count) for x in self._value(_ARRAY)]
+            if depth >= MAX_NESTING:
+                raise ValueError(f"arrays nested more than {MAX_NESTING} deep")
+            return [x for _ in range(count) for x in self._value(_ARRAY, depth + 1)]
         raise ValueError(f"unknown GGUF array item type {item_type}")
 
 

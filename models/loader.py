@@ -15,6 +15,7 @@ from zinfer.devices.tensor import TensorData
 from zinfer.models.gguf_file import GGUFFile
 from zinfer.models.hf_layout import gguf_name, is_norm_weight
 from zinfer.models.spec import ModelError, ModelSpec, spec_from_gguf, spec_from_hf_config
+from zinfer.models.weight_check import check_finite_once
 
 
 @dataclass
@@ -75,13 +76,17 @@ def resolve(model: str | os.PathLike) -> Path:
 
 
 def open_model(model: str | os.PathLike) -> ModelSource:
-    """Read a model's spec and map its tensors; raises ModelError naming any problem."""
+    """Read a model's spec and map its tensors; raises ModelError naming any problem, a
+    NaN or an infinity in any weight included (models/weight_check.py)."""
     path = resolve(model)
     if path.is_dir():
-        return _open_hf_dir(path)
-    f = GGUFFile(path)
-    spec = spec_from_gguf(f.metadata, tensors=f.tensors)
-    return ModelSource(path, "gguf", spec, f.tensors, gguf_metadata=f.metadata, release=f.release)
+        source = _open_hf_dir(path)
+    else:
+        f = GGUFFile(path)
+        spec = spec_from_gguf(f.metadata, tensors=f.tensors)
+        source = ModelSource(path, "gguf", spec, f.tensors, gguf_metadata=f.metadata, release=f.release)
+    check_finite_once(path, source.tensors)
+    return source
 
 
 def _open_hf_dir(path: Path) -> ModelSource:

@@ -7,6 +7,7 @@ numpy lacks) arrives as raw uint16 tagged BF16 and nothing is copied until used.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from pathlib import Path
@@ -29,11 +30,16 @@ class SafetensorsDir:
         config_path = self.path / "config.json"
         if not config_path.is_file():
             raise ModelError(f"{self.path}: no config.json (not a model directory)")
-        self.config: dict[str, Any] = json.loads(config_path.read_text())
+        self.config: dict[str, Any] = _json(config_path, config_path.read_bytes())
+        if not isinstance(self.config, dict):
+            raise ModelError(f"{config_path}: not a JSON object")
         files = sorted(self.path.glob("*.safetensors"))
         index = self.path / "model.safetensors.index.json"
         if index.is_file():
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            try:
+                names = sorted(set(_json(index, index.read_bytes())["weight_map"].values()))
+            except (KeyError, TypeError, AttributeError):
+                raise ModelError(f"{index}: no weight_map of shard names") from None
             files = [self.path / n for n in names]
             missing = [f.name for f in files if not f.is_file()]
             if missing:
@@ -55,18 +61,38 @@ def read_safetensors(path: Path) -> dict[str, TensorData]:
         (header_len,) = struct.unpack("<Q", head)
         if 8 + header_len > size:
             raise ModelError(f"{path.name}: truncated safetensors file (header)")
-        header = json.loads(fh.read(header_len))
+        header = _json(path, fh.read(header_len))
+    if not isinstance(header, dict):
+        raise ModelError(f"{path.name}: corrupt safetensors header (not a JSON object)")
     header.pop("__metadata__", None)
     base = 8 + header_len
     mm = np.memmap(path, dtype=np.uint8, mode="r")
     out = {}
     for name, info in header.items():
-        if info["dtype"] not in _DTYPES:
-            raise ModelError(f"{path.name}: tensor {name} has unsupported dtype {info['dtype']}")
-        np_dtype, qtype = _DTYPES[info["dtype"]]
-        start, end = info["data_offsets"]
-        if base + end > size:
-            raise ModelError(f"{path.name}: truncated file: tensor {name} ends at byte {base + end}, file has {size}")
-        shape = tuple(info["shape"])
-        out[name] = TensorData(qtype, shape, mm[base + start : base + end].view(np_dtype).reshape(shape))
+        try:
+            out[name] = _tensor(path, mm, base, size, name, info)
+        except (KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
+            raise ModelError(f"{path.name}: corrupt safetensors header entry for tensor {name} ({type(exc).__name__}: {exc})") from None
     return out
+
+
+def _json(path: Path, raw: bytes) -> Any:
+    """raw parsed as JSON; ModelError naming the file when it is not (deep nesting included)."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ModelError(f"{path.name}: not valid JSON ({type(exc).__name__}: {str(exc)[:120]})") from None
+
+
+def _tensor(path: Path, mm: np.ndarray, base: int, size: int, name: str, info: Any) -> TensorData:
+    """One header entry's tensor, a view of the map mm; ModelError for a dtype or range it cannot be."""
+    if info["dtype"] not in _DTYPES:
+        raise ModelError(f"{path.name}: tensor {name} has unsupported dtype {info['dtype']}")
+    np_dtype, qtype = _DTYPES[info["dtype"]]
+    start, end = (int(v) for v in info["data_offsets"])
+    if base + end > size:
+        raise ModelError(f"{path.name}: truncated file: tensor {name} ends at byte {base + end}, file has {size}")
+    shape = tuple(int(d) for d in info["shape"])
+    if not 0 <= start <= end or any(d < 0 for d in shape) or math.prod(shape) * np.dtype(np_dtype).itemsize != end - start:
+        raise ModelError(f"{path.name}: tensor {name}: shape {list(shape)} does not match its bytes {start}..{end}")
+    return TensorData(qtype, shape, mm[base + start : base + end].view(np_dtype).reshape(shape))

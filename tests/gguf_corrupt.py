@@ -5,6 +5,7 @@ with a model that parses but is wrong."""
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -35,4 +36,26 @@ def flip_bytes(src: str | os.PathLike, dst: str | os.PathLike, name: str, at: li
     for i, m in zip(at, masks):
         blob[offset + i % nbytes] ^= m & 0xFF
     Path(dst).write_bytes(bytes(blob))
+    return Path(dst)
+
+
+def set_dims(src: str | os.PathLike, dst: str | os.PathLike, name: str, dims: list[int]) -> Path:
+    """A copy of src at dst whose tensor `name` claims `dims` (GGUF order, as many as it
+    has: the header keeps its size) in its header entry."""
+    blob = bytearray(Path(src).read_bytes())
+    key = struct.pack("<Q", len(name.encode())) + name.encode()
+    at = blob.index(key) + len(key)
+    (n_dims,) = struct.unpack_from("<I", blob, at)
+    assert n_dims == len(dims), (n_dims, dims)
+    struct.pack_into(f"<{n_dims}Q", blob, at + 4, *[d & (2**64 - 1) for d in dims])
+    Path(dst).write_bytes(bytes(blob))
+    return Path(dst)
+
+
+def nested_metadata_gguf(dst: str | os.PathLike, key: str, depth: int) -> Path:
+    """A GGUF file with no tensors and one metadata value: an array of arrays `depth` deep
+    (each holding one array, the innermost an empty uint32 array)."""
+    out = [b"GGUF", struct.pack("<IQQ", 3, 0, 1), struct.pack("<Q", len(key)), key.encode(), struct.pack("<I", 9)]
+    out += [struct.pack("<IQ", 9, 1)] * (depth - 1) + [struct.pack("<IQ", 4, 0)]
+    Path(dst).write_bytes(b"".join(out))
     return Path(dst)
