@@ -188,6 +188,10 @@ def grammar_tokenizer(source: ModelSource) -> LLTokenizer:
     return LLTokenizer(text, n_vocab=source.spec.vocab_size, eos_token=sorted(eos))
 
 
+class ConstraintError(ValueError):
+    """A grammar cannot be followed: it does not compile, allows nothing next, or hit a limit."""
+
+
 class GrammarMask:
     """One request's grammar state: an llguidance matcher and the bitmask of the tokens
     allowed next. masked() bans the others in a logits row; accept() advances the matcher.
@@ -222,7 +226,7 @@ class GrammarMask:
             return  # complete: only EOS was allowed (it ends the sequence unless ignore_eos)
         if not self.matcher.consume_token(token_id):
             self._check()
-            raise ValueError(f"constraint: token {token_id} is not allowed here")
+            raise ConstraintError(f"token {token_id} is not allowed here")
         self.fresh = False
         self.accepted += 1
 
@@ -231,8 +235,10 @@ class GrammarMask:
             error = self.matcher.get_error()
             if error.startswith("NoExtensionBias"):  # no token continues the output
                 where = "no output at all" if self.accepted == 0 else f"nothing after the {self.accepted} tokens generated"
-                raise ValueError(f"the grammar allows {where} (a rule that can never complete?)")
-            raise ValueError(_first_line(error))
+                raise ConstraintError(f"the grammar allows {where} (a rule that can never complete?)")
+            if self.accepted == 0:
+                raise ConstraintError(_first_line(error))
+            raise ConstraintError(f"the grammar cannot be followed after the {self.accepted} tokens generated: {_first_line(error)}")
 
 
 class GrammarProbe:

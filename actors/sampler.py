@@ -26,11 +26,11 @@ import trio
 import zmq
 from llguidance import LLTokenizer
 
-from zinfer.actors.constraints import COMPILE_STACK, GrammarMask, MaskPrefetch, grammar_tokenizer, on_thread
+from zinfer.actors.constraints import COMPILE_STACK, ConstraintError, GrammarMask, MaskPrefetch, grammar_tokenizer, on_thread
 from zinfer.actors.sampling import RequestSampler
 from zinfer.actors.topology import Addresses
 from zinfer.messages.channel import Inbox, Outbox
-from zinfer.messages.engine import RoundLogits, SamplerAdd, SamplerInbox, Sampled, SchedulerInbox, Shutdown, TokenSample
+from zinfer.messages.engine import CONSTRAINT_FAILURE, RoundLogits, SamplerAdd, SamplerInbox, Sampled, SchedulerInbox, Shutdown, TokenSample
 from zinfer.models.loader import ModelSource
 from zinfer.traces.setup import Tracing
 
@@ -85,7 +85,9 @@ class SamplerActor:
             if isinstance(u, SamplerAdd) and u.params.constraint is not None:
                 try:
                     out[u.seq_id] = on_thread(COMPILE_STACK, GrammarMask, self._grammar_tokenizer(), u.params.constraint, self.vocab_size)
-                except Exception as e:  # this request's alone
+                except ValueError as e:  # this request's alone
+                    out[u.seq_id] = ConstraintError(str(e))
+                except Exception as e:
                     out[u.seq_id] = e
         return out
 
@@ -181,5 +183,7 @@ class SamplerActor:
         """The error sample that ends seq_id alone; forgets its sampling state."""
         self.samplers.pop(seq_id, None)
         message = str(e) or type(e).__name__
+        if isinstance(e, ConstraintError):
+            message = CONSTRAINT_FAILURE + message  # the front door fails the request as "bad_constraint"
         log.warning("sampling failed", seq_id=seq_id, error=message)
         return TokenSample(seq_id, -1, error=message)

@@ -55,7 +55,7 @@ from zinfer.messages.client import (
 )
 from zinfer.messages.codec import Codec
 from zinfer.messages.curve import KeyPair, bind_public
-from zinfer.messages.engine import Abort, ActorFailed, Admit, SchedulerInbox, SchedulerStats, SeqOutput, SeqOutputs, SeqRejected, Shutdown, TokenizerInbox
+from zinfer.messages.engine import CONSTRAINT_FAILURE, Abort, ActorFailed, Admit, SchedulerInbox, SchedulerStats, SeqOutput, SeqOutputs, SeqRejected, Shutdown, TokenizerInbox
 from zinfer.models.detokenize import IncrementalDetokenizer, StopMatcher
 from zinfer.models.prompt import PromptBuilder
 from zinfer.traces.config import REQUEST, TOKENIZE
@@ -265,7 +265,7 @@ class TokenizerActor:
 
     def _refusal(self, r: Request, exc: ValueError) -> Rejected:
         if isinstance(exc, GrammarRefused):
-            return Rejected(r.request_id, "bad_constraint", f"constraint: {exc}")
+            return Rejected(r.request_id, "bad_constraint", CONSTRAINT_FAILURE + str(exc))
         if isinstance(exc, PromptTooLong):
             return Rejected(r.request_id, "too_long", str(exc), n_prompt_tokens=exc.n_tokens, n_ctx=self.max_model_len)
         return Rejected(r.request_id, "bad_request", str(exc))
@@ -293,7 +293,9 @@ class TokenizerActor:
         if out.finish_reason and out.finish_reason.startswith("error:"):
             # sampling this sequence failed: the request fails, its other choices are aborted
             self.by_seq.pop(out.seq_id, None)
-            self._finish(r, Failed(r.request_id, out.finish_reason[len("error:"):].strip()), abort="failed")
+            message = out.finish_reason[len("error:"):].strip()
+            code = "bad_constraint" if message.startswith(CONSTRAINT_FAILURE) else "engine_failed"
+            self._finish(r, Failed(r.request_id, message, code), abort="failed")
             return
         index, choice = next((i, c) for i, c in enumerate(r.choices) if c.seq_id == out.seq_id)
         r.cached_tokens = max(r.cached_tokens, out.cached_tokens)

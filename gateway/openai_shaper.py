@@ -20,7 +20,7 @@ REJECTION_STATUS = {"too_long": 400, "bad_request": 400, "bad_constraint": 400, 
 def engine_error(event: Rejected | Failed | Cancelled, chat: bool, constraint_param: str | None = None) -> ApiError:
     """The HTTP error for a request the engine did not finish (a too-long prompt names
     `messages` for chat, `prompt` for completions; a refused grammar, constraint_param:
-    the request field it came from)."""
+    the request field it came from, also when its grammar failed mid-generation)."""
     if isinstance(event, Rejected):
         status = REJECTION_STATUS.get(event.code, 400)
         if event.code == "bad_constraint":
@@ -33,6 +33,8 @@ def engine_error(event: Rejected | Failed | Cancelled, chat: bool, constraint_pa
         return ApiError(status, event.message, param=ENGINE_PARAMS.get(first), code=event.code)
     if isinstance(event, Cancelled):
         return ApiError(500, "the request was cancelled", type="server_error", code="cancelled")
+    if event.code == "bad_constraint":  # its grammar could not be followed: the request's own problem
+        return ApiError(400, event.message, param=constraint_param, code="invalid_value")
     return ApiError(500, event.message, type="server_error", code="engine_failed")
 
 

@@ -225,7 +225,7 @@ class ChatSocket:
                 elif isinstance(ev, Rejected):
                     self.send(error(msg.id, ev.code, ev.message))
                 elif isinstance(ev, Failed):
-                    self.send(error(msg.id, "failed", ev.message))
+                    self.send(error(msg.id, "bad_constraint" if ev.code == "bad_constraint" else "failed", ev.message))
         finally:
             self.running.pop(msg.id, None)
             self.unsent.discard(msg.id)

@@ -169,10 +169,13 @@ class Rejected(msgspec.Struct, tag="rejected", **_MAP):
 
 
 class Failed(msgspec.Struct, tag="failed", **_MAP):
-    """Terminal: the engine could not finish it (an actor died)."""
+    """Terminal: the engine could not finish it. code "engine_failed": an actor died or
+    failed it; "bad_constraint": its grammar could not be followed (a rule that never
+    completes, a parser limit reached), the request's own problem."""
 
     request_id: str
     message: str
+    code: str = "engine_failed"
 
 
 class TokenizeResult(msgspec.Struct, tag="tokenized", **_MAP):

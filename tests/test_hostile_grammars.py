@@ -10,6 +10,8 @@ empty languages below got HTTP 500 with llguidance's parser state in the message
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -124,19 +126,29 @@ def test_a_worker_that_overruns_is_replaced(tiny_model):
     assert "took longer than" in out[1] or out[1] == ok  # a new worker: the first check waited out its start
 
 
-def test_a_worker_that_dies_is_replaced(tiny_model):
+def test_a_worker_that_dies_mid_check_is_replaced(tiny_model):
+    """The worker stopped, then killed while it holds a grammar (as a native crash would end
+    it): that request is refused in our words, and the next check gets a new worker."""
+
     async def main():
-        checker = GrammarChecker(str(model))
+        checker = GrammarChecker(str(tiny_model))
         try:
             assert await checker.check(Constraint("regex", "a+")) == Constraint("regex", "a+")
-            checker._proc.kill()  # as a native crash would end it
-            with pytest.raises(ValueError, match="too complex to compile"):
-                await checker.check(Constraint("regex", "b+"))
+            pid = checker._proc.pid
+            os.kill(pid, signal.SIGSTOP)
+            async with trio.open_nursery() as n:
+                n.start_soon(refused, checker)
+                await trio.sleep(0.3)  # the grammar is in the stopped worker's pipe
+                os.kill(pid, signal.SIGKILL)
             assert await checker.check(Constraint("regex", "c+")) == Constraint("regex", "c+")
+            assert checker._proc.pid != pid
         finally:
             await checker.aclose()
 
-    model = tiny_model
+    async def refused(checker):
+        with pytest.raises(ValueError, match="too complex to compile"):
+            await checker.check(Constraint("regex", "b+"))
+
     trio.run(main)
 
 
@@ -166,6 +178,17 @@ def test_an_empty_language_is_a_400_not_a_500(server, kind, spec):
     err = r.json()["error"]
     assert err["param"] == field and "allows no output" in err["message"], err
     assert_our_words(err["message"])
+
+
+def test_a_grammar_that_dies_mid_output_is_a_400_naming_the_field(server):
+    """`b` can never complete: the first token ("a") is allowed, then nothing is. Found by the
+    grammar fuzz target as a 500 with the parser's words."""
+    r = post(server, {"guided_grammar": 'start: "a" b\nb: b', "max_tokens": 8})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "guided_grammar" and "allows nothing after the 1 tokens generated" in err["message"], err
+    assert_our_words(err["message"])
+    assert_alive(server)
 
 
 def test_huge_and_many_rule_grammars_never_freeze_other_clients(server):
