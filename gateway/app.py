@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from zinfer.gateway import openai_api, openai_responses, websocket
+from zinfer.gateway import openai_api, openai_responses, page, websocket
 from zinfer.gateway.auth import ApiKeyMiddleware
 from zinfer.gateway.client import EngineError
 from zinfer.gateway.openai_schema import ApiError
@@ -52,7 +52,7 @@ def build_app(state: GatewayState) -> Starlette:
     middleware = [Middleware(BrowserGuard, policy=state.origins), *keyed, Middleware(JsonBodiesOnly)]
     operational = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]
     return Starlette(
-        routes=[*operational, *openai_api.routes(state), *openai_responses.routes(state), *websocket.routes(state)],
+        routes=[*operational, *openai_api.routes(state), *openai_responses.routes(state), *websocket.routes(state), *page.routes(state)],
         middleware=middleware,
         exception_handlers={HTTPException: http_error},
     )

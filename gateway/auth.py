@@ -1,5 +1,5 @@
 """`--api-key`: an ASGI middleware that wants the key on every path but /health and the page's
-script and style.
+scripts, styles and libraries under /static/.
 
 The key travels as `Authorization: Bearer KEY`; on the chat page `/` and its websocket
 `/v1/ws` also as `?api_key=KEY`, since a browser sets no headers on a page load or a
@@ -17,7 +17,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from zinfer.gateway.openai_schema import ApiError
 from zinfer.gateway.origins import refuse
 
-OPEN_PATHS = frozenset({"/health", "/static/chat.js", "/static/chat.css"})  # no secrets there
+OPEN_PATHS = frozenset({"/health"})
+OPEN_PREFIX = "/static/"  # the page's scripts, styles and vendored libraries: no secrets there
 KEY_IN_QUERY = frozenset({"/", "/v1/ws"})
 
 
@@ -49,7 +50,7 @@ class ApiKeyMiddleware:
         self.api_key = api_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS or self._authorized(scope):
+        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS or scope["path"].startswith(OPEN_PREFIX) or self._authorized(scope):
             return await self.app(scope, receive, send)
         how = "send 'Authorization: Bearer <key>'" + (" or add ?api_key=<key>" if scope["path"] in KEY_IN_QUERY else "")
         await refuse(ApiError(401, f"invalid or missing API key: {how}", type="authentication_error", code="invalid_api_key"), scope, receive, send)

@@ -37,6 +37,8 @@ async def run_server(args: argparse.Namespace, config: EngineConfig) -> None:
     origins = OriginPolicy.from_args(args.host, args.allowed_origins, args.allowed_hosts)
     served = getattr(args, "served_model_name", None)  # names the API uses instead of --model
     state = GatewayState(model_name=served[0] if served else args.model, api_key=args.api_key, origins=origins)
+    state.extra["trace_dir"] = getattr(args, "trace_dir", None)  # the chat page's per-answer traces (gateway/page.py)
+    state.extra["trace_window"] = getattr(args, "trace_window", 60.0)
     hc = hypercorn.config.Config()
     hc.bind = [f"{args.host}:{args.port}"]
     hc.accesslog = None
