@@ -13,9 +13,9 @@ executors run the next forward (MaskPrefetch).
   schema's integers and numbers get at most NUMBER_DIGITS digits before the point
   (bounded_numbers), as llama.cpp's JSON grammar has: llguidance's are unbounded, and a
   model can write "123456789012345..." until max_tokens.
-- grammar_tokenizer(source): the model's vocabulary as llguidance's LLTokenizer, with the
-  EOS ids the scheduler stops on. Costs about 1 s (49k tokens) to 10 s (262k) on 2 cores:
-  built once per sampler actor, on the first constrained request.
+- grammar_vocab.grammar_tokenizer(source): the model's vocabulary as llguidance's
+  LLTokenizer, with the EOS ids the scheduler stops on. Costs about 1 s (49k tokens) to
+  10 s (262k) on 2 cores: built once per sampler actor, on the first constrained request.
 - GrammarProbe: the worker's check of a constraint with the vocabulary: it compiles, and
   its first mask allows a token (an empty language, `start: start`, fails here).
 - GrammarMask: one request's matcher and its next-token bitmask.
@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
@@ -44,7 +43,6 @@ from zinfer.messages.params import Constraint
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # in llguidance's stub only
 
-    from zinfer.models.loader import ModelSource
 
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """How JSON-schema output is laid out: one space after ',' and ':', no other whitespace, so a
@@ -169,25 +167,6 @@ def _first_line(message: str) -> str:
     return text if len(text) <= 500 else text[:497] + "..."
 
 
-def grammar_tokenizer(source: ModelSource) -> LLTokenizer:
-    """The vocabulary of source (a models.loader.ModelSource) for llguidance, its EOS tokens
-    those the tokenizer actor gives the scheduler (Tokenizer.eos_ids), so "grammar complete"
-    is a token that ends the sequence. Slow (seconds for a large vocabulary): build once."""
-    from zinfer.models.gguf_vocab import specials_from_gguf, tokenizer_json_from_gguf
-    from zinfer.models.tokenizer import Tokenizer
-
-    if source.format == "gguf":
-        text = tokenizer_json_from_gguf(source.gguf_metadata)
-        sp = specials_from_gguf(source.gguf_metadata)
-        eos = set(sp.eog_ids) | ({sp.eos_id} if sp.eos_id is not None else set())
-    else:
-        text = (Path(source.path) / "tokenizer.json").read_text(encoding="utf-8")
-        eos = set(Tokenizer.from_dir(source.path).eos_ids)
-    if not eos:
-        raise ValueError("the model names no EOS token, so a constrained output could never end")
-    return LLTokenizer(text, n_vocab=source.spec.vocab_size, eos_token=sorted(eos))
-
-
 class ConstraintError(ValueError):
     """A grammar cannot be followed: it does not compile, allows nothing next, or hit a limit."""
 
@@ -251,6 +230,8 @@ class GrammarProbe:
     def for_model(model: str) -> GrammarProbe:
         """The probe of a model (a path or known name): builds its llguidance vocabulary."""
         from zinfer.models.loader import open_model
+
+        from zinfer.actors.grammar_vocab import grammar_tokenizer
 
         source = open_model(model)
         return GrammarProbe(grammar_tokenizer(source), source.spec.vocab_size)

@@ -26,7 +26,8 @@ import trio
 import zmq
 from llguidance import LLTokenizer
 
-from zinfer.actors.constraints import COMPILE_STACK, ConstraintError, GrammarMask, MaskPrefetch, grammar_tokenizer, on_thread
+from zinfer.actors.constraints import COMPILE_STACK, ConstraintError, GrammarMask, MaskPrefetch, on_thread
+from zinfer.actors.grammar_vocab import grammar_tokenizer
 from zinfer.actors.sampling import RequestSampler
 from zinfer.actors.topology import Addresses
 from zinfer.messages.channel import Inbox, Outbox

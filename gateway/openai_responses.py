@@ -39,7 +39,8 @@ from zinfer.gateway.openai_api import answer, chat_form, constrained, engine_eve
 from zinfer.gateway.openai_responses_schema import ResponsesRequest, chat_request, echo, text_constraint
 from zinfer.gateway.openai_schema import ApiError, sampling_params
 from zinfer.gateway.openai_shaper import engine_error
-from zinfer.gateway.openai_tools import Call, ToolCallParser, new_call_id, tool_plan
+from zinfer.gateway.openai_tools import new_call_id, tool_plan
+from zinfer.gateway.tool_call_parser import Call, ToolCallParser
 from zinfer.gateway.sse import frame
 from zinfer.gateway.state import GatewayState
 from zinfer.messages.client import Cancelled, ClientEvent, Delta, Failed, Finished, Rejected, Usage

@@ -1,17 +1,7 @@
 """Tool calls on the chat API: the request's tools and tool_choice checked, the model's
-text parsed into OpenAI `tool_calls` (whole or as stream deltas), and the grammar that
-makes a call compulsory.
-
-What the model writes (Hermes and Qwen's format, which zinfer's fallback prompt asks
-for too, see models/tool_prompt.py):
-
-    <tool_call>
-    {"name": "get_weather", "arguments": {"city": "Paris"}}
-    </tool_call>
-
-one block per call; or Llama 3's JSON form, the whole message one object
-{"name": ..., "parameters": {...}}, optionally after <|python_tag|>, for an offered name.
-A block whose JSON is not a call object stays in the content as it was written.
+text parsed into OpenAI `tool_calls` (whole or as stream deltas, by
+gateway/tool_call_parser.py, which lists the forms read), and the grammar that makes a
+call compulsory.
 
 tool_choice: "none" renders no tools and parses nothing; "auto" (the default with tools)
 lets the model decide; "required" and a named function constrain the output to calls
@@ -22,16 +12,15 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from zinfer.actors.constraints import JSON_OPTIONS
 from zinfer.gateway.openai_constraints import checked
 from zinfer.gateway.openai_schema import ApiError, ChatRequest
+from zinfer.gateway.tool_call_parser import TOOL_CLOSE, TOOL_OPEN, Call, ToolCallParser, parse_tool_calls
 from zinfer.messages.params import Constraint
 
-TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
-PYTHON_TAG = "<|python_tag|>"
 MAX_SCHEMA_BYTES = 64 << 10  # one function's parameters schema, as JSON
 CHOICES = ("none", "auto", "required")
 
@@ -125,132 +114,6 @@ def tool_constraint(plan: ToolPlan, other: Constraint | None) -> Constraint:
     if other is not None:
         raise ApiError(400, "a compulsory tool call (tool_choice \"required\" or a named function) cannot be combined with a structured output", param="tool_choice", code="invalid_value")
     return checked(Constraint("lark", call_grammar(plan)), "tools")
-
-
-# ---- parsing the model's text --------------------------------------------------------
-
-
-@dataclass
-class Call:
-    """One parsed call: the function's name and its arguments as JSON text."""
-
-    name: str
-    arguments: str
-
-
-@dataclass
-class ToolCallParser:
-    """Splits a choice's text, fed as it streams, into content and Calls.
-
-    feed() and finish() return pieces in order: str (content) or Call. Text that may
-    still become a tag is held back, so no part of "<tool_call>" leaks into content;
-    whitespace between content and a call is dropped. With `names` (the offered
-    functions), a message that opens with "{" or <|python_tag|> is held whole and read
-    as Llama 3's JSON call form at finish(). The same pieces come out however the text
-    is split, so a stream reassembles to the whole response.
-    """
-
-    names: set[str] = field(default_factory=set)
-    buf: str = ""
-    state: str = "start"  # start (nothing decided yet), text, call (inside a tag), json (held whole)
-    after_call: bool = False
-    gap: str = ""  # the whitespace dropped before the open tag
-
-    def feed(self, text: str) -> list[str | Call]:
-        self.buf += text
-        out: list[str | Call] = []
-        while True:
-            if self.state == "start":
-                head = self.buf.lstrip()
-                if not head or (self.names and PYTHON_TAG.startswith(head[: len(PYTHON_TAG)]) and len(head) < len(PYTHON_TAG)):
-                    return out
-                self.state = "json" if self.names and (head.startswith("{") or head.startswith(PYTHON_TAG)) else "text"
-            elif self.state == "json":
-                return out
-            elif self.state == "text":
-                i = self.buf.find(TOOL_OPEN)
-                if i < 0:
-                    keep = len(self.buf) - _undecided_tail(self.buf)
-                    self._content(out, self.buf[:keep])
-                    self.buf = self.buf[keep:]
-                    return out
-                before = self.buf[:i].rstrip()
-                self._content(out, before)
-                self.gap = "" if self.after_call else self.buf[len(before):i]  # put back if the block is no call
-                self.buf, self.state = self.buf[i + len(TOOL_OPEN):], "call"
-            else:  # call
-                j = self.buf.find(TOOL_CLOSE)
-                if j < 0:
-                    return out
-                body, self.buf, self.state = self.buf[:j], self.buf[j + len(TOOL_CLOSE):], "text"
-                self._block(out, body, TOOL_OPEN + body + TOOL_CLOSE)
-
-    def finish(self) -> list[str | Call]:
-        """The pieces held back, once the choice's text has ended."""
-        out: list[str | Call] = []
-        rest, self.buf = self.buf, ""
-        if self.state == "json":
-            call = _as_call(rest.strip().removeprefix(PYTHON_TAG), self.names, ("parameters", "arguments"))
-            out.append(call if call else rest)
-        elif self.state == "call":
-            self._block(out, rest, TOOL_OPEN + rest)  # an unclosed last block counts when its JSON is whole
-        elif not (self.after_call and not rest.strip()):
-            self._content(out, rest)
-        return out
-
-    def _content(self, out: list, text: str) -> None:
-        if self.after_call:
-            text = text.lstrip()
-        if text:
-            out.append(text)
-            self.after_call = False
-
-    def _block(self, out: list, body: str, as_written: str) -> None:
-        call = _as_call(body.strip(), None, ("arguments", "parameters"))
-        if call:
-            out.append(call)
-            self.after_call = True
-        else:
-            out.append(self.gap + as_written)
-            self.after_call = False
-
-
-def _undecided_tail(text: str) -> int:
-    """Length of text's end that may still grow into a tool call tag: a prefix of
-    "<tool_call>" and the whitespace before it (whitespace alone too)."""
-    n = 0
-    for k in range(min(len(TOOL_OPEN) - 1, len(text)), 0, -1):
-        if TOOL_OPEN.startswith(text[-k:]):
-            n = k
-            break
-    return len(text) - len(text[: len(text) - n].rstrip())
-
-
-def _as_call(text: str, names: set[str] | None, keys: tuple[str, ...]) -> Call | None:
-    """A Call from a JSON object {"name": ..., <a key of keys>: {...}}; None when it is not
-    one (or names a function outside `names`, when given)."""
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or (names is not None and obj["name"] not in names):
-        return None
-    args = next((obj[k] for k in keys if k in obj), {})
-    if isinstance(args, str):
-        return Call(obj["name"], args)
-    if not isinstance(args, dict):
-        return None
-    return Call(obj["name"], json.dumps(args, ensure_ascii=False))
-
-
-def parse_tool_calls(text: str, names: set[str] | None = None) -> tuple[str | None, list[Call]]:
-    """(content, calls) of a whole choice's text: content is the text outside the calls,
-    None when it is empty and there are calls."""
-    p = ToolCallParser(set(names or ()))
-    pieces = p.feed(text) + p.finish()
-    content = "".join(x for x in pieces if isinstance(x, str))
-    calls = [x for x in pieces if isinstance(x, Call)]
-    return (content or None) if calls else content, calls
 
 
 def new_call_id() -> str:

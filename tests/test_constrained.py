@@ -25,7 +25,8 @@ from structured_schemas import ask_messages
 from structured_schemas import models as schema_models
 from tiny import write_tiny_gguf
 
-from zinfer.actors.constraints import NUMBER_LIMIT, bounded_numbers, compile_grammar, grammar_tokenizer
+from zinfer.actors.constraints import NUMBER_LIMIT, bounded_numbers, compile_grammar
+from zinfer.actors.grammar_vocab import grammar_tokenizer
 from zinfer.gateway.api import EngineConfig, EngineThread
 from zinfer.gateway.client import AsyncClient
 from zinfer.messages.client import Delta, Finished, Rejected

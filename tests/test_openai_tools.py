@@ -14,7 +14,8 @@ from http_server import running_server
 from tiny import tiny_tokenizer_json, write_tiny_gguf
 
 from zinfer.gateway.client import Client
-from zinfer.gateway.openai_tools import Call, StreamedCalls, ToolCallParser, ToolPlan, call_grammar, parse_tool_calls
+from zinfer.gateway.openai_tools import StreamedCalls, ToolPlan, call_grammar
+from zinfer.gateway.tool_call_parser import Call, ToolCallParser, parse_tool_calls
 from zinfer.messages.client import Detokenize, Tokenize, TokenizeResult
 from zinfer.models.tool_prompt import as_dicts, call_syntax, hermes_messages, template_tools
 
@@ -89,7 +90,41 @@ def test_text_without_calls_is_unchanged():
         assert parse_tool_calls(text, NAMES) == (text, [])
 
 
+def test_forms_models_really_write_are_calls():
+    """Qwen2.5-Coder-0.5B answers "What's the weather in Paris?" at temperature 0 with the
+    first form: a fenced call in content, no tool_calls, before the parser read fences."""
+    paris = [Call("get_weather", '{"city": "Paris"}')]
+    call = {"name": "get_weather", "arguments": {"city": "Paris"}}
+    for text in [
+        "```json\n" + json.dumps(call, indent=2) + "\n```",
+        "```\n" + json.dumps(call) + "\n```\n",
+        json.dumps([call]),
+        "<|python_tag|>" + json.dumps({"name": "get_weather", "parameters": {"city": "Paris"}}),
+        json.dumps({"type": "function", "function": call}),
+        "```json\n" + json.dumps(call),  # an unclosed fence at the end of the text
+    ]:
+        assert parse_tool_calls(text, NAMES) == (None, paris), text
+    two = parse_tool_calls("```json\n" + json.dumps([call, {"name": "get_time", "parameters": {"zone": "CET"}}]) + "\n```", NAMES | {"get_time"})
+    assert [c.name for c in two[1]] == ["get_weather", "get_time"] and two[0] is None
+    content, calls = parse_tool_calls("Let me check.\n```json\n" + json.dumps(call) + "\n```\nOne moment.", NAMES)
+    assert content == "Let me check.One moment." and calls == paris
+
+
+def test_fences_that_hold_no_call_stay_as_written():
+    for text in [
+        "Here:\n```python\nprint({'name': 'get_weather'})\n```\n",
+        "```json\n" + json.dumps({"name": "not_offered", "arguments": {}}) + "\n```",
+        "```json\n[]\n```",
+        "a ``` b",
+    ]:
+        assert parse_tool_calls(text, NAMES) == (text, []), text
+    fenced = "```json\n" + json.dumps({"name": "get_weather", "arguments": {}}) + "\n```"
+    assert parse_tool_calls(fenced, set()) == (fenced, [])  # no tools offered: no call
+
+
 STREAMED = [
+    "Checking.\n```json\n" + json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}}) + "\n```\nDone.",
+    "```python\nx = 1\n```\n" + json.dumps({"name": "get_weather"}),
     "I will check.\n" + call_block("get_weather", {"city": "Paris"}) + "\n" + call_block("get_weather", {"city": "Lyon"}),
     'x <tool_call>\n{bad}\n</tool_call> then <tool_c',
     "  " + json.dumps({"name": "get_weather", "parameters": {"city": "Oslo"}}),
