@@ -95,7 +95,7 @@ function params() {
 }
 
 // What the model sees: the system prompt and the chat before `upTo`, without failed answers.
-function history(chat, upTo) {
+function modelMessages(chat, upTo) {
   const out = [];
   const system = $("system").value.trim();
   if (system) out.push({ role: "system", content: system });
@@ -113,7 +113,7 @@ const canSend = () => !current && socket && socket.readyState === WebSocket.OPEN
 
 // Ask for an answer to chat as it stands: a new assistant message at its end.
 function generate(chat) {
-  const messages = history(chat, chat.messages.length);
+  const messages = modelMessages(chat, chat.messages.length);
   const msg = { role: "assistant", content: "", id: newId(), state: "streaming" };
   chat.messages.push(msg);
   store.touch(chat);
