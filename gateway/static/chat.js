@@ -258,6 +258,12 @@ $("new-chat").addEventListener("click", () => {
   showChat();
   $("input").focus();
 });
+window.addEventListener("storage", (e) => {  // another tab saved its chats: show them, unless we are answering
+  if (Store.changedElsewhere(e) && !current) {
+    store.reload();
+    showChat();
+  }
+});
 $("menu").addEventListener("click", () => document.body.classList.toggle("sidebar-open"));
 $("scrim").addEventListener("click", () => document.body.classList.remove("sidebar-open"));
 

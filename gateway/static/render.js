@@ -72,7 +72,9 @@ function frameCode(code) {
   const source = code.textContent;
   const lang = /language-([\w+#.-]+)/.exec(code.className)?.[1];
   const known = lang && hljs.getLanguage(lang);
-  const result = known ? hljs.highlight(source, { language: lang, ignoreIllegals: true }) : hljs.highlightAuto(source);
+  // guessing the language of a long unlabelled block costs too much on every redraw of a stream
+  const result = known ? hljs.highlight(source, { language: lang, ignoreIllegals: true })
+    : source.length <= 20000 ? hljs.highlightAuto(source) : { value: escapeHtml(source), language: null };
   code.innerHTML = result.value;  // highlight.js escapes the text it wraps in its spans
   code.classList.add("hljs");
   const pre = code.parentElement;

@@ -28,13 +28,23 @@ function newId() {
 
 export class Store {
   constructor() {
+    this.activeId = null;
+    this.reload();
+  }
+
+  // Read the chats again (another tab of this page changed them); the chat shown stays if it is still there.
+  reload() {
     this.chats = read(CHATS, []).filter((c) => c && Array.isArray(c.messages));
     for (const chat of this.chats) {
       for (const m of chat.messages) {
         if (m.state === "streaming") m.state = "interrupted";  // the page closed mid-answer
       }
     }
-    this.activeId = this.chats[0]?.id ?? null;
+    if (!this.active) this.activeId = this.chats[0]?.id ?? null;
+  }
+
+  static changedElsewhere(event) {
+    return event.key === CHATS;
   }
 
   get active() {

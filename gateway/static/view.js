@@ -53,7 +53,7 @@ function actionButtons(msg, actions) {
   if (msg.role === "user") {
     return [copyButton(() => msg.content, "Copy message"), button("Edit", "edit", () => editMessage(msg, actions), "Edit and send again")];
   }
-  const out = [copyButton(() => msg.content, "Copy answer")];
+  const out = msg.content ? [copyButton(() => msg.content, "Copy answer")] : [];
   if (actions.isLast(msg)) out.push(button("Regenerate", "regenerate", () => actions.regenerate(msg), "Answer again"));
   if (actions.traceOn() && msg.id && msg.state !== "error") {
     const a = el("a", "trace", "Trace");
