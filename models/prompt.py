@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from zinfer.models.chat_template import ChatTemplateError, fallback_template, render_chat
 from zinfer.models.loader import ModelSource
+from zinfer.models.spec import ModelError
 from zinfer.models.tokenizer import Tokenizer
 from zinfer.models.tool_prompt import as_dicts, hermes_messages, template_handles_tools, template_tools
 
@@ -17,9 +18,21 @@ class PromptBuilder:
 
     @staticmethod
     def from_source(source: ModelSource) -> "PromptBuilder":
-        if source.format == "gguf":
-            return PromptBuilder(Tokenizer.from_gguf_metadata(source.gguf_metadata), source.spec.arch)
-        return PromptBuilder(Tokenizer.from_dir(source.path), source.spec.arch)
+        """The model's tokenizer and template; a vocabulary that cannot be built (corrupt
+        or missing metadata, merges naming tokens the vocabulary lacks) raises ModelError."""
+        try:
+            if source.format == "gguf":
+                tokenizer = Tokenizer.from_gguf_metadata(source.gguf_metadata)
+            else:
+                tokenizer = Tokenizer.from_dir(source.path)
+        except ModelError:
+            raise
+        except Exception as exc:  # the tokenizers library raises plain Exception for a bad vocabulary
+            lines = str(exc).strip().splitlines()
+            raise ModelError(f"{source.path.name}: its tokenizer cannot be built ({type(exc).__name__}: {lines[0][:200] if lines else ''})") from None
+        if tokenizer.vocab_size > source.spec.vocab_size:
+            raise ModelError(f"{source.path.name}: the tokenizer has {tokenizer.vocab_size} tokens, the model's embedding {source.spec.vocab_size} rows")
+        return PromptBuilder(tokenizer, source.spec.arch)
 
     def render(self, messages: list, tools: list | None = None) -> str:
         """The chat prompt text for messages (Message Structs or maps), with the generation

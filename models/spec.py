@@ -79,7 +79,15 @@ def _gemma3_swa(n_layers: int, pattern: int) -> tuple[bool, ...]:
 def spec_from_gguf(meta: Mapping[str, Any], rope_interleaved_llama: bool = True, tensors: Mapping[str, Any] | None = None) -> ModelSpec:
     """Build the spec from decoded GGUF metadata (and, for rope_freqs.weight, the file's
     tensors: name -> TensorData); a missing key raises ModelError naming it, as does RoPE
-    scaling zinfer does not implement."""
+    scaling zinfer does not implement and a value out of range (models/spec_checks.py)."""
+    from zinfer.models.spec_checks import checked
+
+    return checked("GGUF metadata", lambda: _spec_from_gguf(meta, rope_interleaved_llama, tensors))
+
+
+def _spec_from_gguf(meta: Mapping[str, Any], rope_interleaved_llama: bool, tensors: Mapping[str, Any] | None) -> ModelSpec:
+    from zinfer.models.spec_checks import check_layers
+
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ModelError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
@@ -90,7 +98,7 @@ def spec_from_gguf(meta: Mapping[str, Any], rope_interleaved_llama: bool = True,
             raise ModelError(f"GGUF metadata key {full!r} is missing")
         return meta[full]
 
-    n_layers = int(need("block_count"))
+    n_layers = check_layers(f"{arch}.block_count", int(need("block_count")))
     d_model = int(need("embedding_length"))
     n_heads = int(need("attention.head_count"))
     n_kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", n_heads))
@@ -147,7 +155,16 @@ _HF_ARCH = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "
 
 
 def spec_from_hf_config(config: Mapping[str, Any]) -> ModelSpec:
-    """Build the spec from a HuggingFace config.json (HF weights rotate halves)."""
+    """Build the spec from a HuggingFace config.json (HF weights rotate halves); a value
+    out of range raises ModelError (models/spec_checks.py)."""
+    from zinfer.models.spec_checks import checked
+
+    return checked("config.json", lambda: _spec_from_hf_config(config))
+
+
+def _spec_from_hf_config(config: Mapping[str, Any]) -> ModelSpec:
+    from zinfer.models.spec_checks import check_layers
+
     if config.get("model_type") == "gemma3" and "text_config" in config:
         config = {**config["text_config"], "model_type": "gemma3_text"}
     arch = _HF_ARCH.get(config.get("model_type", ""))
@@ -162,7 +179,7 @@ def spec_from_hf_config(config: Mapping[str, Any]) -> ModelSpec:
     n_heads = int(need("num_attention_heads"))
     d_model = int(need("hidden_size"))
     head_dim = int(config.get("head_dim") or d_model // n_heads)
-    n_layers = int(need("num_hidden_layers"))
+    n_layers = check_layers("num_hidden_layers", int(need("num_hidden_layers")))
     rope_theta = float(config.get("rope_theta", (config.get("rope_parameters") or {}).get("rope_theta", 10000.0)))  # transformers 5 nests it
     rope_dim = int(head_dim * config.get("partial_rotary_factor", 1.0))
     context_length = int(config.get("max_position_embeddings", 2048))

@@ -40,13 +40,19 @@ class ModelWeights:
 
 
 def build_weights(spec: ModelSpec, tensors: Mapping[str, TensorData], upload: Upload) -> ModelWeights:
-    """Upload every tensor the spec needs through `upload(name, tensor)`; a missing one raises ModelError."""
+    """Upload every tensor the spec needs through `upload(name, tensor)`; a missing one, or
+    one whose shape is not the spec's (the kernels trust those shapes), raises ModelError."""
+    shapes = expected_shapes(spec)
 
     def get(name: str, required: bool = True) -> Any:
         if name not in tensors:
             if required:
                 raise ModelError(f"tensor {name!r} is missing")
             return None
+        role = name.split(".", 2)[2] if name.startswith("blk.") else name  # blk.N.attn_q.weight -> attn_q.weight
+        want, got = shapes.get(role), tuple(int(d) for d in tensors[name].shape)
+        if want is not None and got != want:
+            raise ModelError(f"tensor {name!r} has shape {list(got)}, the model's hyperparameters need {list(want)}")
         try:
             return upload(name, tensors[name])
         except ValueError as exc:  # kernels.quants.UnsupportedTensorType, bad sizes
@@ -83,3 +89,17 @@ def build_weights(spec: ModelSpec, tensors: Mapping[str, TensorData], upload: Up
         output=tok_embd if output is None else output,
         layers=layers,
     )
+
+
+def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """Role ("attn_q.weight" for blk.N.attn_q.weight, or a global name) -> numpy shape [out, in]."""
+    d, ff, V = spec.d_model, spec.d_ff, spec.vocab_size
+    q, kv = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
+    return {
+        "attn_norm.weight": (d,), "ffn_norm.weight": (d,), "post_attention_norm.weight": (d,), "post_ffw_norm.weight": (d,),
+        "attn_q.weight": (q, d), "attn_k.weight": (kv, d), "attn_v.weight": (kv, d), "attn_output.weight": (d, q),
+        "attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,),
+        "attn_q_norm.weight": (spec.head_dim,), "attn_k_norm.weight": (spec.head_dim,),
+        "ffn_gate.weight": (ff, d), "ffn_up.weight": (ff, d), "ffn_down.weight": (d, ff),
+        "token_embd.weight": (V, d), "output_norm.weight": (d,), "output.weight": (V, d),
+    }

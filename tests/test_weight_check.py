@@ -123,3 +123,58 @@ def test_a_non_finite_hf_weight_is_refused(tmp_path):
     save_file(tensors, st)
     with pytest.raises(ModelError, match=r"hf: tensor blk\.1\.ffn_down\.weight has non-finite values \(first at element \d+\)"):
         load(d)
+
+
+def test_a_tensor_whose_shape_is_not_the_models_is_refused(q8, tmp_path):
+    """Dims swapped in the header: the same bytes, but the kernels would read the matrix
+    with the model's shapes (past its rows): refused naming the tensor and both shapes."""
+    path = set_dims(q8, tmp_path / "swapped.gguf", "blk.1.ffn_up.weight", [128, 64])
+    with pytest.raises(ModelError, match=r"tensor 'blk\.1\.ffn_up\.weight' has shape \[64, 128\], the model's hyperparameters need \[128, 64\]"):
+        load(path)
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("llama.block_count", 2**32 - 1, "block_count = 4294967295 is out of range"),
+    ("llama.attention.head_count", 0, "a hyperparameter holds a value zinfer cannot use"),
+    ("llama.attention.head_count_kv", 3, "n_heads = 4 is not a multiple of n_kv_heads = 3"),
+    ("llama.embedding_length", 10**9, "out of range"),
+])
+def test_hyperparameters_out_of_range_are_refused_at_once(tmp_path, key, value, says):
+    """A block count of 2^32 - 1 used to hang the load building 4 billion layer flags."""
+    path = write_tiny_gguf(tmp_path / "m.gguf", "llama", metadata={key: value})
+    with time_limit(10), pytest.raises(ModelError, match=says):
+        load(path)
+
+
+def test_a_vocabulary_that_cannot_be_built_is_refused_naming_the_file(tmp_path):
+    """Merges naming a token the vocabulary lacks: the tokenizers library's bare Exception
+    becomes the one-line ModelError."""
+    from zinfer.models.loader import open_model
+    from zinfer.models.prompt import PromptBuilder
+
+    src = open_model(write_tiny_gguf(tmp_path / "vocab.gguf", "llama"))
+    src.gguf_metadata["tokenizer.ggml.merges"] = ["Ġ zq"] + list(src.gguf_metadata["tokenizer.ggml.merges"])
+    with pytest.raises(ModelError, match=r"vocab\.gguf: its tokenizer cannot be built"):
+        PromptBuilder.from_source(src)
+
+
+class time_limit:
+    """Fail the test if the block takes longer than `seconds` (SIGALRM)."""
+
+    def __init__(self, seconds: int):
+        self.seconds = seconds
+
+    def __enter__(self):
+        import signal
+
+        def late(*_):
+            raise AssertionError(f"took more than {self.seconds} s")
+
+        self.old = signal.signal(signal.SIGALRM, late)
+        signal.alarm(self.seconds)
+
+    def __exit__(self, *exc):
+        import signal
+
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, self.old)
