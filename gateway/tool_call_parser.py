@@ -78,13 +78,22 @@ class ToolCallParser:
         if self.state == "text":
             return self._text(out)
         if self.state == "call":
-            j = self.buf.find(TOOL_CLOSE)
-            if j < 0:
-                return False
-            body, self.buf, self.state = self.buf[:j], self.buf[j + len(TOOL_CLOSE) :], "text"
-            self._block(out, _as_calls(body.strip(), None), TOOL_OPEN + body + TOOL_CLOSE)
-            return True
+            return self._call(out)
         return self._fence(out)
+
+    def _call(self, out: list[str | Call]) -> bool:
+        """Inside a tag: once a close tag ends a whole JSON text, its calls, or the block as
+        written. A close tag inside a JSON string (a model wrote "Malt</tool_call>" as a city)
+        does not end the block: the next one is tried."""
+        j = self.buf.find(TOOL_CLOSE)
+        while j >= 0:
+            body = self.buf[:j]
+            if _is_json(body):
+                self.buf, self.state = self.buf[j + len(TOOL_CLOSE) :], "text"
+                self._block(out, _as_calls(body.strip(), None), TOOL_OPEN + body + TOOL_CLOSE)
+                return True
+            j = self.buf.find(TOOL_CLOSE, j + 1)
+        return False  # no close yet, or none ends whole JSON: finish() decides
 
     def _text(self, out: list[str | Call]) -> bool:
         markers = [TOOL_OPEN, FENCE] if self.names else [TOOL_OPEN]
@@ -128,8 +137,8 @@ class ToolCallParser:
         if self.state == "json":
             calls = _as_calls(rest.strip().removeprefix(PYTHON_TAG).strip(), self.names)
             out.extend(calls if calls else [rest])
-        elif self.state == "call":
-            self._block(out, _as_calls(rest.strip(), None), TOOL_OPEN + rest)  # an unclosed last block counts when its JSON is whole
+        elif self.state == "call":  # an unclosed last block counts when its JSON is whole
+            self._block(out, _as_calls(rest.strip().removesuffix(TOOL_CLOSE).strip(), None), TOOL_OPEN + rest)
         elif self.state == "fence":
             self._block(out, self._fenced_calls(rest), rest)
         elif not (self.after_call and not rest.strip()):
@@ -162,6 +171,14 @@ def _undecided_tail(text: str, markers: list[str]) -> int:
                 n = max(n, k)
                 break
     return len(text) - len(text[: len(text) - n].rstrip())
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        return False
 
 
 def _as_calls(text: str, names: set[str] | None) -> list[Call] | None:

@@ -110,6 +110,14 @@ def test_forms_models_really_write_are_calls():
     assert content == "Let me check.One moment." and calls == paris
 
 
+def test_a_close_tag_inside_a_json_string_does_not_end_the_block():
+    """SmolLM2 at temperature 0.8, forced to call get_weather, wrote this city."""
+    block = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Malt</tool_call>"}}\n</tool_call>'
+    assert parse_tool_calls(block + "\n" + block, NAMES) == (None, [Call("get_weather", '{"city": "Malt</tool_call>"}')] * 2)
+    pieces, _ = fed_in_parts(block, [20, 60, 70])
+    assert pieces == [Call("get_weather", '{"city": "Malt</tool_call>"}')]
+
+
 def test_fences_that_hold_no_call_stay_as_written():
     for text in [
         "Here:\n```python\nprint({'name': 'get_weather'})\n```\n",

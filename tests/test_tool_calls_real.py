@@ -1,0 +1,72 @@
+"""Tool calls on real models with the official openai client (issue 33): a compulsory call
+(tool_choice "required" or a named function), streamed and not, at temperature 0 and 0.8,
+is a 200 whose call's arguments validate against the function's schema, on every model
+with a tool template; and a model left to choose ("auto") calls a tool for most of twenty
+requests that need one. Before the vocabularies agreed, every forced call on Qwen2.5 was a
+500; before fences were read, Qwen2.5-0.5B's answer to "What's the weather in Paris?" was
+content."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import jsonschema
+import openai
+import pytest
+from conftest import _model
+from http_server import running_server
+from tool_prompts import NEEDS_A_TOOL, TOOLS
+
+pytestmark = pytest.mark.slow
+MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+AUTO_FLOOR = {"qwen2.5-coder-0.5b": 18, "qwen2.5-coder-1.5b": 18}
+"""tool_choice auto: the fewest of the twenty prompts that must come back as calls (the
+issue's goal); SmolLM2-135M's count is reported, not held to one."""
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def server(request):
+    with running_server(_model(request.param), "--max-running", "8") as s:
+        yield s
+
+
+def ask(server, prompt: str, choice, stream: bool, temperature: float) -> list[tuple[str, str]]:
+    """The (name, arguments) of each call in the answer, through the official client."""
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300) as client:
+        kwargs = dict(model=server.model, messages=[{"role": "user", "content": prompt}], tools=TOOLS, tool_choice=choice,
+                      temperature=temperature, seed=7, max_tokens=160)
+        if not stream:
+            msg = client.chat.completions.create(**kwargs).choices[0].message
+            return [(c.function.name, c.function.arguments) for c in msg.tool_calls or []]
+        calls: dict[int, list[str]] = {}
+        for chunk in client.chat.completions.create(stream=True, **kwargs):
+            for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                entry = calls.setdefault(d.index, ["", ""])
+                if d.function is not None:
+                    entry[0] += d.function.name or ""
+                    entry[1] += d.function.arguments or ""
+        return [(name, args) for name, args in calls.values()]
+
+
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_a_compulsory_call_validates_against_its_schema(server, choice):
+    cases = [(prompt, stream, temperature) for prompt in NEEDS_A_TOOL[:10] for stream in (False, True) for temperature in (0.0, 0.8)]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda c: ask(server, c[0], "required" if choice == "required" else named, c[1], c[2]), cases))
+    for case, calls in zip(cases, answers):
+        assert calls, case
+        for name, arguments in calls:
+            assert name in SCHEMAS and (choice == "required" or name == "get_weather"), (case, name)
+            jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+
+
+def test_left_to_choose_the_model_calls_a_tool(server, request):
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda p: ask(server, p, "auto", False, 0.0), NEEDS_A_TOOL))
+    called = sum(1 for calls in answers if calls and all(name in SCHEMAS for name, _ in calls))
+    name = request.node.callspec.params["server"]
+    print(f"\n{name}: {called} of {len(NEEDS_A_TOOL)} auto answers are tool calls")
+    assert called >= AUTO_FLOOR.get(name, 0), [(p, a) for p, a in zip(NEEDS_A_TOOL, answers) if not a]
