@@ -8,6 +8,7 @@ its own process over ipc:// or tcp:// (see actors/processes.py).
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, AsyncIterator
 
 import msgspec
@@ -39,7 +40,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model: str = DEFAULT_MODEL
     device: str = "auto"  # auto, cpu / numpy (the oracle), cpu-llama, cpu-fast, cuda, cuda:N (devices/registry.py)
     device_options: DeviceConfig | None = None  # the device's typed options (devices/config.py); None: its defaults
-    max_model_len: int = 0  # 0: the model's context, capped at 4096
+    max_model_len: int = 0  # 0: the model's own context
     block_size: int = 16
     num_blocks: int = 0  # 0: default_kv_blocks (max_running sequences of up to 1024 tokens, one of max_model_len)
     max_running: int = 32
@@ -63,7 +64,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return msgspec.structs.replace(self, device=name)
 
     def scheduler_config(self, source: ModelSource) -> SchedulerConfig:
-        ctx = self.max_model_len or min(source.spec.context_length, 4096)
+        ctx = self.max_model_len or source.spec.context_length
         if ctx > source.spec.context_length:
             raise ValueError(f"max_model_len {ctx} exceeds the model's context of {source.spec.context_length}")
         blocks = self.num_blocks or default_kv_blocks(self.max_running, ctx, self.block_size)
@@ -222,6 +223,7 @@ def log_start(source: ModelSource, config: EngineConfig) -> None:
     spec, sched = source.spec, config.scheduler_config(source)
     per_value = kv_value_bytes(config.device, config.device_options)  # cpu-fast keeps K and V in f16 by default, the others f32
     kv_bytes = 2 * spec.n_layers * sched.num_blocks * sched.block_size * spec.n_kv_heads * spec.head_dim * per_value
+    warn_if_context_outgrows_memory(sched.max_model_len, kv_bytes // max(1, sched.num_blocks * sched.block_size))
     log.info(
         "engine started",
         model=source.name,
@@ -234,7 +236,22 @@ def log_start(source: ModelSource, config: EngineConfig) -> None:
         kv_blocks=sched.num_blocks,
         block_size=sched.block_size,
         max_model_len=sched.max_model_len,
+        model_context=spec.context_length,
         device=config.device,
         topology=config.topology,
         tracing=config.trace.enabled,
     )
+
+
+def warn_if_context_outgrows_memory(max_model_len: int, kv_bytes_per_token: int) -> None:
+    """A warning line when one sequence of the whole context would need more KV memory than
+    half this machine has: the pool's pages are only touched as tokens arrive, so the engine
+    starts, but a prompt that long would not fit; --max-model-len sets a smaller context."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    need = max_model_len * kv_bytes_per_token
+    if need > total // 2:
+        log.warning("context outgrows memory", max_model_len=max_model_len, kv_gib_per_sequence=round(need / 2**30, 1),
+                    memory_gib=round(total / 2**30, 1), hint="--max-model-len sets a smaller context")

@@ -216,6 +216,8 @@ class TokenizerActor:
         r = Request(rid, peer, [], [], params=req.params, started=started, span=span)
         try:
             req.params.validate()
+            if req.params.max_tokens > self.max_model_len:  # OpenAI and vLLM refuse it too: never silently clamped
+                raise ValueError(f"max_tokens {req.params.max_tokens} exceeds the context of {self.max_model_len} tokens")
             self.prompts.check_params(req.params.logit_bias, req.params.stop_token_ids)
             if req.prompt is not None:
                 self.limits.check_text(len(req.prompt))

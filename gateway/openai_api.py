@@ -76,7 +76,8 @@ def routes(state: GatewayState) -> list[Route]:
 
 
 def model_card(state: GatewayState) -> dict:
-    return {"id": state.model_name, "object": "model", "created": 0, "owned_by": "zinfer", "max_model_len": state.max_model_len}
+    return {"id": state.model_name, "object": "model", "created": 0, "owned_by": "zinfer", "max_model_len": state.max_model_len,
+            "sampling_defaults": state.sampling.as_dict()}
 
 
 def unknown_model(name: str) -> ApiError:
@@ -122,7 +123,7 @@ async def respond(state: GatewayState, request: Request, kind: type[ChatRequest]
     """generate()'s work: validate, then answer whole, or hand back a LiveStream to send."""
     try:
         req = await read_request(state, request, kind)
-        params = sampling_params(req, state.max_model_len)
+        params = sampling_params(req, state.max_model_len, state.sampling)
         plan = tool_plan(req, tool_syntax(state)) if isinstance(req, ChatRequest) else None
         params = constrained(params, constraint_from_request(req), plan)  # response_format, guided_*, ...
         forms = [chat_form(req, plan)] if isinstance(req, ChatRequest) else completion_prompts(req)

@@ -70,7 +70,7 @@ async def respond(state: GatewayState, request: Request, kind: type[ResponsesReq
         req = await read_request(state, request, kind)
         chat = chat_request(req)
         plan = tool_plan(chat, tool_syntax(state))
-        params = constrained(sampling_params(chat, state.max_model_len), text_constraint(req.text), plan)
+        params = constrained(sampling_params(chat, state.max_model_len, state.sampling), text_constraint(req.text), plan)
         forms = [chat_form(chat, plan)]
     except ApiError as exc:
         record.finish("rejected")

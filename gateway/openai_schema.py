@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse
 from zinfer.messages.json_errors import validation_message
 from zinfer.messages.client import MAX_MESSAGES, MAX_PROMPT_IDS, MAX_TOOLS, CallId, ToolName
 from zinfer.messages.params import MAX_IDS, MAX_STOP_CHARS, MAX_STOPS, SEED_MAX, SEED_MIN, TOKEN_ID_LIMIT, SamplingParams
+from zinfer.models.sampling_defaults import SamplingDefaults
 
 
 class ApiError(Exception):
@@ -233,9 +234,13 @@ def _one_prompt(p: Any) -> dict[str, Any]:
     raise ApiError(400, "prompt must be a string, a list of token ids, or a list of those", param="prompt")
 
 
-def sampling_params(req: ChatRequest | CompletionRequest, max_model_len: int) -> SamplingParams:
-    """SamplingParams with OpenAI's defaults: temperature 1, top_p 1, max_tokens 16 for
-    completions and up to the context for chat."""
+OPENAI_DEFAULTS = SamplingDefaults()
+
+
+def sampling_params(req: ChatRequest | CompletionRequest, max_model_len: int, defaults: SamplingDefaults = OPENAI_DEFAULTS) -> SamplingParams:
+    """SamplingParams with the server's defaults for unset fields: the model's recommended
+    sampling where its files give one, else OpenAI's (temperature 1, top_p 1); max_tokens
+    16 for completions and up to the context for chat."""
     if isinstance(req, CompletionRequest) and req.echo:
         raise ApiError(400, "echo is not supported", param="echo")
     if isinstance(req, CompletionRequest) and req.best_of not in (None, req.n or 1):
@@ -261,11 +266,11 @@ def sampling_params(req: ChatRequest | CompletionRequest, max_model_len: int) ->
     if req.seed is not None and not SEED_MIN <= req.seed <= SEED_MAX:
         raise ApiError(400, f"invalid value for seed: an integer from -2**63 to 2**64-1, got one of {req.seed.bit_length()} bits", param="seed", code="invalid_value")
     p = SamplingParams(
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_k=max(req.top_k or 0, 0),
-        top_p=1.0 if req.top_p is None else req.top_p,
-        min_p=req.min_p or 0.0,
-        repetition_penalty=req.repetition_penalty or 1.0,
+        temperature=defaults.temperature if req.temperature is None else req.temperature,
+        top_k=defaults.top_k if req.top_k is None else max(req.top_k, 0),
+        top_p=defaults.top_p if req.top_p is None else req.top_p,
+        min_p=defaults.min_p if req.min_p is None else req.min_p,
+        repetition_penalty=defaults.repetition_penalty if req.repetition_penalty is None else req.repetition_penalty,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         logit_bias=bias,

@@ -13,7 +13,7 @@ from zinfer.gateway.sse import DONE, frame
 from zinfer.gateway.state import GatewayState
 from zinfer.messages.client import Cancelled, ClientEvent, Delta, Failed, Finished, Rejected, Usage
 
-ENGINE_PARAMS = {"logit_bias": "logit_bias", "stop_token_ids": "stop_token_ids", "prompt_ids": "prompt"}  # first word of an engine message -> param
+ENGINE_PARAMS = {"logit_bias": "logit_bias", "stop_token_ids": "stop_token_ids", "prompt_ids": "prompt", "max_tokens": "max_tokens"}  # first word of an engine message -> param
 REJECTION_STATUS = {"too_long": 400, "bad_request": 400, "bad_constraint": 400, "cannot_fit": 400, "queue_full": 429}
 
 

@@ -16,6 +16,7 @@ from zinfer.gateway.client import AsyncClient
 from zinfer.gateway.origins import OriginPolicy
 from zinfer.gateway.run_command import engine_config, trace_config
 from zinfer.gateway.state import GatewayState, fingerprint
+from zinfer.models.sampling_defaults import sampling_defaults
 from zinfer.models.tool_prompt import call_syntax, source_chat_template
 from zinfer.traces.windows import merge_windows, parts_dir
 
@@ -53,6 +54,7 @@ async def run_server(args: argparse.Namespace, config: EngineConfig) -> None:
             state.model_aliases = set(served[1:]) if served else {str(engine.source.path), engine.source.path.name}
             state.system_fingerprint = fingerprint(str(engine.source.path), engine.config.device)
             state.extra["tool_syntax"] = call_syntax(source_chat_template(engine.source))  # what a compulsory tool call's grammar follows
+            state.sampling = sampling_defaults(engine.source)
             state.client = client
             log.warning("serving", url=f"http://{args.host}:{args.port}", zmq=list(config.zmq_endpoints))
             await trio.sleep_forever()

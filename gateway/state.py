@@ -10,6 +10,7 @@ from typing import Any
 from zinfer.gateway.client import AsyncClient
 from zinfer.gateway.metrics import Metrics
 from zinfer.gateway.origins import OriginPolicy
+from zinfer.models.sampling_defaults import SamplingDefaults
 
 
 @dataclass
@@ -25,6 +26,7 @@ class GatewayState:
     max_body_bytes: int = 4 << 20  # larger request bodies get 413
     metrics: Metrics = field(default_factory=Metrics)
     token_text: dict[int, str] = field(default_factory=dict)  # token id -> its text, for logprobs
+    sampling: SamplingDefaults = field(default_factory=SamplingDefaults)  # what a request's unset sampling fields get
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
