@@ -72,7 +72,11 @@ def _mutation(region: str) -> st.SearchStrategy:
     pos = st.integers(0, 2**32)
     flips = st.tuples(st.just("flip"), st.just(region), pos, st.integers(1, 255))
     if region == "data":
-        return st.one_of(flips, st.tuples(st.just("f16"), st.just(region), pos, st.sampled_from([0x7C00, 0xFC00, 0x7E00, 0x7BFF, 0x0400])))
+        return st.one_of(
+            flips,
+            st.tuples(st.just("f16"), st.just(region), pos, st.sampled_from([0x7C00, 0xFC00, 0x7E00, 0x7BFF, 0x0400])),
+            st.tuples(st.just("f32"), st.just(region), pos, st.sampled_from([1e30, -3e38, 65504.0, 1e-40])),  # finite, but overflows
+        )
     return st.one_of(
         flips,
         st.tuples(st.just("u64"), st.just(region), pos, st.sampled_from(EXTREME_U64) | st.integers(0, 2**64 - 1)),
@@ -94,6 +98,9 @@ def apply(base: Base, edits: list[tuple]) -> bytes:
         elif kind == "f16":  # one quantized block's scale (or an f16 pair of any tensor) set to inf, NaN, ...
             at -= at % 2
             blob[at : at + 2] = struct.pack("<H", arg)
+        elif kind == "f32":
+            at -= at % 4
+            blob[at : at + 4] = struct.pack("<f", arg)
         elif kind == "u64":
             blob[at : at + 8] = struct.pack("<Q", arg)
         elif kind == "u32":

@@ -40,7 +40,8 @@ def test_a_damaged_gguf_loads_or_is_refused_cleanly(bases, worker, tmp_path, cas
 @settings(max_examples=80, phases=[Phase.explicit, Phase.generate], **fg.FUZZ)
 @given(case=fg.data_cases(len(fg.BASES)))
 @example(case=(1, [("f16", "data", 1000, 0x7C00)]))  # an inf block scale: refused at load
-@example(case=(0, [("flip", "data", 4 * 70 + 3, 0x7F)]))  # an F32 exponent flipped: a huge weight
+@example(case=(0, [("flip", "data", 4 * 70 + 3, 0x7F)]))  # an F32 exponent flipped
+@example(case=(0, [("f32", "data", 4 * i, 1e30) for i in range(0, 4000, 97)]))  # huge but finite weights
 def test_flipped_tensor_bytes_are_refused_or_fail_requests_cleanly(bases, worker, tmp_path, case):
     result = worker.run("serve", fg.case_file(bases, case, tmp_path))
     fg.check(result, "serve", case)
