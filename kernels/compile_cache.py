@@ -16,6 +16,10 @@ from there, as later runs will. Only what a run needs is compiled, once per kern
 source and numba version (kernels/__init__.py keys the cache folder); a warm cache starts
 no helper. If the helper cannot start or fails on a kernel, this process compiles that
 kernel itself, as numba would, with a warning: never a dead start.
+
+While the helper compiles, stderr says so: FIRST_COMPILE_NOTE when it starts, a line every
+PROGRESS_EVERY_S with the seconds spent compiling, the kernels done and the one in hand,
+and the total once it has been idle for QUIET_S (`_Progress`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import pickle
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 import structlog
@@ -35,6 +40,8 @@ log = structlog.get_logger("zinfer.kernels")
 IN_PROCESS_ENV = "ZINFER_COMPILE_IN_PROCESS"  # set (the helper sets it for itself): numba compiles as it always does
 KERNEL_MODULES = "zinfer.kernels."
 FIRST_COMPILE_NOTE = "zinfer: compiling cpu-fast kernels once (20-30 s); later runs start from cache"
+PROGRESS_EVERY_S = 5.0  # a progress line on stderr this often while a kernel compiles
+QUIET_S = 3.0  # the helper idle this long after a compile: the total goes out
 
 _lock = threading.Lock()  # one request at a time on the helper's pipes
 _helper: "_Helper | None" = None
@@ -94,7 +101,11 @@ def _compile_in_helper(dispatcher: Any, sig: Any) -> bool:
         try:
             if _helper is None or _helper.owner != os.getpid():  # none yet, or a forked parent's
                 _helper = _Helper()
-            error = _helper.compile(dispatcher.py_func.__module__, dispatcher.py_func.__qualname__, sig)
+            _helper.progress.begin(name.removeprefix(KERNEL_MODULES))
+            try:
+                error = _helper.compile(dispatcher.py_func.__module__, dispatcher.py_func.__qualname__, sig)
+            finally:
+                _helper.progress.end()
         except Exception as exc:  # no helper, a dead one, a signature that does not pickle
             _helper_broken = True
             error = f"helper process failed ({type(exc).__name__}: {exc}); every kernel compiles in this process from now on"
@@ -111,6 +122,7 @@ class _Helper:
         import numba
 
         print(FIRST_COMPILE_NOTE, file=sys.stderr, flush=True)
+        self.progress = _Progress()
         env = {**os.environ, IN_PROCESS_ENV: "1", "NUMBA_CACHE_DIR": str(numba.config.CACHE_DIR)}
         serve = "from zinfer.kernels.compile_cache import main; main()"  # not -m: zinfer.kernels imports this module first
         self.proc = subprocess.Popen([sys.executable, "-c", serve], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
@@ -135,6 +147,78 @@ class _Helper:
             self.proc.stdin.close()
         except OSError:  # already gone
             pass
+
+
+class _Progress:
+    """Tells stderr how the helper's compiles go: every PROGRESS_EVERY_S while one is in
+    hand, `zinfer: compiling cpu-fast kernels: 15 s, 6 done, now cpu_ops.rmsnorm_`; once
+    the helper has been idle for QUIET_S, `zinfer: compiled 14 cpu-fast kernels in 26 s`;
+    at exit with one still in hand, that it finishes in the background. Seconds are those
+    spent compiling (a later compile, an hour on, adds its own). A daemon thread prints;
+    begin() and end() bracket each compile."""
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.busy_s = 0.0  # compiling, finished compiles only
+        self.current: str | None = None
+        self.began = 0.0  # when `current` began
+        self.ended = 0.0  # when the last compile ended
+        self.told_total = True  # nothing to total yet
+        self.owner = os.getpid()
+        self._cond = threading.Condition()
+        threading.Thread(target=self._run, name="zinfer-compile-progress", daemon=True).start()
+        atexit.register(self._at_exit)
+
+    def begin(self, name: str) -> None:
+        with self._cond:
+            self.current, self.began = name, time.monotonic()
+            self.told_total = False
+            self._cond.notify()
+
+    def end(self) -> None:
+        with self._cond:
+            self.ended = time.monotonic()
+            self.busy_s += self.ended - self.began
+            self.done += 1
+            self.current = None
+            self._cond.notify()
+
+    def _seconds(self, now: float) -> float:
+        return self.busy_s + (now - self.began if self.current is not None else 0.0)
+
+    def _run(self) -> None:
+        with self._cond:
+            last_line = time.monotonic()
+            while True:
+                now = time.monotonic()
+                if self.current is not None:
+                    if now - max(last_line, self.began) >= PROGRESS_EVERY_S:
+                        _say(f"zinfer: compiling cpu-fast kernels: {self._seconds(now):.0f} s, {self.done} done, now {self.current}")
+                        last_line = now
+                    self._cond.wait(max(0.0, PROGRESS_EVERY_S - (now - max(last_line, self.began))))
+                elif not self.told_total and now - self.ended >= QUIET_S:
+                    _say(f"zinfer: compiled {self.done} cpu-fast kernel{'s' * (self.done != 1)} in {self.busy_s:.0f} s; later runs start from cache")
+                    self.told_total = True
+                else:
+                    self._cond.wait(None if self.told_total else QUIET_S - (now - self.ended))
+
+    def _at_exit(self) -> None:
+        if self.owner != os.getpid():
+            return
+        with self._cond:
+            if self.current is not None:
+                _say(f"zinfer: compiled {self.done} cpu-fast kernels in {self._seconds(time.monotonic()):.0f} s; "
+                     f"{self.current} finishes compiling in the background")
+            elif not self.told_total:
+                _say(f"zinfer: compiled {self.done} cpu-fast kernel{'s' * (self.done != 1)} in {self.busy_s:.0f} s; later runs start from cache")
+            self.told_total = True
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # stderr closed
+        pass
 
 
 def _kernel(module: str, qualname: str) -> Any:

@@ -1,0 +1,70 @@
+"""A first cpu-fast run tells stderr how its kernel compile goes (kernels/compile_cache.py):
+the first line, then a line every few seconds with the seconds spent, the kernels done and
+the one in hand, then the total. On a loaded 2-core host the first compile takes minutes:
+one line and then silence looked like a hang."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+
+import numba
+import numpy as np
+import pytest
+
+from zinfer.kernels import compile_cache
+
+_PROBE = '''
+from numba import njit
+
+
+@njit(cache=True)
+def scaled_sum(x, k):
+    total = 0.0
+    for v in x:
+        total += v * k
+    return total
+'''
+
+
+@pytest.fixture
+def probe(tmp_path, monkeypatch):
+    """A fresh module of one cached numba kernel routed through the helper, with an empty
+    numba cache, no helper yet and progress told every 0.05 s."""
+    name = f"progress_probe_{tmp_path.name}".replace("-", "_")
+    (tmp_path / f"{name}.py").write_text(_PROBE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path / "numba"))
+    monkeypatch.setattr(compile_cache, "KERNEL_MODULES", name)
+    monkeypatch.setattr(compile_cache, "_helper", None)
+    monkeypatch.setattr(compile_cache, "_helper_broken", False)
+    monkeypatch.setattr(compile_cache, "PROGRESS_EVERY_S", 0.05)
+    monkeypatch.setattr(compile_cache, "QUIET_S", 0.2)
+    __import__(name)
+    yield sys.modules.pop(name).scaled_sum
+    if compile_cache._helper is not None:
+        compile_cache._helper.close()
+
+
+def test_a_first_compile_prints_progress_lines_and_then_its_total(probe, capfd):
+    """Two signatures compiled by the helper (its start-up, numba's import, counts towards
+    the first): progress lines with growing seconds and the count done, then one total."""
+    assert probe(np.arange(4.0), 2.0) == 12.0
+    assert probe(np.arange(3, dtype=np.int64), 3) == 9
+    err = ""
+    deadline = time.monotonic() + 10
+    while "compiled 2" not in err and time.monotonic() < deadline:
+        time.sleep(0.1)
+        err += capfd.readouterr().err
+    lines = err.splitlines()
+    assert lines[0] == compile_cache.FIRST_COMPILE_NOTE
+    total = r"zinfer: compiled (1 cpu-fast kernel|2 cpu-fast kernels) in \d+ s; later runs start from cache"
+    assert all(re.fullmatch(total, line) for line in lines[1:] if "compiled" in line), lines  # 1: the helper idled
+    progress = [re.fullmatch(r"zinfer: compiling cpu-fast kernels: (\d+) s, [01] done, now \S+scaled_sum", line) for line in lines[1:] if "compiled" not in line]
+    assert progress and all(progress), lines
+    seconds = [int(m.group(1)) for m in progress]
+    assert seconds == sorted(seconds)
+    assert re.fullmatch(r"zinfer: compiled 2 cpu-fast kernels in \d+ s; later runs start from cache", lines[-1]), lines[-1]
