@@ -164,6 +164,7 @@ class _Progress:
         self.began = 0.0  # when `current` began
         self.ended = 0.0  # when the last compile ended
         self.told_total = True  # nothing to total yet
+        self.last_line = time.monotonic()  # FIRST_COMPILE_NOTE's
         self.owner = os.getpid()
         self._cond = threading.Condition()
         threading.Thread(target=self._run, name="zinfer-compile-progress", daemon=True).start()
@@ -172,6 +173,8 @@ class _Progress:
     def begin(self, name: str) -> None:
         with self._cond:
             self.current, self.began = name, time.monotonic()
+            if self.told_total:  # a new run of compiles: its first line in PROGRESS_EVERY_S
+                self.last_line = self.began
             self.told_total = False
             self._cond.notify()
 
@@ -188,14 +191,13 @@ class _Progress:
 
     def _run(self) -> None:
         with self._cond:
-            last_line = time.monotonic()
             while True:
                 now = time.monotonic()
                 if self.current is not None:
-                    if now - max(last_line, self.began) >= PROGRESS_EVERY_S:
+                    if now - self.last_line >= PROGRESS_EVERY_S:
                         _say(f"zinfer: compiling cpu-fast kernels: {self._seconds(now):.0f} s, {self.done} done, now {self.current}")
-                        last_line = now
-                    self._cond.wait(max(0.0, PROGRESS_EVERY_S - (now - max(last_line, self.began))))
+                        self.last_line = now
+                    self._cond.wait(PROGRESS_EVERY_S - (now - self.last_line))
                 elif not self.told_total and now - self.ended >= QUIET_S:
                     _say(f"zinfer: compiled {self.done} cpu-fast kernel{'s' * (self.done != 1)} in {self.busy_s:.0f} s; later runs start from cache")
                     self.told_total = True

@@ -68,3 +68,21 @@ def test_a_first_compile_prints_progress_lines_and_then_its_total(probe, capfd):
     seconds = [int(m.group(1)) for m in progress]
     assert seconds == sorted(seconds)
     assert re.fullmatch(r"zinfer: compiled 2 cpu-fast kernels in \d+ s; later runs start from cache", lines[-1]), lines[-1]
+
+
+def test_progress_lines_come_while_kernels_compile_even_when_each_is_quicker_than_the_interval(monkeypatch, capfd):
+    """Many short compiles (the usual first run: dozens of kernels of a few seconds each)
+    still give a line per interval, counting the kernels done, and one total after."""
+    monkeypatch.setattr(compile_cache, "PROGRESS_EVERY_S", 0.1)
+    monkeypatch.setattr(compile_cache, "QUIET_S", 0.2)
+    progress = compile_cache._Progress()
+    for i in range(20):
+        progress.begin(f"cpu_ops.kernel_{i}")
+        time.sleep(0.03)
+        progress.end()
+    time.sleep(0.5)
+    lines = capfd.readouterr().err.splitlines()
+    assert len(lines) >= 3, lines
+    done = [int(re.fullmatch(r"zinfer: compiling cpu-fast kernels: \d+ s, (\d+) done, now cpu_ops\.kernel_\d+", line).group(1)) for line in lines[:-1]]
+    assert done == sorted(done) and done[-1] > done[0]
+    assert re.fullmatch(r"zinfer: compiled 20 cpu-fast kernels in \d+ s; later runs start from cache", lines[-1])
