@@ -17,9 +17,9 @@ source and numba version (kernels/__init__.py keys the cache folder); a warm cac
 no helper. If the helper cannot start or fails on a kernel, this process compiles that
 kernel itself, as numba would, with a warning: never a dead start.
 
-While the helper compiles, stderr says so: FIRST_COMPILE_NOTE when it starts, a line every
-PROGRESS_EVERY_S with the seconds spent compiling, the kernels done and the one in hand,
-and the total once it has been idle for QUIET_S (`_Progress`).
+While the helper compiles, stderr says so: FIRST_COMPILE_NOTE when it starts, then a line
+every PROGRESS_EVERY_S with the seconds spent compiling, the kernels done and the one in
+hand, and the total once it has been idle for QUIET_S (`_Progress`).
 """
 
 from __future__ import annotations
@@ -150,12 +150,14 @@ class _Helper:
 
 
 class _Progress:
-    """Tells stderr how the helper's compiles go: every PROGRESS_EVERY_S while one is in
-    hand, `zinfer: compiling cpu-fast kernels: 15 s, 6 done, now cpu_ops.rmsnorm_`; once
-    the helper has been idle for QUIET_S, `zinfer: compiled 14 cpu-fast kernels in 26 s`;
-    at exit with one still in hand, that it finishes in the background. Seconds are those
-    spent compiling (a later compile, an hour on, adds its own). A daemon thread prints;
-    begin() and end() bracket each compile."""
+    """Tells stderr how the helper's compiles go. While the first run of compiles lasts
+    (the one a new cache makes before the first answer), a line every PROGRESS_EVERY_S:
+    `zinfer: compiling cpu-fast kernels: 15 s, 6 done, now cpu_ops._glu`; once the helper
+    has been idle for QUIET_S, the total: `zinfer: compiled 8 cpu-fast kernels in 10 s`.
+    Later compiles (the decode graph's replay, a new batch shape) run while the answer
+    streams, so they are counted quietly and told at exit, with the one still in hand
+    (it finishes in the background). Seconds are those spent compiling. begin() and end()
+    bracket each compile; a daemon thread prints the first run's lines."""
 
     def __init__(self) -> None:
         self.done = 0
@@ -173,8 +175,6 @@ class _Progress:
     def begin(self, name: str) -> None:
         with self._cond:
             self.current, self.began = name, time.monotonic()
-            if self.told_total:  # a new run of compiles: its first line in PROGRESS_EVERY_S
-                self.last_line = self.began
             self.told_total = False
             self._cond.notify()
 
@@ -190,6 +190,7 @@ class _Progress:
         return self.busy_s + (now - self.began if self.current is not None else 0.0)
 
     def _run(self) -> None:
+        """The first run of compiles' lines, until its total."""
         with self._cond:
             while True:
                 now = time.monotonic()
@@ -199,10 +200,14 @@ class _Progress:
                         self.last_line = now
                     self._cond.wait(PROGRESS_EVERY_S - (now - self.last_line))
                 elif not self.told_total and now - self.ended >= QUIET_S:
-                    _say(f"zinfer: compiled {self.done} cpu-fast kernel{'s' * (self.done != 1)} in {self.busy_s:.0f} s; later runs start from cache")
+                    _say(self._total())
                     self.told_total = True
+                    return
                 else:
                     self._cond.wait(None if self.told_total else QUIET_S - (now - self.ended))
+
+    def _total(self) -> str:
+        return f"zinfer: compiled {self.done} cpu-fast kernel{'s' * (self.done != 1)} in {self.busy_s:.0f} s; later runs start from cache"
 
     def _at_exit(self) -> None:
         if self.owner != os.getpid():
@@ -212,7 +217,7 @@ class _Progress:
                 _say(f"zinfer: compiled {self.done} cpu-fast kernels in {self._seconds(time.monotonic()):.0f} s; "
                      f"{self.current} finishes compiling in the background")
             elif not self.told_total:
-                _say(f"zinfer: compiled {self.done} cpu-fast kernel{'s' * (self.done != 1)} in {self.busy_s:.0f} s; later runs start from cache")
+                _say(self._total())
             self.told_total = True
 
 
