@@ -15,7 +15,9 @@ and for a sequence's long chunk a blocked kernel over the causal triangle
 Threads: OpenBLAS's workers spin for a while after each call, and numba's parallel
 kernels then fight them for the same cores (measured: 16 streams decoded 10x slower).
 So in a round whose linears go through BLAS, the numba kernels run on one thread;
-every other round uses every core and no BLAS.
+every other round uses every core and no BLAS, unless its shape ran faster on one
+thread lately: when other processes take cores, a team waits at every parallel region
+for the thread that lost its core (devices/cpu_team.py times the rounds and chooses).
 
 Decode graphs (decode_graphs=True, the engine's default): a decode round of up to 16
 sequences is recorded once per bucket and then replayed in one numba call, with no Python
@@ -25,6 +27,7 @@ work to devices/cpu_graph_ops.py.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numba
@@ -37,6 +40,7 @@ from zinfer.devices.cpu import CpuKV
 from zinfer.devices import cpu_graph_ops as rec
 from zinfer.devices.cpu_fast_linears import SMALL_BATCH, SMALL_BATCH_NO_COPY, F32Budget, F32Linear, FastWeight, linear_for  # noqa: F401 (re-exported)
 from zinfer.devices.cpu_graph import DecodeGraphs, GraphBuffers, Tape
+from zinfer.devices.cpu_team import ThreadGovernor
 from zinfer.devices.fallback import F32Fallbacks
 from zinfer.devices.round import RoundCtx
 from zinfer.kernels import cpu_int8 as ci
@@ -58,15 +62,18 @@ class FastCpuDevice(DeviceBase):
     streams those are as many as the weights), else f32 as the oracle does;
     `decode_graphs`: record and replay decode rounds (devices/cpu_graph.py) over the KV
     pool alloc_kv made last (off here, where tests drive many pools; the engine's
-    CpuFastConfig turns it on)."""
+    CpuFastConfig turns it on); `adaptive_threads`: each round shape runs on 1 thread
+    instead of all while that is faster (devices/cpu_team.py), else always on all."""
 
     name = "cpu-fast"
 
     def __init__(self, threads: int | None = None, f32_cache_bytes: int = 1 << 30, int8: bool | None = None, kv_f16: bool = True,
-                 decode_graphs: bool = False):
+                 decode_graphs: bool = False, adaptive_threads: bool = True):
         if threads is not None:
             numba.set_num_threads(threads)
         self.threads = numba.get_num_threads()
+        self.team = ThreadGovernor(self.threads if adaptive_threads else 1, time.perf_counter)
+        self.round_threads = self.threads  # numba threads of the round being run (run_round sets it)
         self.f32_budget = F32Budget(f32_cache_bytes)  # spent by uploads on f32 copies
         self.fallbacks = F32Fallbacks("cpu-fast")  # types without a packed kernel, warned once each
         self.int8 = int8_ir.available() if int8 is None else int8 and int8_ir.available()
@@ -106,20 +113,25 @@ class FastCpuDevice(DeviceBase):
         """layers(ctx) -> logits [S, vocab]; with decode graphs, a decode round replays the
         graph recorded for its bucket (recording it the first time) over kv, which must be
         the pool alloc_kv made last. Until the replay kernel is compiled (on a thread, after
-        the first eager decode round) rounds run eagerly."""
+        the first eager decode round) rounds run eagerly. The round runs on the thread
+        count self.team chooses for its shape, and its time is reported back to it."""
         graphs = self._graphs
         self.last_round_replayed = False
         if graphs is not None and kv is not graphs.kv:
             raise RuntimeError("with decode graphs, rounds must run on the KV pool this device allocated last")
-        if graphs is None or not graphs.eligible(batch):
-            return layers(self.begin_round(batch))
-        if not graphs.ready:
+        replay = graphs is not None and graphs.eligible(batch) and graphs.ready
+        key = ("graph", graphs.bucket(len(batch.seqs))) if replay else ("eager", batch.n_tokens.bit_length(), len(batch.seqs) == batch.n_tokens)
+        self.round_threads = self.team.choose(key) if self.team.threads > 1 else self.threads
+        start = time.perf_counter()
+        if replay:
+            self._threads_for(batch.n_tokens)
+            out = graphs.run(layers, batch)
+            self.last_round_replayed = graphs.last_replayed
+        else:
             out = layers(self.begin_round(batch))
-            graphs.compile_soon()
-            return out
-        self._threads_for(batch.n_tokens)
-        out = graphs.run(layers, batch)
-        self.last_round_replayed = graphs.last_replayed
+            if graphs is not None and graphs.eligible(batch):
+                graphs.compile_soon()
+        self.team.record(key, self.round_threads, time.perf_counter() - start)
         return out
 
     def settle(self, timeout: float) -> bool:
@@ -137,8 +149,9 @@ class FastCpuDevice(DeviceBase):
         return not self.int8 and rows > SMALL_BATCH
 
     def _threads_for(self, rows: int) -> None:
-        """Numba threads for a round of `rows` token rows: all of them unless BLAS is busy too."""
-        want = 1 if self._blas_round(rows) else self.threads
+        """Numba threads for a round of `rows` token rows: round_threads (all of them unless
+        one was faster lately) unless BLAS is busy too."""
+        want = 1 if self._blas_round(rows) else self.round_threads
         if numba.get_num_threads() != want:
             numba.set_num_threads(want)
 

@@ -185,7 +185,7 @@ class DecodeGraphs:
             and 0 < S <= BUCKETS[-1]
             and all(s.n_tokens == 1 for s in batch.seqs)
             and len(batch.logits_rows) == S
-            and self._bucket(S) not in self._refused
+            and self.bucket(S) not in self._refused
         )
 
     @property
@@ -198,13 +198,14 @@ class DecodeGraphs:
         return not self._compiling or self._compiled.wait(timeout)
 
     @staticmethod
-    def _bucket(S: int) -> int:
+    def bucket(S: int) -> int:
+        """The bucket a decode round of S sequences is padded up to."""
         return next(b for b in BUCKETS if b >= S)
 
     def run(self, layers: Layers, batch: ForwardBatch) -> np.ndarray:
         """The logits [S, vocab] (a new array) that layers(begin_round(batch)) would give."""
         S = len(batch.seqs)
-        B = self._bucket(S)
+        B = self.bucket(S)
         graph = self._graphs.get(B)
         self.last_replayed = graph is not None
         if graph is None:

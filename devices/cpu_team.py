@@ -1,0 +1,91 @@
+"""How many threads cpu-fast's next round runs on, chosen from how fast recent rounds ran.
+
+numba's parallel kernels split each loop statically between the threads and wait for
+the last thread at the end of every parallel region, and libgomp's (numba's `omp`
+threading layer) waiting threads spin for milliseconds before they sleep. When another
+process takes a core, one thread of the team keeps losing it, each of a decode round's
+~150-250 regions waits for it, and the spinning of the others takes CPU from the thread
+that works: SmolLM2 decode at 2 threads fell to 1-12 tok/s where 1 thread kept 30-60.
+
+So the device times every round and keeps, per round shape, an estimate of a round's
+seconds on the whole team and on one thread. A round runs on whichever is faster; the
+other is probed now and then (spending at most about PROBE_SHARE of the time on the
+slower choice) so that the team comes back when the other process goes, and is dropped
+within a few rounds when one comes. Thread counts never change results: every parallel
+kernel splits output rows between threads, never a reduction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Hashable
+
+EMA = 0.3  # weight of a new round in the running estimate of the count it ran on
+PROBE_SHARE = 0.01  # a probe of the slower count is followed by rounds that take ~1/PROBE_SHARE times its extra cost
+MIN_PROBE_GAP_S = 0.25  # probes of a shape at least this far apart ...
+MIN_PROBE_ROUNDS = 8  # ... and this many rounds apart
+MAX_PROBE_GAP_S = 30.0  # the slower count is probed again at least this often (so a gone load is noticed)
+
+
+@dataclass
+class _Shape:
+    """What the governor knows of one round shape."""
+
+    current: int  # the thread count its rounds run on
+    seconds: dict[int, float] = field(default_factory=dict)  # thread count -> estimated seconds per round
+    warm: bool = False  # its first round (compiles, records a graph) was seen and not counted
+    rounds: int = 0  # rounds since the last probe
+    next_probe: float = 0.0  # clock time from which the other count may be probed
+
+
+class ThreadGovernor:
+    """Picks 1 or `threads` threads per round of a shape (any hashable key: rounds of one
+    shape take about the same time) from the measured seconds of earlier rounds.
+
+    choose(key) -> the count for the next round; record(key, count, seconds) after it.
+    Mutates only its own per-shape estimates. With threads <= 1 it always says threads."""
+
+    def __init__(self, threads: int, clock: Callable[[], float]):
+        self.threads = threads
+        self.clock = clock
+        self._shapes: dict[Hashable, _Shape] = {}
+
+    def choose(self, key: Hashable) -> int:
+        """The thread count for the next round of shape `key`: the faster estimate, or the
+        other one when a probe is due (its estimate is missing or old)."""
+        if self.threads <= 1:
+            return self.threads
+        s = self._shapes.setdefault(key, _Shape(current=self.threads))
+        other = self._other(s.current)
+        if not s.seconds:  # warm-up, then a first measure of the team
+            return s.current
+        if other not in s.seconds or (s.rounds >= MIN_PROBE_ROUNDS and self.clock() >= s.next_probe):
+            return other
+        return s.current
+
+    def record(self, key: Hashable, threads: int, seconds: float) -> None:
+        """A round of shape `key` took `seconds` on `threads` threads (as choose said)."""
+        if self.threads <= 1:
+            return
+        s = self._shapes.setdefault(key, _Shape(current=self.threads))
+        if not s.warm:
+            s.warm = True
+            return
+        if threads == s.current:
+            old = s.seconds.get(threads)
+            s.seconds[threads] = seconds if old is None else old + EMA * (seconds - old)
+            s.rounds += 1
+        else:  # a probe: its estimate was old, this round replaces it
+            s.seconds[threads] = seconds
+            extra = max(0.0, seconds - s.seconds.get(s.current, seconds))
+            s.next_probe = self.clock() + min(MAX_PROBE_GAP_S, max(MIN_PROBE_GAP_S, extra / PROBE_SHARE))
+            s.rounds = 0
+        faster = min(s.seconds, key=s.seconds.__getitem__)
+        if faster != s.current and len(s.seconds) == 2:
+            if threads == s.current:  # the current count got slower than the other's last probe: switch, probe back later
+                s.next_probe = self.clock() + MIN_PROBE_GAP_S
+                s.rounds = 0
+            s.current = faster
+
+    def _other(self, count: int) -> int:
+        return 1 if count == self.threads else self.threads
