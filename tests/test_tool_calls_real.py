@@ -9,6 +9,7 @@ content."""
 from __future__ import annotations
 
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
@@ -36,7 +37,7 @@ def ask(server, prompt: str, choice, stream: bool, temperature: float) -> list[t
     """The (name, arguments) of each call in the answer, through the official client."""
     with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300) as client:
         kwargs = dict(model=server.model, messages=[{"role": "user", "content": prompt}], tools=TOOLS, tool_choice=choice,
-                      temperature=temperature, seed=7, max_tokens=160)
+                      temperature=temperature, seed=7, max_tokens=96)
         if not stream:
             msg = client.chat.completions.create(**kwargs).choices[0].message
             return [(c.function.name, c.function.arguments) for c in msg.tool_calls or []]
@@ -64,6 +65,8 @@ def test_a_compulsory_call_validates_against_its_schema(server, choice):
 
 
 def test_left_to_choose_the_model_calls_a_tool(server, request):
+    if request.node.callspec.params["server"] == "qwen2.5-coder-1.5b" and os.environ.get("ZINFER_TEST_AUTO_1_5B") != "1":
+        pytest.skip("CI time: ZINFER_TEST_AUTO_1_5B=1 counts the 1.5B's auto calls too")
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda p: ask(server, p, "auto", False, 0.0), NEEDS_A_TOOL))
     called = sum(1 for calls in answers if calls and all(name in SCHEMAS for name, _ in calls))
