@@ -14,19 +14,9 @@ import numba
 import numpy as np
 import pytest
 
+from test_first_run import _PROBE  # the same one-kernel module
+
 from zinfer.kernels import compile_cache
-
-_PROBE = '''
-from numba import njit
-
-
-@njit(cache=True)
-def scaled_sum(x, k):
-    total = 0.0
-    for v in x:
-        total += v * k
-    return total
-'''
 
 
 @pytest.fixture
