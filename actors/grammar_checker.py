@@ -7,7 +7,8 @@ crash or stall the compiler, is a refusal ("bad_request") and never reaches the 
 - One worker process, started on the first constrained request (loading the vocabulary
   takes 1-10 s), checks one grammar at a time within CHECK_SECONDS; a worker that dies or
   overruns is killed, the request refused, and the next check starts a new one.
-- Verdicts are kept for the last CACHE_SIZE distinct grammars (clients repeat theirs).
+- Verdicts are kept for the last CACHE_SIZE distinct grammars (clients repeat theirs);
+  only the worker's compile outcomes, not an overrun or a crash, which load can cause.
 """
 
 from __future__ import annotations
@@ -51,34 +52,44 @@ class GrammarChecker:
         if verdict is None:
             await trio.to_thread.run_sync(check_limits, constraint)
             async with self._lock:
-                verdict = await self._ask(constraint)
-            self._verdicts[key] = verdict
-            if len(self._verdicts) > CACHE_SIZE:
-                self._verdicts.popitem(last=False)
-        self._verdicts.move_to_end(key)
+                verdict, compiled = await self._ask(constraint)
+            if compiled:  # an overrun or a crash may go otherwise on a quieter machine: not kept
+                self._verdicts[key] = verdict
+                if len(self._verdicts) > CACHE_SIZE:
+                    self._verdicts.popitem(last=False)
+        else:
+            self._verdicts.move_to_end(key)
         if not verdict.ok:
             raise ValueError(verdict.message)
         assert verdict.constraint is not None
         return verdict.constraint
 
-    async def _ask(self, constraint: Constraint) -> Verdict:
+    async def _ask(self, constraint: Constraint) -> tuple[Verdict, bool]:
+        """The worker's verdict on constraint and True, or a refusal of ours and False when
+        the worker died or overran (it is then stopped; the next check starts another). A
+        check cancelled midway stops the worker too: its late reply must not answer the next."""
         proc = await self._worker()
-        with trio.move_on_after(self.check_seconds):
-            try:
-                assert proc.stdin is not None
-                body = msgspec.msgpack.encode(constraint)
-                await proc.stdin.send_all(HEADER.pack(len(body)) + body)
-                reply = await self._read(proc)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                reply = None
-            if isinstance(reply, Verdict):
-                return reply
+        reply = None
+        try:
+            with trio.move_on_after(self.check_seconds) as deadline:
+                try:
+                    assert proc.stdin is not None
+                    body = msgspec.msgpack.encode(constraint)
+                    await proc.stdin.send_all(HEADER.pack(len(body)) + body)
+                    reply = await self._read(proc)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    reply = None
+        except BaseException:
             await self._stop(proc)
-            log.warning("grammar worker died on a grammar", kind=constraint.kind, bytes=len(constraint.spec), returncode=proc.returncode)
-            return Verdict(False, "the grammar is too complex to compile (the compiler failed on it); simplify it")
+            raise
+        if isinstance(reply, Verdict):
+            return reply, True
         await self._stop(proc)
-        log.warning("grammar worker overran", kind=constraint.kind, bytes=len(constraint.spec), seconds=self.check_seconds)
-        return Verdict(False, f"the grammar took longer than {self.check_seconds:g} s to compile; simplify it")
+        if deadline.cancelled_caught:
+            log.warning("grammar worker overran", kind=constraint.kind, bytes=len(constraint.spec), seconds=self.check_seconds)
+            return Verdict(False, f"the grammar took longer than {self.check_seconds:g} s to compile; simplify it"), False
+        log.warning("grammar worker died on a grammar", kind=constraint.kind, bytes=len(constraint.spec), returncode=proc.returncode)
+        return Verdict(False, "the grammar is too complex to compile (the compiler failed on it); simplify it"), False
 
     async def _worker(self) -> trio.Process:
         """The running worker, started (and its vocabulary loaded) if there is none."""
