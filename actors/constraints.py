@@ -14,8 +14,8 @@ executors run the next forward (MaskPrefetch).
   (bounded_numbers), as llama.cpp's JSON grammar has: llguidance's are unbounded, and a
   model can write "123456789012345..." until max_tokens.
 - grammar_vocab.grammar_tokenizer(source): the model's vocabulary as llguidance's
-  LLTokenizer, with the EOS ids the scheduler stops on. Costs about 1 s (49k tokens) to
-  10 s (262k) on 2 cores: built once per sampler actor, on the first constrained request.
+  LLTokenizer, with the EOS ids the scheduler stops on. Costs about 1 s (152k tokens) to
+  2 s (262k) on 2 cores: built once per sampler actor, on the first constrained request.
 - GrammarProbe: the worker's check of a constraint with the vocabulary: it compiles, and
   its first mask allows a token (an empty language, `start: start`, fails here).
 - GrammarMask: one request's matcher and its next-token bitmask.
