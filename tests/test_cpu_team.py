@@ -38,8 +38,9 @@ def test_the_team_is_kept_while_it_is_faster_and_one_thread_is_probed_rarely():
     clock = Clock()
     gov = ThreadGovernor(2, clock)
     chosen = drive(gov, clock, {2: 0.010, 1: 0.016}, 2000)
-    assert chosen[:3] == [2, 2, 1]  # warm-up, a first measure, a first probe of one thread
-    probes = chosen[3:].count(1)
+    first = cpu_team.MIN_PROBE_ROUNDS + 1  # a warm-up round, then rounds measured before one thread is probed
+    assert chosen[:first] == [2] * first and chosen[first] == 1
+    probes = chosen[first:].count(1)
     assert 1 <= probes <= 2000 * 0.010 / cpu_team.MIN_PROBE_GAP_S
     assert probes * (0.016 - 0.010) <= 2 * cpu_team.PROBE_SHARE * clock.t  # the probes' extra time stays small
 
@@ -54,6 +55,15 @@ def test_a_busy_machine_drops_to_one_thread_within_rounds_and_the_team_comes_bac
     assert spent_on_team < 0.2 * clock.t
     idle_again = drive(gov, clock, {2: 0.010, 1: 0.016}, 4000)  # it went away
     assert idle_again[-100:].count(2) >= 95
+
+
+def test_new_shapes_start_on_one_thread_while_the_machine_is_busy():
+    clock = Clock()
+    gov = ThreadGovernor(2, clock)
+    drive(gov, clock, {2: 0.010, 1: 0.016}, 100, key="decode")
+    assert drive(gov, clock, {2: 0.5, 1: 0.3}, 3, key="prefill-a") == [2, 2, 2]  # idle: a new shape starts on the team
+    drive(gov, clock, {2: 0.140, 1: 0.017}, 30, key="decode")  # another process takes a core
+    assert drive(gov, clock, {2: 3.0, 1: 0.3}, 3, key="prefill-b") == [1, 1, 1]  # and a new shape starts on one thread
 
 
 def test_shapes_are_timed_apart_and_one_thread_has_nothing_to_choose():

@@ -18,7 +18,7 @@ Prints the CPU, the load average around each measurement (other work on the mach
 shows there: compare rows taken at the same load only), a table of tok/s with the
 ratios busy/idle and zinfer/llama.cpp. Decode rate: tokens after each sequence's first,
 over the time from the first decode round's start to the last token (median of
---repeat runs).
+--repeat runs, fewer where a row's runs passed ROW_BUDGET_S).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import numpy as np
 BLOCK = 16
 PROMPT_LEN = 128
 CASES = ((1, 64), (16, 32))  # (streams, tokens generated per stream)
+ROW_BUDGET_S = 30.0  # a row stops repeating once its runs took this long
 HOG = "import time\nend = time.monotonic() + {limit}\nwhile time.monotonic() < end: pass"
 
 
@@ -134,8 +135,12 @@ def worker(engine: str, path: str, repeat: int, settle: float, busy_limit: float
     def measure(state: str) -> None:
         out[state], loads = {}, {}
         for i, (n, steps) in enumerate(CASES):
-            before = os.getloadavg()[0]
-            runs = [side.decode(prompts(n, side.vocab, 1 + i * 100 + r), steps) for r in range(repeat)]
+            before, start = os.getloadavg()[0], time.monotonic()
+            runs = []
+            for r in range(repeat):
+                runs.append(side.decode(prompts(n, side.vocab, 1 + i * 100 + r), steps))
+                if time.monotonic() - start > ROW_BUDGET_S:  # a crawling row: fewer runs, so the busy process outlives them
+                    break
             out[state][n] = float(np.median(runs))
             loads[n] = (before, os.getloadavg()[0])
         out[f"load_{state}"] = loads
@@ -144,9 +149,11 @@ def worker(engine: str, path: str, repeat: int, settle: float, busy_limit: float
     hog = subprocess.Popen([sys.executable, "-c", HOG.format(limit=busy_limit)])
     try:
         end = time.monotonic() + settle
-        while time.monotonic() < end:  # the load met by a running server: rounds under it before timing
-            side.decode(prompts(1, side.vocab, 0), 8)
+        while time.monotonic() < end:  # the load met by a running server: rounds of each shape under it before timing
+            for n, _ in CASES:
+                side.decode(prompts(n, side.vocab, 0), 8)
         measure("busy")
+        out["busy_ended_early"] = hog.poll() is not None  # then some busy rows ran on an idle machine
     finally:
         hog.kill()
         hog.wait()
@@ -157,7 +164,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="smollm2-135m,qwen2.5-coder-0.5b", help="known model names or .gguf paths, comma-separated")
     ap.add_argument("--repeat", type=int, default=3, help="runs per row (the median is shown)")
-    ap.add_argument("--settle", type=float, default=2.0, help="seconds of decoding under the busy load before its rows are timed")
+    ap.add_argument("--settle", type=float, default=3.0, help="seconds of decoding under the busy load before its rows are timed")
     ap.add_argument("--busy-limit", type=float, default=300.0, help="the busy process ends itself after this many seconds")
     ap.add_argument("--engines", default="zinfer,llama.cpp")
     ap.add_argument("--worker", nargs=2, metavar=("ENGINE", "PATH"), help=argparse.SUPPRESS)
@@ -189,7 +196,8 @@ def main() -> None:
                 r = results[(model, engine)]
                 idle, busy = r["idle"][str(n)], r["busy"][str(n)]
                 li, lb = r["load_idle"][str(n)], r["load_busy"][str(n)]
-                print(f"{model:20s} {case:10s} {engine:10s} {idle:7.1f} {busy:7.1f} {busy / idle:9.2f}  {li[0]:4.1f}/{li[1]:<4.1f}  {lb[0]:4.1f}/{lb[1]:<4.1f}")
+                early = "  (the busy process ended before these rows did: raise --busy-limit)" if r.get("busy_ended_early") else ""
+                print(f"{model:20s} {case:10s} {engine:10s} {idle:7.1f} {busy:7.1f} {busy / idle:9.2f}  {li[0]:4.1f}/{li[1]:<4.1f}  {lb[0]:4.1f}/{lb[1]:<4.1f}{early}")
             if len(engines) == 2:
                 a, b = (results[(model, e)] for e in engines)
                 print(f"{'':20s} {'':10s} {engines[0] + '/' + engines[1]:21s} {a['idle'][str(n)] / b['idle'][str(n)]:7.2f} {a['busy'][str(n)] / b['busy'][str(n)]:7.2f}")
