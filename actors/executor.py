@@ -78,9 +78,12 @@ class ExecutorActor:
                     continue
                 await self.to_sampler.send(logits)
         finally:
-            self.inbox.close()
-            self.to_sampler.close()
-            self.to_scheduler.close()
+            self.close()
+
+    def close(self) -> None:
+        """Close the actor's sockets (run() does on its way out): a zmq context can then end."""
+        for end in (self.inbox, self.to_sampler, self.to_scheduler):
+            end.close()
 
     def _failure(self, r: Round, e: Exception) -> str:
         """The one-line reason round r failed, logged (the first failure with its traceback)."""

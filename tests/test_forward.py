@@ -204,8 +204,7 @@ def test_an_executor_round_builds_one_ctx_that_every_layer_reads(tiny_paths, tmp
         first = trio.run(executor.run_round, Round(1, [RoundSeq(7, ids, 0, 0, [3], True)]))
         second = trio.run(executor.run_round, Round(2, [RoundSeq(7, [11], len(ids), 1, [], True)]))
     finally:
-        executor.inbox.close()
-        executor.to_sampler.close()
+        executor.close()
         if tracing is not None:
             tracing.close()
         ctx.term()
