@@ -114,7 +114,7 @@ def build_actor(name: str, ctx: zmq.Context[zmq.Socket[bytes]], addrs: Addresses
 
         return TokenizerActor(
             ctx, addrs, PromptBuilder.from_source(source), sched.max_model_len, public=list(config.zmq_endpoints), public_curve=public_curve_keys(config),
-            tracing=tracing, grammar_model=str(source.path))
+            tracing=tracing, grammar_model=str(source.path), max_waiting=sched.max_waiting)
     if name == "scheduler":
         return SchedulerActor(ctx, addrs, sched, tracing)
     if name == "kv":

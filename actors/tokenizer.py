@@ -90,6 +90,7 @@ class TokenizerActor:
     stats: SchedulerStats = field(default_factory=SchedulerStats)
     tracing: Tracing | None = None  # None: tracing off
     grammar_model: str | None = None  # the model constraints are checked against (None: the sampler alone checks them)
+    max_waiting: int = 0  # sequences the scheduler queues at once: a request of more (n) could never be admitted; 0: unchecked
 
     def __post_init__(self) -> None:
         self.front = AsyncSocket(self.ctx, zmq.ROUTER, bind=self.addrs.frontend)
@@ -218,6 +219,8 @@ class TokenizerActor:
             req.params.validate()
             if req.params.max_tokens > self.max_model_len:  # OpenAI and vLLM refuse it too: never silently clamped
                 raise ValueError(f"max_tokens {req.params.max_tokens} exceeds the context of {self.max_model_len} tokens")
+            if self.max_waiting and req.params.n > self.max_waiting:  # queue_full would come every time: no retry helps
+                raise ValueError(f"n {req.params.n} exceeds the {self.max_waiting} sequences the engine queues at once (--max-waiting)")
             self.prompts.check_params(req.params.logit_bias, req.params.stop_token_ids)
             if req.prompt is not None:
                 self.limits.check_text(len(req.prompt))

@@ -9,6 +9,10 @@ import pytest
 from http_server import running_server
 from tiny import write_tiny_gguf
 
+from zinfer.gateway.client import Client
+from zinfer.messages.client import Finished, Rejected
+from zinfer.messages.params import SamplingParams
+
 MODEL = "tiny"
 MAX_WAITING = 8
 
@@ -54,3 +58,13 @@ def test_more_sequences_than_the_queue_holds_is_400_not_429(oai):
         oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2, n=MAX_WAITING + 1)
     assert e.value.body["param"] == "n", e.value.body
     assert len(complete(oai, ["Hi"] * 4, n=2).choices) == MAX_WAITING  # as many as the queue holds: served
+
+
+def test_zeromq_refuses_more_choices_than_the_queue_holds(server):
+    """The same refusal at the engine's front door, for ZeroMQ, stdio and the websocket: n past
+    --max-waiting is bad_request (before: queue_full, every time)."""
+    with Client(server.zmq, timeout_s=60) as c:
+        events = list(c.generate("Hi", params=SamplingParams(max_tokens=2, n=MAX_WAITING + 1)))
+        assert isinstance(events[-1], Rejected) and events[-1].code == "bad_request", events[-1]
+        assert "--max-waiting" in events[-1].message and str(MAX_WAITING) in events[-1].message
+        assert isinstance(list(c.generate("Hi", params=SamplingParams(max_tokens=2, n=MAX_WAITING)))[-1], Finished)
