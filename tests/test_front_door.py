@@ -173,7 +173,7 @@ async def test_requests_after_an_actor_failed_fail_at_once(tiny_model):
 async def test_a_sampling_error_fails_its_request_only(tiny_model):
     async with open_engine(EngineConfig(model=str(tiny_model), max_model_len=256)) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
         c = RawClient(engine.ctx, engine.addrs.frontend)
-        await c.send(Generate("bad", prompt="hello", params=SamplingParams(n=2, max_tokens=4000, ignore_eos=True)))
+        await c.send(Generate("bad", prompt="hello", params=SamplingParams(n=2, max_tokens=256, ignore_eos=True)))  # the whole context
         first = await c.recv()
         assert isinstance(first, Started)
         tok = engine.actors["tokenizer"]

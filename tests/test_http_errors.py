@@ -173,7 +173,7 @@ def test_unknown_path_and_method_get_openai_errors(http):
 
 
 def test_queue_full_gets_429(http, server):
-    long = {"model": server.model, "messages": [{"role": "user", "content": "Write a long essay."}], "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    long = {"model": server.model, "messages": [{"role": "user", "content": "Write a long essay."}], "max_tokens": 128, "ignore_eos": True, "stream": True}  # to the context's end
     queued: list[httpx.Response] = []
     with http.stream("POST", "/v1/chat/completions", json=long) as running:
         lines = sse_events(running.iter_lines())  # kept: dropping it would close the connection

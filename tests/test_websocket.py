@@ -151,8 +151,8 @@ def open_requests(server) -> int:
 
 def test_closing_the_socket_cancels_its_generations(server):
     with connect(server.ws) as ws:
-        ws.send(generate("x1", temperature=0, max_tokens=2000, ignore_eos=True))
-        ws.send(generate("x2", temperature=0, max_tokens=2000, ignore_eos=True))
+        ws.send(generate("x1", temperature=0, max_tokens=1000, ignore_eos=True))  # the tiny model's context is 1024
+        ws.send(generate("x2", temperature=0, max_tokens=1000, ignore_eos=True))
         seen = set()
         while seen != {"x1", "x2"}:
             m = recv(ws)
