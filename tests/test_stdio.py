@@ -152,7 +152,7 @@ def test_stdio_on_the_tcp_topology(tiny_model):
             proc.kill()
     assert proc.returncode == 0, err.decode()[-2000:]
     events = [json.loads(line) for line in out.splitlines()]
-    assert events[0]["type"] == "ready" and events[0]["max_model_len"] == 4096
+    assert events[0]["type"] == "ready" and events[0]["max_model_len"] == 32768  # the model's own context
     types = [e["type"] for e in events[1:]]
     assert types[0] == "started" and types[-1] == "finished" and set(types[1:-1]) == {"delta"}, types
     assert events[-1]["usage"]["completion_tokens"] == 4
