@@ -52,8 +52,10 @@ def ask(server, prompt: str, choice, stream: bool, temperature: float) -> list[t
 
 
 @pytest.mark.parametrize("choice", ["required", "named"])
-def test_a_compulsory_call_validates_against_its_schema(server, choice):
+def test_a_compulsory_call_validates_against_its_schema(server, choice, request):
     cases = [(prompt, stream, temperature) for prompt in NEEDS_A_TOOL[:10] for stream in (False, True) for temperature in (0.0, 0.8)]
+    if request.node.callspec.params["server"] == "qwen2.5-coder-1.5b":  # CI time (580 s for all 40 x 2): each of the four
+        cases = [c for i, c in enumerate(cases) if (i // 4 < 5) == (c[1] == (c[2] > 0))]  # combinations 5 times, every prompt twice
     named = {"type": "function", "function": {"name": "get_weather"}}
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda c: ask(server, c[0], "required" if choice == "required" else named, c[1], c[2]), cases))
