@@ -24,7 +24,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from numba import njit, prange
 
-from zinfer.kernels.quants import _f16, _k4_scales_mins, _nibbles, _q5
+from zinfer.kernels.block_fields import f16, k4_scales_mins, nibbles, q5_codes
 
 U4_TYPES = (QT.Q4_0, QT.Q4_1, QT.Q4_K)
 I8_TYPES = (QT.Q8_0, QT.Q5_0, QT.Q6_K)
@@ -66,35 +66,35 @@ def repack(qtype, raw: np.ndarray, shape: tuple[int, int]) -> Packed:
     if qt in (QT.Q4_0, QT.Q4_1):
         bpb = 18 if qt == QT.Q4_0 else 20
         b = b.reshape(rows * cols // 32, bpb)
-        d = _f16(b[:, 0:2])[:, 0]
-        m = -8 * d if qt == QT.Q4_0 else _f16(b[:, 2:4])[:, 0]
-        codes = _nibbles(b[:, bpb - 16 :]).reshape(rows, cols // 32, 32)
+        d = f16(b[:, 0:2])[:, 0]
+        m = -8 * d if qt == QT.Q4_0 else f16(b[:, 2:4])[:, 0]
+        codes = nibbles(b[:, bpb - 16 :]).reshape(rows, cols // 32, 32)
         return Packed("u4", _pack_u4(codes), d.reshape(rows, -1), m.reshape(rows, -1), 32)
     if qt == QT.Q4_K:
         b = b.reshape(rows * cols // 256, 144)
         n = b.shape[0]
-        sc, mn = _k4_scales_mins(b[:, 4:16])
-        d = (_f16(b[:, 0:2]) * sc).astype(np.float32)  # [n, 8]
-        m = -(_f16(b[:, 2:4]) * mn).astype(np.float32)
-        codes = _nibbles(b[:, 16:144].reshape(n, 4, 32)).reshape(rows, cols // 32, 32)
+        sc, mn = k4_scales_mins(b[:, 4:16])
+        d = (f16(b[:, 0:2]) * sc).astype(np.float32)  # [n, 8]
+        m = -(f16(b[:, 2:4]) * mn).astype(np.float32)
+        codes = nibbles(b[:, 16:144].reshape(n, 4, 32)).reshape(rows, cols // 32, 32)
         return Packed("u4", _pack_u4(codes), d.reshape(rows, -1), m.reshape(rows, -1), 32)
     if qt == QT.Q8_0:
         b = b.reshape(rows * cols // 32, 34)
         qs = np.ascontiguousarray(b[:, 2:]).view(np.int8).reshape(rows, cols)
-        return Packed("i8", qs, _f16(b[:, 0:2]).reshape(rows, -1), np.zeros((rows, 0), np.float32), 32)
+        return Packed("i8", qs, f16(b[:, 0:2]).reshape(rows, -1), np.zeros((rows, 0), np.float32), 32)
     if qt == QT.Q5_0:
         b = b.reshape(rows * cols // 32, 22)
-        q = _q5(b[:, 2:6], b[:, 6:22])
+        q = q5_codes(b[:, 2:6], b[:, 6:22])
         q -= 16
-        return Packed("i8", q.view(np.int8).reshape(rows, cols), _f16(b[:, 0:2]).reshape(rows, -1), np.zeros((rows, 0), np.float32), 32)
+        return Packed("i8", q.view(np.int8).reshape(rows, cols), f16(b[:, 0:2]).reshape(rows, -1), np.zeros((rows, 0), np.float32), 32)
     if qt == QT.Q6_K:
         b = b.reshape(rows * cols // 256, 210)
         n = b.shape[0]
-        q = _nibbles(b[:, 0:128].reshape(n, 2, 64)).reshape(n, 2, 4, 32)
+        q = nibbles(b[:, 0:128].reshape(n, 2, 64)).reshape(n, 2, 4, 32)
         high = b[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
         q |= (high & 3) << 4
         q -= 32
-        d = (_f16(b[:, 208:210]) * b[:, 192:208].view(np.int8)).astype(np.float32)  # [n, 16]
+        d = (f16(b[:, 208:210]) * b[:, 192:208].view(np.int8)).astype(np.float32)  # [n, 16]
         return Packed("i8", q.view(np.int8).reshape(rows, cols), d.reshape(rows, -1), np.zeros((rows, 0), np.float32), 16)
     raise ValueError(f"no packed layout for {qt.name}")
 

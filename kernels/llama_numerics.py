@@ -33,7 +33,8 @@ import functools
 import numpy as np
 
 from zinfer.kernels.llama_ops import fma
-from zinfer.kernels.quants import BLOCK_SHAPES, _k4_scales_mins, _qtype, dequantize
+from zinfer.kernels.block_fields import k4_scales_mins
+from zinfer.kernels.quants import BLOCK_SHAPES, dequantize, qtype_of
 
 # weight types reproduced exactly -> (byte offset of d, byte offset of m/dmin or None)
 EXACT = {
@@ -87,7 +88,7 @@ def split_weight(data: np.ndarray, qtype, shape: tuple[int, int]) -> LlamaMatrix
 def decompose(data: np.ndarray, qtype, shape: tuple[int, int]) -> tuple[str, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
     """A quantized [out, n] weight as (type name, integer codes [out, n] int16 with K-quant
     sub-block scales folded in, d, m, sub as in LlamaMatrix)."""
-    qt = _qtype(qtype)
+    qt = qtype_of(qtype)
     d_at, m_at = EXACT[qt.name]
     epb, bpb = BLOCK_SHAPES[qt]
     out, n = shape
@@ -101,7 +102,7 @@ def decompose(data: np.ndarray, qtype, shape: tuple[int, int]) -> tuple[str, np.
         unit[:, m_at : m_at + 2] = 0
     codes = dequantize(unit, qt, shape).astype(np.float64)
     if qt.name == "Q4_K":
-        sub = _k4_scales_mins(blocks[:, 4:16])[1].astype(np.float64).reshape(out, n // epb, 8)
+        sub = k4_scales_mins(blocks[:, 4:16])[1].astype(np.float64).reshape(out, n // epb, 8)
     elif qt.name == "Q6_K":  # codes scale * (q - 32) -> scale * q; the 32 comes back through bsums
         sub = blocks[:, 192:208].view(np.int8).astype(np.float64).reshape(out, n // epb, 16)
         codes += 32 * np.repeat(sub.reshape(out, -1), 16, axis=1)

@@ -1,9 +1,12 @@
-"""zinfer.kernels.quants against gguf-py's reference dequantization, bit for bit.
+"""zinfer.kernels.quants: gguf-py's block dequantizers applied chunk by chunk and row by
+row, with size and type checks, equal bit for bit to gguf-py on whole tensors.
 
-Real tensors from both pulled models cover F32, Q4_1, Q8_0 (SmolLM2) and F32, Q4_K, Q5_0,
-Q6_K, Q8_0 (Gemma 3); the other types are built with gguf.quants.quantize where it can
-(BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and from random bytes with finite fp16 scales for
-every block type.
+The values are gguf-py's own; what can go wrong here is the walk around them (chunk
+boundaries inside a large tensor, rows picked out of it, typed and 3-d inputs, wrong sizes
+and types). Real tensors from both pulled models cover F32, Q4_1, Q8_0 (SmolLM2) and F32,
+Q4_K, Q5_0, Q6_K, Q8_0 (Gemma 3); the other types are built with gguf.quants.quantize where
+it can (BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and from random bytes with finite fp16 scales
+for every block type.
 """
 
 from __future__ import annotations
