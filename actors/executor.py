@@ -15,7 +15,6 @@ sequences with the error and frees its KV, and the next round runs as usual.
 from __future__ import annotations
 
 import time
-from functools import partial
 
 import numpy as np
 import structlog
@@ -38,7 +37,7 @@ from zinfer.messages.engine import (
     SchedulerInbox,
     Shutdown,
 )
-from zinfer.models.forward import forward
+from zinfer.models.forward import round_layers
 from zinfer.models.loader import ModelSource
 from zinfer.models.weight_cache import build_device_weights
 from zinfer.traces.rounds import RoundTracer
@@ -112,7 +111,7 @@ class ExecutorActor:
         rows, those rows [S_full, vocab] on the host, the others' candidates or None). With
         tracing, the forward runs on the kernel-timing wrapper and marks its layers."""
         dev = self.device if self.round_tracer is None else self.round_tracer.device
-        logits = dev.run_round(partial(forward, self.spec, self.weights, dev, self.kv, marks=marks), batch, self.kv)
+        logits = dev.run_round(round_layers(self.spec, self.weights, self.kv, marks), batch, self.kv)
         return reduce_logits(self.device, logits, wanting)
 
 

@@ -18,8 +18,6 @@ from zinfer.devices.round import RoundCtx
 from zinfer.devices.tensor import TensorData
 from zinfer.kernels.rope import RopeScaling
 
-Layers = Callable[[RoundCtx], Any]  # the forward bound to spec, weights, device and KV: ctx -> logits [S, vocab]
-
 
 class KVStore(Protocol):
     """Paged K/V storage for all layers: num_blocks blocks of block_size token slots each."""
@@ -40,9 +38,10 @@ class Device(Protocol):
         """The round's context: batch's arrays on the device and the kernels' metadata, built once."""
 
     def run_round(self, layers: Layers, batch: ForwardBatch, kv: KVStore) -> Any:
-        """Run one round: layers(ctx) on the ctx of batch, or what the device substitutes for
-        it (a replayed CUDA or cpu-fast graph, which must have been recorded over kv, the pool
-        layers writes). Returns the device logits [S, vocab]."""
+        """Run one round: layers(ops, ctx) on the ctx of batch, where ops is the object whose
+        ops the round runs on (this device; a recorder of its graphs; a traced device passes
+        itself), or what the device substitutes for it (a replay of a CUDA or cpu-fast graph
+        that kv, the pool layers writes, recorded). Returns the device logits [S, vocab]."""
 
     def kernel_clock(self) -> Any:
         """The clock kernel spans read (traces/kernels.py): None for host time (ops that
@@ -93,6 +92,9 @@ class Device(Protocol):
         chosen (devices/reductions.py numpy_topk is the reference). k=1 is argmax."""
 
 
+Layers = Callable[[Device, RoundCtx], Any]  # the forward bound to spec, weights and KV: (ops, ctx) -> logits [S, vocab]
+
+
 class DeviceBase:
     """Defaults for a device whose arrays are numpy and whose ops are synchronous:
     rounds run eagerly over a plain RoundCtx, host clock for kernel spans."""
@@ -103,7 +105,7 @@ class DeviceBase:
         return RoundCtx(batch, *(self.from_numpy(a) for a in (batch.token_ids, batch.positions, batch.slots, batch.logits_rows)))
 
     def run_round(self, layers: Layers, batch: ForwardBatch, kv: KVStore) -> Any:
-        return layers(self.begin_round(batch))
+        return layers(self, self.begin_round(batch))
 
     def kernel_clock(self) -> Any:
         return None  # traces/kernels.HostClock

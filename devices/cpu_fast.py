@@ -21,14 +21,14 @@ for the thread that lost its core (devices/cpu_team.py times the rounds and choo
 
 Decode graphs (decode_graphs=True, the engine's default): a decode round of up to 16
 sequences is recorded once per bucket and then replayed in one numba call, with no Python
-between its kernels (devices/cpu_graph.py); while one records, each op below hands its
-work to devices/cpu_graph_ops.py.
+between its kernels (devices/cpu_graph.py). run_round records it by running the forward
+on a GraphRecorder (devices/cpu_graph_recorder.py) instead of this device: the ops below
+always compute.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import numba
 import numpy as np
@@ -37,21 +37,18 @@ from gguf import GGMLQuantizationType as QT
 from zinfer.devices.base import DeviceBase, Layers
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.cpu import CpuKV
-from zinfer.devices import cpu_graph_ops as rec
 from zinfer.devices.cpu_fast_linears import SMALL_BATCH, SMALL_BATCH_NO_COPY, F32Budget, F32Linear, FastWeight, linear_for  # noqa: F401 (re-exported)
-from zinfer.devices.cpu_graph import DecodeGraphs, GraphBuffers, Tape
+from zinfer.devices.cpu_fast_round import FastRoundCtx
+from zinfer.devices.cpu_graph import DecodeGraphs, GraphKV, ReplayCompile
 from zinfer.devices.cpu_team import ThreadGovernor
 from zinfer.devices.fallback import F32Fallbacks
-from zinfer.devices.round import RoundCtx
+from zinfer.devices.tensor import TensorData
 from zinfer.kernels import cpu_int8 as ci
 from zinfer.kernels import cpu_ops as ops
 from zinfer.kernels import cpu_prefill_attention as prefill
 from zinfer.kernels import gemm_ir, int8_ir
-from zinfer.devices.tensor import TensorData
 from zinfer.kernels.quants import dequantize
-from zinfer.kernels.rope import RopeScaling, inv_freq as rope_inv_freq
-
-LONG_CHUNK = 32  # a sequence's rows from which attention gathers its keys and goes blockwise
+from zinfer.kernels.rope import RopeScaling
 
 
 class FastCpuDevice(DeviceBase):
@@ -60,10 +57,9 @@ class FastCpuDevice(DeviceBase):
     `int8`: use the int8 kernels (default: where the CPU has VNNI or AVX2); `kv_f16`: keep K and V
     in f16, as llama.cpp does by default (half the bytes that attention reads; at 16
     streams those are as many as the weights), else f32 as the oracle does;
-    `decode_graphs`: record and replay decode rounds (devices/cpu_graph.py) over the KV
-    pool alloc_kv made last (off here, where tests drive many pools; the engine's
-    CpuFastConfig turns it on); `adaptive_threads`: each round shape runs on 1 thread
-    instead of all while that is faster (devices/cpu_team.py), else always on all."""
+    `decode_graphs`: each pool alloc_kv makes records and replays its decode rounds
+    (devices/cpu_graph.py; off here, the engine's CpuFastConfig turns it on);
+    `adaptive_threads`: each round shape runs on 1 thread instead of all while that is faster (devices/cpu_team.py), else always on all."""
 
     name = "cpu-fast"
 
@@ -81,7 +77,7 @@ class FastCpuDevice(DeviceBase):
         self.kv_dtype = np.float16 if kv_f16 else np.float32
         self._jobs: dict[tuple[int, ...], tuple] = {}  # id(matrices) -> (matrices, their int8 groups)
         self.decode_graphs = decode_graphs
-        self._graphs: DecodeGraphs | None = None  # over the last pool alloc_kv made (decode_graphs on)
+        self.replay_compile = ReplayCompile()  # started by the first eager decode round on a GraphKV
         self.last_round_replayed = False  # whether the last run_round replayed a graph (traces/kernels.py)
 
     # ---- weights and KV ----
@@ -100,47 +96,42 @@ class FastCpuDevice(DeviceBase):
         return w
 
     def alloc_kv(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int) -> CpuKV:
+        """A zeroed pool; with decode graphs a GraphKV, which carries the graphs recorded over it."""
         if not self.decode_graphs:
             return CpuKV.zeros(n_layers, n_kv_heads, head_dim, num_blocks, block_size, self.kv_dtype)
-        kv = CpuKV.zeros(n_layers, n_kv_heads, head_dim, num_blocks + 1, block_size, self.kv_dtype)
-        kv.num_blocks = num_blocks  # block num_blocks is the graphs' trash block: padded rows write there
-        self._graphs = DecodeGraphs(self, kv, trash_block=num_blocks)
-        return kv
+        return GraphKV.allocate(n_layers, n_kv_heads, head_dim, num_blocks, block_size, self.kv_dtype)
 
     # ---- rounds ----
 
     def run_round(self, layers: Layers, batch: ForwardBatch, kv: CpuKV):
-        """layers(ctx) -> logits [S, vocab]; with decode graphs, a decode round replays the
-        graph recorded for its bucket (recording it the first time) over kv, which must be
-        the pool alloc_kv made last. Until the replay kernel is compiled (on a thread, after
-        the first eager decode round) rounds run eagerly. The round runs on the thread
-        count self.team chooses for its shape, and its time is reported back to it."""
-        graphs = self._graphs
-        self.last_round_replayed = False
-        if graphs is not None and kv is not graphs.kv:
-            raise RuntimeError("with decode graphs, rounds must run on the KV pool this device allocated last")
-        replay = graphs is not None and graphs.eligible(batch) and graphs.ready
-        key = ("graph", graphs.bucket(len(batch.seqs))) if replay else ("eager", batch.n_tokens.bit_length(), len(batch.seqs) == batch.n_tokens)
+        """layers(self, ctx) -> logits [S, vocab]; on a GraphKV, a decode round replays the
+        graph that pool recorded for its bucket (recording it the first time, with layers on
+        a GraphRecorder). Until the replay kernel is compiled (on a thread, after the first
+        eager decode round) rounds run eagerly. The round runs on the thread count
+        self.team chooses for its shape, and its time is reported back to it."""
+        graphs: DecodeGraphs | None = kv.graphs if isinstance(kv, GraphKV) else None
+        eligible = graphs is not None and graphs.eligible(batch)
+        replay = eligible and self.replay_compile.ready
+        if replay:
+            key: tuple = ("graph", DecodeGraphs.bucket(len(batch.seqs)))
+        else:
+            key = ("eager", batch.n_tokens.bit_length(), len(batch.seqs) == batch.n_tokens)
         self.round_threads = self.team.choose(key) if self.team.threads > 1 else self.threads
+        self.last_round_replayed = False
         start = time.perf_counter()
         if replay:
             self._threads_for(batch.n_tokens)
-            out = graphs.run(layers, batch)
+            out = graphs.run(self, layers, batch)
             self.last_round_replayed = graphs.last_replayed
         else:
-            out = layers(self.begin_round(batch))
-            if graphs is not None and graphs.eligible(batch):
-                graphs.compile_soon()
+            out = layers(self, self.begin_round(batch))
+            if eligible:
+                self.replay_compile.start()
         self.team.record(key, self.round_threads, time.perf_counter() - start)
         return out
 
     def settle(self, timeout: float) -> bool:
-        return self._graphs is None or self._graphs.wait_compiled(timeout)
-
-    @property
-    def _tape(self) -> Tape | None:
-        """The tape of the round being recorded, else None (the ops compute eagerly)."""
-        return None if self._graphs is None else self._graphs.recording
+        return self.replay_compile.wait(timeout)
 
     # ---- ops ----
 
@@ -155,17 +146,12 @@ class FastCpuDevice(DeviceBase):
         if numba.get_num_threads() != want:
             numba.set_num_threads(want)
 
-    def begin_round(self, batch: ForwardBatch) -> "FastRoundCtx":
+    def begin_round(self, batch: ForwardBatch) -> FastRoundCtx:
         """The round's ctx; sets numba's thread count for a round of this many rows."""
         self._threads_for(batch.n_tokens)
         return FastRoundCtx(batch, *(np.ascontiguousarray(a, dtype=np.int64) for a in (batch.token_ids, batch.positions, batch.slots, batch.logits_rows)))
 
     def embed(self, table, token_ids: np.ndarray) -> np.ndarray:
-        if (tape := self._tape) is not None:
-            return rec.embed(tape, self, table, token_ids, table.shape[1])
-        return self.embed_eager(table, token_ids)
-
-    def embed_eager(self, table, token_ids: np.ndarray) -> np.ndarray:
         """Rows of table (an f32 array or a FastWeight) for token_ids [T] -> a new [T, d] array."""
         ids = np.ascontiguousarray(token_ids, dtype=np.int64)
         if isinstance(table, np.ndarray):
@@ -177,8 +163,6 @@ class FastCpuDevice(DeviceBase):
         return out
 
     def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-        if (tape := self._tape) is not None:
-            return rec.rms_norm(tape, x, w, eps)
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty_like(x)
         n = x.shape[-1]
@@ -192,11 +176,9 @@ class FastCpuDevice(DeviceBase):
     def linears(self, x: np.ndarray, ws: tuple, bs: tuple) -> list:
         """Each weight computes with its own kernel; Int8Linear matrices of one layout
         (q/k/v, gate/up) share one rounding of x and one launch."""
-        if (tape := self._tape) is not None:
-            return rec.linears(tape, self, x, ws, bs)
         x = np.ascontiguousarray(x, dtype=np.float32)  # [T, in]
         outs: list = [None] * len(ws)
-        for jobs, members in self._int8_jobs(ws):
+        for jobs, members in self.int8_jobs(ws):
             for i, out in zip(members, ci.matmul_many(jobs, x)):
                 outs[i] = out
         for i, (w, b) in enumerate(zip(ws, bs)):
@@ -206,7 +188,7 @@ class FastCpuDevice(DeviceBase):
                 outs[i] += b
         return outs
 
-    def _int8_jobs(self, ws: tuple) -> list[tuple[ci.Jobs, list[int]]]:
+    def int8_jobs(self, ws: tuple) -> list[tuple[ci.Jobs, list[int]]]:
         """ws's int8 matrices grouped by activation layout: [(their jobs, their indices in ws)]."""
         key = tuple(map(id, ws))
         cached = self._jobs.get(key)
@@ -215,18 +197,15 @@ class FastCpuDevice(DeviceBase):
             self._jobs[key] = cached = (ws, groups)  # ws pinned: their ids stay theirs
         return cached[1]
 
-    def rope(self, x: np.ndarray, ctx: "FastRoundCtx", base: float, rope_dim: int, interleaved: bool, scaling: RopeScaling | None = None) -> np.ndarray:
+    def rope(self, x: np.ndarray, ctx: FastRoundCtx, base: float, rope_dim: int, interleaved: bool,
+             scaling: RopeScaling | None = None) -> np.ndarray:
         cos, sin = ctx.rope(base, rope_dim, scaling)  # [T, rope_dim/2] each
-        if (tape := self._tape) is not None:
-            return rec.rope(tape, x, cos, sin, interleaved)
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty_like(x)
         (ops.rope if x.shape[0] >= ops.PARALLEL_ROWS else ops.rope_one)(x, cos, sin, bool(interleaved), out)
         return out
 
-    def write_kv(self, kv: CpuKV, layer: int, k: np.ndarray, v: np.ndarray, ctx: "FastRoundCtx") -> None:
-        if (tape := self._tape) is not None:
-            return rec.write_kv(tape, kv, layer, k, v, ctx.slots)
+    def write_kv(self, kv: CpuKV, layer: int, k: np.ndarray, v: np.ndarray, ctx: FastRoundCtx) -> None:
         slots = ctx.slots  # [T] int64, contiguous
         if kv.k[layer].dtype != np.float16:
             kv.k[layer][slots] = k
@@ -236,9 +215,8 @@ class FastCpuDevice(DeviceBase):
         for pool, x in ((kv.k[layer], k), (kv.v[layer], v)):
             store(pool.view(np.uint16), slots, np.ascontiguousarray(x, dtype=np.float32))
 
-    def attention(self, q: np.ndarray, kv: CpuKV, layer: int, ctx: "FastRoundCtx", scale: float, window: int) -> np.ndarray:
-        if (tape := self._tape) is not None:
-            return rec.attention(tape, q, kv, layer, ctx, scale, window)
+    def attention(self, q: np.ndarray, kv: CpuKV, layer: int, ctx: FastRoundCtx, scale: float,
+                  window: int) -> np.ndarray:
         q = np.ascontiguousarray(q, dtype=np.float32)  # [T, H, hd]
         out = np.empty_like(q)
         kp, vp = (a.view(np.uint16) if a.dtype == np.float16 else a for a in (kv.k[layer], kv.v[layer]))
@@ -265,8 +243,6 @@ class FastCpuDevice(DeviceBase):
         prefill.chunk_attention(gemm_ir.address(), q, kt, v, positions, k0, np.float32(scale), int(window), out)
 
     def glu(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
-        if (tape := self._tape) is not None:
-            return rec.glu(tape, gate, up, act)
         gate = np.ascontiguousarray(gate, dtype=np.float32)  # strided rows would not vectorize (8x slower)
         up = np.ascontiguousarray(up, dtype=np.float32)
         out = np.empty_like(gate)
@@ -274,18 +250,12 @@ class FastCpuDevice(DeviceBase):
         return out
 
     def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        if (tape := self._tape) is not None:
-            return rec.add(tape, x, y)
         return x + y
 
     def scale(self, x: np.ndarray, s: float) -> np.ndarray:
-        if (tape := self._tape) is not None:
-            return rec.scale(tape, x, s)
         return x * np.float32(s)
 
     def take_rows(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        if (tape := self._tape) is not None:
-            return rec.take_rows(tape, x, rows)
         return x[rows]
 
 
@@ -300,70 +270,3 @@ def _int8_groups(ws: tuple) -> list[list[int]]:
             else:
                 group.append(i)
     return groups
-
-
-@dataclass(frozen=True)
-class AttentionSplit:
-    """A round's sequences as cpu-fast's attention runs them: `long` chunks one by one
-    through the blockwise kernel, the rest in one paged-attention launch over `short`
-    (rows [n] of those sequences, row_seq [T] and their padded block tables [S', B]),
-    or None when every sequence is long."""
-
-    long: list
-    short: tuple[np.ndarray, np.ndarray, np.ndarray] | None
-
-
-@dataclass(frozen=True, eq=False)
-class FastRoundCtx(RoundCtx):
-    """cpu-fast's round: positions and slots contiguous int64, RoPE tables from the numba
-    kernel, and the attention split that every layer of the round shares."""
-
-    _splits: dict = field(default_factory=dict, init=False, repr=False)  # blockwise supported -> AttentionSplit
-
-    def rope_table(self, base: float, rope_dim: int, scaling: RopeScaling | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """60 calls' worth of sin/cos at 512 rows took 20 ms: hence once per round and base."""
-        inv_freq, mscale = rope_inv_freq(base, rope_dim, scaling)  # [rope_dim/2] f32, scaled as llama.cpp does
-        T = self.positions.shape[0]
-        table = (np.empty((T, rope_dim // 2), np.float32), np.empty((T, rope_dim // 2), np.float32))
-        ops.rope_table(self.positions, inv_freq, *table)
-        if mscale != 1:  # YaRN's magnitude
-            table[0][...] *= mscale
-            table[1][...] *= mscale
-        return table
-
-    def attention_split(self, blockwise: bool) -> AttentionSplit:
-        """The split for this round (blockwise: the head size has the blockwise kernel, so
-        chunks of LONG_CHUNK rows or more take it), made on the first layer's ask."""
-        split = self._splits.get(blockwise)
-        if split is None:
-            long_chunk = LONG_CHUNK if blockwise else self.n_tokens + 1
-            seqs = self.batch.seqs
-            short = [s for s in seqs if s.n_tokens < long_chunk]
-            split = self._splits[blockwise] = AttentionSplit([s for s in seqs if s.n_tokens >= long_chunk], _short_rows(self.n_tokens, short) if short else None)
-        return split
-
-
-@dataclass(frozen=True, eq=False)
-class GraphRoundCtx(FastRoundCtx):
-    """The ctx a decode graph records over: its arrays are the graph's fixed buffers
-    (devices/cpu_graph.GraphBuffers), and its RoPE tables are nodes of the tape."""
-
-    buffers: GraphBuffers | None = None
-    tape: Tape | None = None
-
-    def rope_table(self, base: float, rope_dim: int, scaling: RopeScaling | None = None) -> tuple[np.ndarray, np.ndarray]:
-        inv_freq, mscale = rope_inv_freq(base, rope_dim, scaling)
-        return rec.rope_table(self.tape, self.positions, inv_freq, mscale)
-
-
-def _short_rows(T: int, seqs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """rows [n] of the given sequences, row_seq [T] and their padded block tables [S, B]."""
-    width = max(len(s.block_table) for s in seqs)
-    tables = np.zeros((len(seqs), width), np.int32)
-    row_seq = np.zeros(T, np.int64)
-    rows = []
-    for i, s in enumerate(seqs):
-        tables[i, : len(s.block_table)] = s.block_table
-        row_seq[s.start : s.start + s.n_tokens] = i
-        rows.append(np.arange(s.start, s.start + s.n_tokens, dtype=np.int64))
-    return np.concatenate(rows), row_seq, tables

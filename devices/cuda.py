@@ -21,12 +21,17 @@ from typing import Any
 
 import numpy as np
 
+from gguf import GGMLQuantizationType as QT
+
 from zinfer.devices.base import DeviceBase, Layers
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.config import CudaConfig  # defined there, importable without cupy
+from zinfer.devices.cuda_clock import CudaEventClock
+from zinfer.devices.cuda_graph import DecodeGraphs
+from zinfer.devices.cuda_round import CudaRoundCtx, RoundMeta
 from zinfer.devices.fallback import F32Fallbacks
-from zinfer.devices.round import RoundCtx
 from zinfer.kernels import cuda_modules as km
+from zinfer.kernels.quants import dequantize
 from zinfer.kernels.rope import RopeScaling, angles as rope_angles, inv_freq as rope_inv_freq, rotate as rope_rotate
 
 F32, F16, BF16 = 0, 1, 30
@@ -47,9 +52,10 @@ class GpuMatrix:
         return int(self.data.nbytes)
 
 
-@dataclass
+@dataclass(eq=False)
 class CudaKV:
-    """Per layer K and V pools, [(num_blocks + 1) * block_size, Hkv, hd] float32 (flat slots).
+    """Per layer K and V pools, [(num_blocks + 1) * block_size, Hkv, hd] float32 (flat slots),
+    and the decode graphs captured over them (None: CudaConfig.cuda_graphs off).
 
     Block `num_blocks` is the trash block: padded graph rows write there, nothing reads it."""
 
@@ -57,79 +63,14 @@ class CudaKV:
     v: list
     num_blocks: int
     block_size: int
-
-    @property
-    def trash_block(self) -> int:
-        return self.num_blocks
-
-
-class RoundMeta:
-    """Device copies of one round's metadata, in two buffers of fixed capacity (so a
-    captured graph keeps reading the same addresses while `fill` changes the values)."""
-
-    def __init__(self, cap_tokens: int, cap_seqs: int, width: int):
-        import cupy
-
-        self.cap_t, self.cap_s, self.width = cap_tokens, cap_seqs, width
-        self.h64 = np.zeros(3 * cap_tokens + cap_seqs, np.int64)
-        self.h32 = np.zeros(4 * cap_tokens + 2 * cap_seqs + cap_seqs * width, np.int32)
-        self.d64 = cupy.zeros(self.h64.shape, cupy.int64)
-        self.d32 = cupy.zeros(self.h32.shape, cupy.int32)
-        T, S = cap_tokens, cap_seqs
-        self.tok, self.pos, self.slots = (self.d64[i * T:(i + 1) * T] for i in range(3))
-        self.rows = self.d64[3 * T:3 * T + S]
-        self.dec_rows, self.dec_seq, self.tile_seq, self.tile_q0 = (self.d32[i * T:(i + 1) * T] for i in range(4))
-        self.seq_start = self.d32[4 * T:4 * T + S]
-        self.seq_ntok = self.d32[4 * T + S:4 * T + 2 * S]
-        self.tables = self.d32[4 * T + 2 * S:].reshape(S, width)
-        self.n_tokens = self.n_dec = self.n_tiles = self.n_rows = 0
-
-    def fits(self, batch: ForwardBatch, width: int) -> bool:
-        return batch.n_tokens <= self.cap_t and len(batch.seqs) <= self.cap_s and width <= self.width
-
-    def fill(self, batch: ForwardBatch) -> None:
-        """Upload batch's metadata (two host-to-device copies on the current stream)."""
-        T, S, W = batch.n_tokens, len(batch.seqs), self.width
-        h64, h32 = self.h64, self.h32
-        cT, cS = self.cap_t, self.cap_s
-        h64[0:T] = batch.token_ids
-        h64[cT:cT + T] = batch.positions
-        h64[2 * cT:2 * cT + T] = batch.slots
-        h64[3 * cT:3 * cT + len(batch.logits_rows)] = batch.logits_rows
-        dec_rows, dec_seq, tile_seq, tile_q0 = [], [], [], []
-        tables = h32[4 * cT + 2 * cS:].reshape(cS, W)
-        for i, s in enumerate(batch.seqs):
-            h32[4 * cT + i] = s.start
-            h32[4 * cT + cS + i] = s.n_tokens
-            tables[i, :len(s.block_table)] = s.block_table
-            if s.n_tokens == 1:
-                dec_rows.append(s.start)
-                dec_seq.append(i)
-            else:
-                for q0 in range(0, s.n_tokens, km.PREFILL_TILE):
-                    tile_seq.append(i)
-                    tile_q0.append(q0)
-        for j, vals in enumerate((dec_rows, dec_seq, tile_seq, tile_q0)):
-            h32[j * cT:j * cT + len(vals)] = vals
-        self.n_tokens, self.n_dec, self.n_tiles, self.n_rows = T, len(dec_rows), len(tile_seq), len(batch.logits_rows)
-        self.d64.set(h64)
-        end32 = 4 * cT + 2 * cS + S * W
-        self.d32[:end32].set(h32[:end32])
-
-
-@dataclass(frozen=True, eq=False)
-class CudaRoundCtx(RoundCtx):
-    """A CUDA round: token_ids, positions, slots and logits_rows are views of `meta`'s
-    device buffers, which also hold the attention kernels' metadata."""
-
-    meta: RoundMeta
+    graphs: DecodeGraphs | None = None
 
 
 class CudaDevice(DeviceBase):
     """The Device protocol (devices/base.py) on one NVIDIA GPU.
 
-    With config.cuda_graphs, decode rounds replay graphs captured over the KV pool this
-    device allocated last (alloc_kv starts them afresh): run rounds on that pool only."""
+    With config.cuda_graphs, each pool alloc_kv makes carries the decode graphs captured
+    over it, and a decode round on that pool replays them."""
 
     def __init__(self, index: int = 0, config: CudaConfig | None = None):
         import cupy
@@ -141,7 +82,6 @@ class CudaDevice(DeviceBase):
         cupy.cuda.Device(index).use()
         self.stream = cupy.cuda.Stream(non_blocking=False)  # blocking: ordered with the legacy stream
         self._eager_meta: RoundMeta | None = None  # eager rounds' metadata buffers, grown to the largest
-        self._graphs = None  # devices/cuda_graph.DecodeGraphs over the last pool alloc_kv made (cuda_graphs on)
         self._scratch = None  # dequantized weight for the GEMM path, grown to the largest
         self._rope_inv: dict = {}  # (base, rope_dim, scaling) -> (inv_freq [rope_dim/2] f32 on the device, mscale)
 
@@ -179,13 +119,10 @@ class CudaDevice(DeviceBase):
             raise ValueError(f"head_dim {head_dim} > {km.MAX_HEAD_DIM} is not supported by the CUDA attention kernels")
         cp = self.cupy
         shape = ((num_blocks + 1) * block_size, n_kv_heads, head_dim)
-        kv = CudaKV([cp.zeros(shape, cp.float32) for _ in range(n_layers)],
-                    [cp.zeros(shape, cp.float32) for _ in range(n_layers)], num_blocks, block_size)
-        if self.config.cuda_graphs:
-            from zinfer.devices.cuda_graph import DecodeGraphs
-
-            self._graphs = DecodeGraphs(self, kv, self.config.graph_buckets, self.config.graph_max_context)
-        return kv
+        graphs = DecodeGraphs(num_blocks, block_size, self.config.graph_buckets, self.config.graph_max_context) \
+            if self.config.cuda_graphs else None
+        return CudaKV([cp.zeros(shape, cp.float32) for _ in range(n_layers)],
+                      [cp.zeros(shape, cp.float32) for _ in range(n_layers)], num_blocks, block_size, graphs)
 
     # ---- rounds ----
 
@@ -205,20 +142,15 @@ class CudaDevice(DeviceBase):
         T, S = batch.n_tokens, len(batch.logits_rows)
         return CudaRoundCtx(batch, meta.tok[:T], meta.pos[:T], meta.slots[:T], meta.rows[:S], meta)
 
-    def run_round(self, layers: Layers, batch: ForwardBatch, kv: Any) -> Any:
-        """layers(ctx) -> device logits [S, vocab]; with config.cuda_graphs, a decode round
-        that fits a bucket replays the graph captured for it instead (over kv, which must be
-        the pool alloc_kv made last)."""
-        if self._graphs is not None and kv is not self._graphs.kv:
-            raise RuntimeError("with cuda_graphs, rounds must run on the KV pool this device allocated last")
-        if self._graphs is not None and self._graphs.eligible(batch):
-            return self._graphs.run(layers, batch)
-        return layers(self.begin_round(batch))
+    def run_round(self, layers: Layers, batch: ForwardBatch, kv: CudaKV) -> Any:
+        """layers(self, ctx) -> device logits [S, vocab]; with config.cuda_graphs, a decode
+        round that fits a bucket replays the graph kv's graphs captured for it instead."""
+        if kv.graphs is not None and kv.graphs.eligible(batch):
+            return kv.graphs.run(self, layers, batch)
+        return layers(self, self.begin_round(batch))
 
     def kernel_clock(self) -> Any:
         """Kernel spans in device time: CUDA events, resolved once the round has synchronized."""
-        from zinfer.traces.kernels import CudaEventClock  # traces is a layer above devices: only here
-
         return CudaEventClock()
 
     # ---- ops ----
@@ -290,8 +222,6 @@ class CudaDevice(DeviceBase):
 
     def write_kv(self, kv: CudaKV, layer: int, k: Any, v: Any, ctx: CudaRoundCtx) -> None:
         cp = self.cupy
-        if self._graphs is not None and kv is not self._graphs.kv:
-            raise RuntimeError("with cuda_graphs, rounds must run on the KV pool this device allocated last")
         km.write_kv(cp.ascontiguousarray(k, dtype=cp.float32), cp.ascontiguousarray(v, dtype=cp.float32), ctx.slots,
                     kv.k[layer], kv.v[layer])
 
@@ -351,8 +281,6 @@ class CudaDevice(DeviceBase):
 
 
 def _type_name(qtype: int) -> str:
-    from gguf import GGMLQuantizationType as QT
-
     try:
         return QT(qtype).name
     except ValueError:
@@ -368,6 +296,4 @@ def _host_f32(data: np.ndarray, qtype: int, shape: tuple[int, ...]) -> np.ndarra
         return raw.view(np.float16).reshape(shape).astype(np.float32)
     if qtype == BF16:
         return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
-    from zinfer.kernels.quants import dequantize  # needs gguf; only for types without a kernel
-
     return dequantize(data, qtype, shape).astype(np.float32)

@@ -2,9 +2,10 @@
 
 A decode round (every sequence computes one token) is padded up to a bucket size B with
 dummy sequences (token 0 at position 0, writing into the KV pool's trash block), and
-its whole forward (`layers`, embedding to logits) is captured once on the device's
-stream over a ctx of fixed capacity, then replayed. What changes between rounds lives
-in that ctx's device buffers (devices/cuda.RoundMeta: token ids, positions, slots,
+its whole forward (`layers` on the device, embedding to logits) is captured once on the
+device's stream over a ctx of fixed capacity, then replayed. The graphs belong to the
+KV pool they were captured over (CudaKV.graphs). What changes between rounds lives
+in that ctx's device buffers (devices/cuda_round.RoundMeta: token ids, positions, slots,
 context via positions, block tables), refilled by begin_round before each replay;
 kernels read them, so launch shapes stay fixed.
 
@@ -20,23 +21,25 @@ from typing import Any
 
 from zinfer.devices.base import Layers
 from zinfer.devices.batch import ForwardBatch
+from zinfer.devices.cuda_round import RoundMeta
 
 
 @dataclass
 class _Captured:
     graph: Any
-    meta: Any  # RoundMeta of capacity B
+    meta: RoundMeta  # of capacity B
     pool: Any  # the private cupy MemoryPool its activations live in
     output: Any  # device logits [B, vocab] the graph writes
 
 
 class DecodeGraphs:
-    """Captures and replays decode rounds of one KV pool, per bucket in `buckets`."""
+    """Captures and replays decode rounds of one KV pool (whose block `trash_block` no
+    sequence owns), per bucket in `buckets`."""
 
-    def __init__(self, dev, kv, buckets: tuple[int, ...], max_context: int):
-        self.dev, self.kv = dev, kv
+    def __init__(self, trash_block: int, block_size: int, buckets: tuple[int, ...], max_context: int):
+        self.trash_block, self.block_size = trash_block, block_size
         self.buckets = tuple(sorted(buckets))
-        self.width = -(-max_context // kv.block_size)  # block-table width of every bucket
+        self.width = -(-max_context // block_size)  # block-table width of every bucket
         self._graphs: dict[int, _Captured] = {}
 
     def eligible(self, batch: ForwardBatch) -> bool:
@@ -48,18 +51,18 @@ class DecodeGraphs:
             and all(len(s.block_table) <= self.width for s in batch.seqs)
         )
 
-    def run(self, layers: Layers, batch: ForwardBatch) -> Any:
-        """Device logits [S, vocab] of batch.logits_rows, as layers(dev.begin_round(batch))
-        would return them; the first round of a bucket captures its graph."""
-        cp = self.dev.cupy
+    def run(self, dev: Any, layers: Layers, batch: ForwardBatch) -> Any:
+        """Device logits [S, vocab] of batch.logits_rows, as layers(dev, dev.begin_round(batch))
+        would return them; the first round of a bucket captures its graph. dev: the CudaDevice."""
+        cp = dev.cupy
         B = next(b for b in self.buckets if b >= len(batch.seqs))
-        padded = batch.padded(B, self.kv.trash_block, self.kv.block_size)
-        stream = self.dev.stream
+        padded = batch.padded(B, self.trash_block, self.block_size)
+        stream = dev.stream
         with stream:
             cap = self._graphs.get(B)
             if cap is None:
-                cap = self._graphs[B] = self._capture(layers, padded, B)
-            self.dev.begin_round(padded, cap.meta)  # refill the buffers the graph reads
+                cap = self._graphs[B] = self._capture(dev, layers, padded, B)
+            dev.begin_round(padded, cap.meta)  # refill the buffers the graph reads
             cap.graph.launch(stream=stream)
             # a gather into a fresh array, ordered after the replay on this stream: the
             # next replay rewrites cap.output. The device's stream is blocking, so a copy
@@ -67,20 +70,18 @@ class DecodeGraphs:
             logits = cap.output[cp.asarray(batch.logits_rows)]
         return logits
 
-    def _capture(self, layers: Layers, padded: ForwardBatch, B: int) -> _Captured:
-        from zinfer.devices.cuda import RoundMeta
-
-        cp, dev = self.dev.cupy, self.dev
+    def _capture(self, dev: Any, layers: Layers, padded: ForwardBatch, B: int) -> _Captured:
+        cp = dev.cupy
         meta = RoundMeta(B, B, self.width)
         pool = cp.cuda.MemoryPool()
         stream = dev.stream
         with cp.cuda.using_allocator(pool.malloc):
             ctx = dev.begin_round(padded, meta)  # the fixed-capacity ctx every replay reads
-            layers(ctx)  # warm-up: compiles kernels, fills the private pool
+            layers(dev, ctx)  # warm-up: compiles kernels, fills the private pool
             stream.synchronize()
             stream.begin_capture()
             try:
-                output = layers(ctx)
+                output = layers(dev, ctx)
             finally:
                 graph = stream.end_capture()
         return _Captured(graph, meta, pool, output)

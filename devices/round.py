@@ -9,13 +9,17 @@ The lifecycle, in one place:
    host ForwardBatch (devices/batch.py): token ids, positions and KV slots [T], one
    SeqChunk per sequence, the rows whose logits are wanted [S].
 3. It calls `device.run_round(layers, batch, kv)`, where `layers` is models.forward.forward
-   bound to the spec, weights, device and KV pool kv. run_round is the device's say over
-   how the round runs: eagerly, or (CUDA and cpu-fast decode rounds) as the replay of a
-   captured graph, which reads and writes the pool it was captured over.
+   bound to the spec, weights and KV pool kv, and takes the ops to run on and the ctx
+   when called. run_round is the device's say over how the round runs: eagerly
+   (layers(device, ctx)), or (CUDA and cpu-fast decode rounds) as the replay of a graph
+   that kv owns, captured the first time (CUDA: layers on the device under stream
+   capture; cpu-fast: layers on a GraphRecorder, devices/cpu_graph_recorder.py). A traced
+   device (traces/kernels.py) hands the real device's run_round a layers that runs on
+   timed ops.
 4. `device.begin_round(batch)` builds the round's RoundCtx once: the per-token arrays on
    the device, and whatever metadata its kernels want (padded block tables, tiles,
    RoPE tables), so no op rebuilds it per layer.
-5. `layers(ctx)` runs the forward over the ctx: every layer's rope, write_kv and
+5. `layers(ops, ctx)` runs the forward over the ctx: every layer's rope, write_kv and
    attention read it. It returns logits [S, vocab] as a device array.
 6. The executor reduces them on the device to what the sampler needs
    (devices/reductions.py: the argmax or top-k candidates of greedy and top-k rows, full
@@ -60,7 +64,7 @@ class RoundCtx:
     def rope(self, base: float, rope_dim: int, scaling: RopeScaling | None = None) -> tuple[Any, Any]:
         """cos, sin [T, rope_dim/2] of this round's positions at this base and scaling
         (kernels/rope.py; None: plain RoPE), made once."""
-        key = (float(base), int(rope_dim), None if scaling is None or scaling.is_identity else scaling)
+        key = rope_key(base, rope_dim, scaling)
         table = self._rope.get(key)
         if table is None:
             table = self._rope[key] = self.rope_table(*key)
@@ -69,3 +73,9 @@ class RoundCtx:
     def rope_table(self, base: float, rope_dim: int, scaling: RopeScaling | None = None) -> tuple[Any, Any]:
         """Compute the tables (`rope` caches them): numpy's, on the host positions."""
         return ref.rope_angles(np.asarray(self.batch.positions), base, rope_dim, scaling)
+
+
+def rope_key(base: float, rope_dim: int, scaling: RopeScaling | None) -> tuple[float, int, RopeScaling | None]:
+    """The (base, rope_dim, scaling) a round's RoPE table is made and kept under: an identity
+    scaling is None (plain RoPE)."""
+    return float(base), int(rope_dim), None if scaling is None or scaling.is_identity else scaling

@@ -12,18 +12,20 @@ from typing import Any
 
 import numpy as np
 
-from zinfer.devices.base import Device, KVStore
+from zinfer.devices.base import Device, KVStore, Layers
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.round import RoundCtx
 from zinfer.models.spec import ModelSpec
 from zinfer.models.weights import LayerWeights, ModelWeights
 
 
-def forward(spec: ModelSpec, w: ModelWeights, dev: Device, kv: KVStore, ctx: RoundCtx, marks: Any = None) -> Any:
-    """Run one round over its context (dev.begin_round): write every token's K/V into `kv`
-    and return logits [S, vocab] float32, a device array, for the rows in
-    ctx.logits_rows (S may be 0). marks: a tracer told where each layer begins and ends
-    (traces/kernels.py KernelRecorder), or None."""
+def forward(spec: ModelSpec, w: ModelWeights, kv: KVStore, dev: Device, ctx: RoundCtx, marks: Any = None) -> Any:
+    """Run one round over its context (dev.begin_round) on the ops of `dev` (a device, a
+    recorder of its graphs, a traced device): write every token's K/V into `kv` and return
+    logits [S, vocab] float32, a device array, for the rows in ctx.logits_rows (S may be
+    0). marks: a tracer told where each layer begins and ends (traces/kernels.py
+    KernelRecorder), or None. Bound as round_layers(spec, w, kv, marks), it is the
+    Layers a device's run_round calls."""
     x = dev.embed(w.tok_embd, ctx.token_ids)  # [T, d]
     if spec.embed_scale != 1.0:
         x = dev.scale(x, spec.embed_scale)
@@ -39,10 +41,16 @@ def forward(spec: ModelSpec, w: ModelWeights, dev: Device, kv: KVStore, ctx: Rou
     return dev.linear(h, w.output)  # [S, vocab]
 
 
+def round_layers(spec: ModelSpec, w: ModelWeights, kv: KVStore, marks: Any = None) -> Layers:
+    """The forward bound to its model, weights and KV pool: (ops, ctx) -> logits [S, vocab],
+    what device.run_round(layers, batch, kv) calls."""
+    return partial(forward, spec, w, kv, marks=marks)
+
+
 def round_logits(spec: ModelSpec, w: ModelWeights, dev: Device, kv: KVStore, batch: ForwardBatch, marks: Any = None) -> np.ndarray:
     """One whole round as the executor runs it, logits [S, vocab] on the host (for tests and
     benchmarks that drive the forward without an engine)."""
-    return dev.to_numpy(dev.run_round(partial(forward, spec, w, dev, kv, marks=marks), batch, kv))
+    return dev.to_numpy(dev.run_round(round_layers(spec, w, kv, marks), batch, kv))
 
 
 def _layer(spec: ModelSpec, i: int, lw: LayerWeights, dev: Device, kv: KVStore, ctx: RoundCtx, x: Any) -> Any:

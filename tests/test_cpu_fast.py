@@ -258,7 +258,7 @@ def test_int8_weights_of_one_layout_share_a_launch_and_give_their_own_products()
     bias = np.arange(rows, dtype=np.float32)
     x = np.random.default_rng(0).standard_normal((5, cols), dtype=np.float32)
     outs = dev.linears(x, ws, (None, bias, None))
-    assert [len(m) for _, m in dev._int8_jobs(ws)] == [3]  # one group: one rounding of x, one launch
+    assert [len(m) for _, m in dev.int8_jobs(ws)] == [3]  # one group: one rounding of x, one launch
     for out, w, b in zip(outs, ws, (0, bias, 0)):
         np.testing.assert_allclose(out, w.compute(x) + b, rtol=0, atol=1e-5)
 

@@ -6,8 +6,9 @@ in f32 so its products are Python steps of the tape; llama in Q4_K (tests/golden
 and Q5_0, whose int8 kernels read the file's blocks; K/V in f32; the float kernels), decoded for many rounds with graphs and without, on
 batches that fill a bucket and batches padded up to one, with sequences joining and
 leaving and tables growing past block edges: the logits must be equal bit for bit.
-Then what must never happen: a round on another KV pool, and an op fed an array made
-outside the recorded ops, which must run eagerly and still be right.
+Then what must never happen: a round replaying another KV pool's graphs, an op fed an
+array made outside the recorded ops (which must run eagerly and still be right), and a
+tape node with a missing or wrongly typed field (a TypeError while the tape is built).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from gguf import GGMLQuantizationType as QT
 from tiny import write_tiny_gguf, write_tiny_hf
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.cpu_fast import FastCpuDevice
-from zinfer.models.forward import forward, round_logits
+from zinfer.kernels import cpu_tape as ct
+from zinfer.models.forward import round_layers, round_logits
 from zinfer.models.loader import open_model
 from zinfer.models.weights import build_weights
 
@@ -55,9 +57,8 @@ class Pair:
         self.devs = [FastCpuDevice(decode_graphs=False, **opts), FastCpuDevice(decode_graphs=True, **opts)]
         self.ws = [build_weights(self.spec, src.tensors, d.upload) for d in self.devs]
         self.kvs = [d.alloc_kv(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim, N_BLOCKS, BLOCK) for d in self.devs]
-        graphs = self.devs[1]._graphs
-        graphs.compile_soon()
-        assert graphs._compiled.wait(600)  # replay compiled up front, so every eligible round takes a graph
+        self.devs[1].replay_compile.start()
+        assert self.devs[1].settle(600)  # replay compiled up front, so every eligible round takes a graph
 
     def round(self, chunks) -> list[np.ndarray]:
         b = ForwardBatch.build(chunks, BLOCK)
@@ -101,11 +102,28 @@ def test_decoding_with_graphs_equals_decoding_op_by_op(pair):
     assert replayed >= 10  # most decode rounds came from a graph (a bucket's first records)
 
 
-def test_a_round_on_another_pool_is_refused(pair):
-    dev, w = pair.devs[1], pair.ws[1]
-    other = FastCpuDevice(decode_graphs=False).alloc_kv(pair.spec.n_layers, pair.spec.n_kv_heads, pair.spec.head_dim, N_BLOCKS, BLOCK)
-    with pytest.raises(RuntimeError, match="KV pool"):
-        round_logits(pair.spec, w, dev, other, ForwardBatch.build([([5], 0, [0], True)], BLOCK))
+def test_each_pool_replays_its_own_graphs(pair):
+    """Graphs belong to the pool they were recorded over: two pools of one device each
+    record their own (each pool's first decode round records, later ones replay), and
+    rounds alternating between them give the eager device's logits bit for bit."""
+    spec = pair.spec
+    dims = (spec.n_layers, spec.n_kv_heads, spec.head_dim, N_BLOCKS, BLOCK)
+    pools = [[pair.devs[i].alloc_kv(*dims) for _ in range(2)] for i in range(2)]  # [device][pool]
+    assert pools[1][0].graphs is not pools[1][1].graphs
+    prompts, table = ([5, 9, 13], [7, 3]), [0, 1]
+    last = []
+    for p, ids in enumerate(prompts):
+        batch = ForwardBatch.build([(ids, 0, table, True)], BLOCK)
+        outs = [round_logits(spec, pair.ws[i], pair.devs[i], pools[i][p], batch) for i in range(2)]
+        np.testing.assert_array_equal(outs[1], outs[0])
+        last.append((int(np.argmax(outs[0][0])), len(ids)))
+    for step in range(6):
+        p = step % 2
+        batch = ForwardBatch.build([([last[p][0]], last[p][1], table, True)], BLOCK)
+        outs = [round_logits(spec, pair.ws[i], pair.devs[i], pools[i][p], batch) for i in range(2)]
+        np.testing.assert_array_equal(outs[1], outs[0], err_msg=f"step {step}, pool {p}")
+        assert pair.devs[1].last_round_replayed == (step >= 2)
+        last[p] = (int(np.argmax(outs[0][0])), last[p][1] + 1)
 
 
 def test_an_activation_made_outside_the_ops_runs_the_round_eagerly(tiny_paths):
@@ -122,7 +140,7 @@ def test_an_activation_made_outside_the_ops_runs_the_round_eagerly(tiny_paths):
         return dev.linear(dev.take_rows(h, ctx.logits_rows), w.output)
 
     def layers(i):
-        return lambda ctx: sneaky(p.devs[i], p.ws[i], p.kvs[i], ctx)
+        return lambda ops, ctx: sneaky(ops, p.ws[i], p.kvs[i], ctx)
 
     for pos in range(3):
         batch = ForwardBatch.build([([7], pos, [0], True)], BLOCK)
@@ -132,7 +150,7 @@ def test_an_activation_made_outside_the_ops_runs_the_round_eagerly(tiny_paths):
     # the real forward on the same device still records and replays its own bucket
     batch = ForwardBatch.build([([7], 3, [0], True), ([8], 0, [1], True)], BLOCK)
     for _ in range(2):
-        out = p.devs[1].run_round(lambda ctx: forward(spec, p.ws[1], p.devs[1], p.kvs[1], ctx), batch, p.kvs[1])
+        out = p.devs[1].run_round(round_layers(spec, p.ws[1], p.kvs[1]), batch, p.kvs[1])
     assert p.devs[1].last_round_replayed and out.shape == (2, spec.vocab_size)
 
 
@@ -151,3 +169,29 @@ def test_a_traced_replay_is_one_graph_replay_kernel_span(tiny_paths):
         names.append([e[0] for e in rec.take()[1]])
     assert "graph_replay" not in names[0] and {"linears", "attention"} <= set(names[0])  # recorded op by op
     assert names[1] == ["graph_replay"]
+
+
+def test_a_tape_node_with_a_missing_or_mistyped_field_fails_when_built():
+    """Nodes are typed records (kernels/cpu_tape.py): a missing field, a float where an
+    address or count goes, an array where a float goes, a flag that is not a bool or a null
+    address is a TypeError naming the field, raised before anything is appended or run."""
+    x, w, out = (np.zeros((2, 8), np.float32) for _ in range(3))
+    good = dict(x=x.ctypes.data, w=w.ctypes.data, out=out.ctypes.data, rows=2, n=8, eps=1e-6)
+    row = ct.pack(ct.RmsNorm(**good))
+    assert row.shape == (ct.WIDTH,) and row[0] == ct.OP_RMS_NORM and row[ct.RMS_NORM.n] == 8
+    assert row[ct.RMS_NORM.eps] == ct.f32_bits(1e-6)
+    with pytest.raises(TypeError, match="eps"):
+        ct.RmsNorm(**{k: v for k, v in good.items() if k != "eps"})
+    bad = [
+        (dict(good, rows=2.0), r"RmsNorm\.rows is float, wants an integer"),
+        (dict(good, w=w), r"RmsNorm\.w is ndarray, wants an address"),
+        (dict(good, eps=np.zeros(1)), r"RmsNorm\.eps is ndarray, wants a float"),
+        (dict(good, x=0), r"RmsNorm\.x is the null address"),
+    ]
+    for fields, message in bad:
+        with pytest.raises(TypeError, match=message):
+            ct.pack(ct.RmsNorm(**fields))
+    with pytest.raises(TypeError, match=r"Glu\.gelu is int, wants a bool"):
+        ct.pack(ct.Glu(gate=1, up=2, T=1, n=1, gelu=1, out=3))
+    with pytest.raises(TypeError, match="not a tape record"):
+        ct.pack((ct.OP_ADD, 1, 2, 3, 4))

@@ -195,7 +195,8 @@ def test_traced_rounds_read_cuda_events_and_keep_graphs(tmp_path, graphs):
     from zinfer.models.loader import open_model
     from tiny import write_tiny_gguf
     from zinfer.models.weights import build_weights
-    from zinfer.traces.kernels import CudaEventClock, KernelRecorder
+    from zinfer.devices.cuda_clock import CudaEventClock
+    from zinfer.traces.kernels import KernelRecorder
 
     src = open_model(write_tiny_gguf(tmp_path / "m.gguf", "llama", seed=3))
     spec = src.spec

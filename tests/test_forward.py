@@ -220,7 +220,7 @@ def test_an_executor_round_builds_one_ctx_that_every_layer_reads(tiny_paths, tmp
 def test_devices_import_neither_models_nor_traces():
     """The dependency direction models -> devices: importing every devices module (cuda's
     too: cupy is imported only when a CudaDevice is made) loads no zinfer.models module,
-    and no zinfer.traces one (CudaDevice.kernel_clock imports it when asked)."""
+    and no zinfer.traces one (the CUDA kernel clock is the device's own, devices/cuda_clock.py)."""
     import pkgutil
     import subprocess
     import sys

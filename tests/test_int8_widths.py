@@ -156,7 +156,7 @@ def test_matrices_of_one_activation_layout_share_a_launch_whatever_their_types()
     dev = FastCpuDevice()
     x = np.random.default_rng(0).standard_normal((5, cols), dtype=np.float32)
     outs = dev.linears(x, ws, (None,) * len(ws))
-    assert sorted(m for _, m in dev._int8_jobs(ws)) == [[0], [1, 3], [2], [4]]
+    assert sorted(m for _, m in dev.int8_jobs(ws)) == [[0], [1, 3], [2], [4]]
     for out, w in zip(outs, ws):
         np.testing.assert_array_equal(out, w.compute(x))
 

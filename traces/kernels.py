@@ -9,7 +9,7 @@ span (traces/rounds.py); the merge step turns them into layer and kernel slices.
 The clock is the device's (Device.kernel_clock): the default reads time.perf_counter_ns
 on the host, right for devices whose ops finish before they return (numpy, numba). An
 asynchronous device (CUDA) gives a clock that records device events and resolves them
-to nanoseconds once the round has synchronized (see CudaEventClock).
+to nanoseconds once the round has synchronized (devices/cuda_clock.py).
 """
 
 from __future__ import annotations
@@ -70,9 +70,11 @@ class KernelRecorder:
 class TracedDevice:
     """The device with every kernel op timed into a recorder; all else passes through.
 
-    The forward, bound to this wrapper, calls the timed ops; the real device's
-    run_round decides how the round runs (a CUDA graph replay records no kernel spans; a
-    cpu-fast one is one span) and is no span itself otherwise. begin_round called on the wrapper is one, "begin_round"."""
+    run_round hands the real device's run_round a layers that runs on timed ops: this
+    wrapper where the device passes itself, a timed wrapper of whatever else it passes
+    (cpu-fast's recorder of a decode graph). The real device decides how the round runs
+    (a CUDA graph replay records no kernel spans; a cpu-fast one is one span) and is no
+    span itself otherwise. begin_round called on the wrapper is one, "begin_round"."""
 
     def __init__(self, device: Any, recorder: KernelRecorder):
         self.device = device
@@ -83,10 +85,14 @@ class TracedDevice:
             self.begin_round = _timed("begin_round", device.begin_round, recorder)
 
     def run_round(self, layers: Callable, batch: Any, kv: Any) -> Any:
-        """The real device's round; `layers` (bound to this wrapper) times the ops. A round
-        that cpu-fast replayed from a decode graph is one span, "graph_replay"."""
+        """The real device's round, layers(ops, ctx) on timed ops. A round that cpu-fast
+        replayed from a decode graph is one span, "graph_replay"."""
+
+        def timed_layers(ops: Any, ctx: Any) -> Any:
+            return layers(self if ops is self.device else TracedDevice(ops, self._recorder), ctx)
+
         t0 = self._recorder.now()
-        out = self.device.run_round(layers, batch, kv)
+        out = self.device.run_round(timed_layers, batch, kv)
         if getattr(self.device, "last_round_replayed", False):
             self._recorder.events.append(("graph_replay", t0, self._recorder.now()))
         return out
@@ -106,43 +112,3 @@ def _timed(name: str, fn: Callable, rec: KernelRecorder) -> Callable:
 
     op.__name__ = name
     return op
-
-
-class CudaEventClock:
-    """Device time for CUDA ops: each clock read records a cupy Event on the current
-    stream; resolve() synchronizes and converts them to ns since the round's first event,
-    anchored at the host time of that first read. A read while the stream is being
-    captured into a graph gives None (an event recorded there has no time), and events
-    holding one are dropped. Runs only where cupy and a GPU exist."""
-
-    def __init__(self):
-        import cupy  # only where cupy and a GPU exist
-
-        self._cupy = cupy
-        self._origin = self._last = None
-        self._anchor = 0
-
-    def now(self):
-        stream = self._cupy.cuda.get_current_stream()
-        try:
-            if stream.is_capturing():
-                return None
-        except self._cupy.cuda.runtime.CUDARuntimeError:  # the query itself is refused mid-capture
-            return None
-        ev = self._cupy.cuda.Event()
-        ev.record(stream)
-        if self._origin is None:
-            self._origin, self._anchor = ev, time.time_ns()
-        self._last = ev
-        return ev
-
-    def resolve(self, events: list) -> tuple[int, list]:
-        events = [e for e in events if e[1] is not None and e[2] is not None]
-        if not events or self._origin is None:
-            self._origin = self._last = None
-            return 0, []
-        self._last.synchronize()
-        ms, origin = self._cupy.cuda.get_elapsed_time, self._origin
-        out = [(n, int(ms(origin, a) * 1e6), int(ms(origin, b) * 1e6)) for n, a, b in events]
-        anchor, self._origin, self._last = self._anchor, None, None
-        return anchor, out
