@@ -15,6 +15,7 @@ sequences with the error and frees its KV, and the next round runs as usual.
 from __future__ import annotations
 
 import time
+from typing import Any, Sequence
 
 import numpy as np
 import structlog
@@ -24,7 +25,7 @@ import zmq
 from zinfer.actors.topology import Addresses
 from zinfer.devices.base import Device
 from zinfer.devices.batch import ForwardBatch
-from zinfer.devices.reductions import reduce_logits
+from zinfer.devices.reductions import reduce_rows
 from zinfer.messages.channel import Inbox, Outbox
 from zinfer.messages.engine import (
     Candidates,
@@ -44,6 +45,8 @@ from zinfer.traces.rounds import RoundTracer
 from zinfer.traces.setup import Tracing
 
 log = structlog.get_logger("zinfer.executor")
+
+ShippedLogits = tuple[list[int], np.ndarray, Candidates | None]  # (full rows' seq ids, those rows, the candidates)
 
 
 class ExecutorActor:
@@ -105,7 +108,7 @@ class ExecutorActor:
         self.busy_seconds += time.perf_counter() - t0
         return RoundLogits(r.round_id, seq_ids, logits, r.sampler_updates, r.traceparents, candidates)
 
-    def compute(self, batch: ForwardBatch, wanting: list[RoundSeq], marks: object = None) -> tuple[list[int], np.ndarray, Candidates | None]:
+    def compute(self, batch: ForwardBatch, wanting: list[RoundSeq], marks: object = None) -> ShippedLogits:
         """One round on the device (worker thread), its logits cut on the device to what the
         sampler needs of each of wanting's rows (devices/reductions.py): (seq ids of the full
         rows, those rows [S_full, vocab] on the host, the others' candidates or None). With
@@ -113,6 +116,16 @@ class ExecutorActor:
         dev = self.device if self.round_tracer is None else self.round_tracer.device
         logits = dev.run_round(round_layers(self.spec, self.weights, self.kv, marks), batch, self.kv)
         return reduce_logits(self.device, logits, wanting)
+
+
+def reduce_logits(device: Any, logits: Any, seqs: Sequence[RoundSeq]) -> ShippedLogits:
+    """Cut logits [S, vocab] (the device's array, one row per seq of seqs) by each seq's
+    logits_need (devices/reductions.py): (seq ids of the full rows, those rows [S_full,
+    vocab] float32 numpy, the candidates of the rest or None). Reads logits only."""
+    r = reduce_rows(device, logits, [s.logits_need for s in seqs])
+    top = r.top
+    candidates = None if top is None else Candidates([seqs[i].seq_id for i in top.rows], top.ids, top.values, top.row_max)
+    return [seqs[i].seq_id for i in r.full], r.full_logits, candidates
 
 
 class BlockTables:
