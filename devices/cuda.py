@@ -119,8 +119,8 @@ class CudaDevice(DeviceBase):
             raise ValueError(f"head_dim {head_dim} > {km.MAX_HEAD_DIM} is not supported by the CUDA attention kernels")
         cp = self.cupy
         shape = ((num_blocks + 1) * block_size, n_kv_heads, head_dim)
-        graphs = DecodeGraphs(num_blocks, block_size, self.config.graph_buckets, self.config.graph_max_context) \
-            if self.config.cuda_graphs else None
+        c = self.config
+        graphs = DecodeGraphs(num_blocks, block_size, c.graph_buckets, c.graph_max_context) if c.cuda_graphs else None
         return CudaKV([cp.zeros(shape, cp.float32) for _ in range(n_layers)],
                       [cp.zeros(shape, cp.float32) for _ in range(n_layers)], num_blocks, block_size, graphs)
 
