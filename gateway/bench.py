@@ -22,89 +22,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
-from dataclasses import dataclass
 
 import msgspec
-import numpy as np
 import trio
 
 from zinfer.actors.engine import EngineConfig, open_engine
 from zinfer.gateway.bench_figures import Stream, summarize
+from zinfer.gateway.bench_llama import bench_llama_cpp
+from zinfer.gateway.bench_plan import Plan, say, synthetic_prompts, workload_prompts
+from zinfer.gateway.bench_report import print_table, report_of
+from zinfer.gateway.bench_roofline import (
+    file_weight_bytes, kv_bytes_per_token, kv_itemsize, read_bandwidth, resident_weight_bytes,
+)
 from zinfer.gateway.client import AsyncClient
 from zinfer.messages.client import Delta, Finished
 from zinfer.messages.params import SamplingParams
-
-
-def bench_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prefill-len", type=int, default=512, help="tokens per prompt of the prefill row")
-    p.add_argument("--prefill-requests", type=int, default=4)
-    p.add_argument("--prompt-len", type=int, default=128, help="tokens per prompt of the decode and stream rows")
-    p.add_argument("--output-len", type=int, default=32, help="tokens generated per request of the decode and stream rows (at least 2)")
-    p.add_argument("--decode-requests", type=int, default=4, help="requests of the batch-1 decode row, one at a time")
-    p.add_argument("--streams", default="16,64", help="comma-separated stream counts: N requests arriving together for each (--max-running is raised to the largest)")
-    p.add_argument("--bandwidth-mib", type=int, default=1024, help="array read to measure this machine's bandwidth (0: skip)")
-    p.add_argument("--json", action="store_true", help="print one JSON object with every number")
-    p.add_argument("--compare-llama-cpp", action="store_true", help="run llama.cpp (llama-cpp-python) on the same model, prompts and threads")
-    p.add_argument("--unified-pool", action=argparse.BooleanOptionalAction, default=True,
-                   help="with --compare-llama-cpp: also run llama.cpp's largest stream count with one unified KV pool")
-    # --threads (engine_args) sets llama.cpp's threads and cpu-fast's: one count for both
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The workloads of one bench run (validated sizes from the command line)."""
-
-    prefill_len: int
-    prefill_requests: int
-    prompt_len: int
-    output_len: int
-    decode_requests: int
-    streams: tuple[int, ...]
-
-    @staticmethod
-    def from_args(args: argparse.Namespace) -> "Plan":
-        try:
-            streams = tuple(int(s) for s in str(args.streams).split(",") if s.strip())
-        except ValueError:
-            raise ValueError(f"--streams takes comma-separated counts, got {args.streams!r}") from None
-        plan = Plan(args.prefill_len, args.prefill_requests, args.prompt_len, args.output_len, args.decode_requests, streams)
-        for name in ("prefill_len", "prefill_requests", "prompt_len", "decode_requests"):
-            if getattr(plan, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-        if plan.output_len < 2:
-            raise ValueError("--output-len must be at least 2 (decode is the tokens after the first)")
-        if any(n < 1 or n > 256 for n in streams):
-            raise ValueError("--streams counts must be between 1 and 256")
-        return plan
-
-    @property
-    def max_len(self) -> int:
-        """The longest sequence any workload builds."""
-        return max(self.prefill_len + 1, self.prompt_len + self.output_len)
-
-
-def say(text: str) -> None:
-    """A progress line on stderr: on larger models a bench runs for minutes."""
-    print(f"zinfer bench: {text}", file=sys.stderr, flush=True)
-
-
-def synthetic_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
-    """n distinct prompts of `length` token ids (ordinary ids, away from the special ones)."""
-    rng = np.random.default_rng(seed)
-    lo, hi = min(1000, vocab // 4), min(vocab, 30000)
-    return [rng.integers(lo, hi, size=length).tolist() for _ in range(n)]
-
-
-def workload_prompts(plan: Plan, vocab: int) -> dict[str, list[list[int]]]:
-    """Each workload's prompts, by its key (prefill, decode_b1, streams_N): distinct seeds,
-    the same on both engines."""
-    out = {"prefill": synthetic_prompts(plan.prefill_requests, plan.prefill_len, vocab, seed=1)}
-    out["decode_b1"] = synthetic_prompts(plan.decode_requests, plan.prompt_len, vocab, seed=2)
-    for i, n in enumerate(plan.streams):
-        out[f"streams_{n}"] = synthetic_prompts(n, plan.prompt_len, vocab, seed=10 + i)
-    return out
+from zinfer.models.loader import resolve
 
 
 async def _group(client: AsyncClient, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[Stream]]:
@@ -128,8 +62,6 @@ async def _group(client: AsyncClient, prompts: list[list[int]], max_tokens: int)
 
 async def bench_engine(config: EngineConfig, plan: Plan) -> dict:
     """Every workload on zinfer; its figures by workload key, plus the model's bytes."""
-    from zinfer.gateway.bench_roofline import file_weight_bytes, kv_bytes_per_token, kv_itemsize, resident_weight_bytes
-
     async with open_engine(config) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
         vocab = engine.source.spec.vocab_size
         prompts = workload_prompts(plan, vocab)
@@ -137,10 +69,9 @@ async def bench_engine(config: EngineConfig, plan: Plan) -> dict:
         await _group(client, warm[:1], 3)  # alone (prefill, batch-1 decode)
         await _group(client, warm[1:], 3)  # and together (decode of several rows)
         executor = engine.actors.get("executor")
-        scheduler = engine.actors.get("scheduler")
         if executor is not None and not await trio.to_thread.run_sync(executor.device.settle, 300.0):
             say("zinfer: the device's background compile outlasted 300 s; timing anyway")
-        busy0, rounds0, t0 = getattr(executor, "busy_seconds", 0.0), getattr(scheduler, "round_id", 0), time.perf_counter()
+        busy0, rounds0, t0 = getattr(executor, "busy_seconds", 0.0), (await client.stats()).rounds, time.perf_counter()
         say("zinfer: prefill")
         one_at_a_time = [await _group(client, [ids], 1) for ids in prompts["prefill"]]
         result: dict = {"prefill": {"prefill_tok_s": plan.prefill_requests * plan.prefill_len / sum(s[0][-1] - t for t, s in one_at_a_time)}}
@@ -155,7 +86,7 @@ async def bench_engine(config: EngineConfig, plan: Plan) -> dict:
         result["kv_context"] = plan.prompt_len + plan.output_len // 2  # the mean context of the batch-1 decode steps
         result["kv_bytes_per_token_f16"] = kv_bytes_per_token(spec, result["kv_context"], 2)  # llama.cpp's default KV
         if executor is not None:  # in this process (the inproc topology): what the device holds
-            rounds = scheduler.round_id - rounds0
+            rounds = (await client.stats()).rounds - rounds0  # the scheduler's count as of its last round
             result["rounds"] = rounds
             result["bus_overhead_ms_per_round"] = 1000 * (time.perf_counter() - t0 - (executor.busy_seconds - busy0)) / max(rounds, 1)
             result["weight_resident_bytes"] = resident_weight_bytes(executor.weights)
@@ -176,17 +107,11 @@ def bench_config(config: EngineConfig, plan: Plan) -> EngineConfig:
 def bench_main(args: argparse.Namespace, config: EngineConfig) -> int:
     """Run the plan on zinfer, then (--compare-llama-cpp) on llama.cpp, then measure the
     read bandwidth (last, so its numba threads run beside neither); print the report."""
-    from zinfer.gateway.bench_report import print_table, report_of
-    from zinfer.gateway.bench_roofline import read_bandwidth
-
     plan = Plan.from_args(args)
     threads = args.threads or os.cpu_count() or 1
     ours = trio.run(bench_engine, bench_config(config, plan), plan)
     theirs = unified = None
     if args.compare_llama_cpp:
-        from zinfer.gateway.bench_llama import bench_llama_cpp
-        from zinfer.models.loader import resolve
-
         theirs, unified = bench_llama_cpp(str(resolve(config.model)), plan, threads, args.unified_pool)
     if args.bandwidth_mib > 0:
         say("read bandwidth")

@@ -19,8 +19,8 @@ import time
 
 import numpy as np
 
-from zinfer.gateway.bench import Plan, say, workload_prompts
 from zinfer.gateway.bench_figures import Stream, summarize
+from zinfer.gateway.bench_plan import Plan, say, workload_prompts
 
 N_BATCH = 512  # llama.cpp's default n_batch and n_ubatch
 

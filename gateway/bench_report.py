@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from zinfer.gateway.bench import Plan
+from zinfer.gateway.bench_plan import Plan
 
 
 def _gb_s(bytes_per_token: int | None, tok_s: float | None) -> float | None:

@@ -19,25 +19,32 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
 
 import argparse  # noqa: E402
 import sys  # noqa: E402
+import traceback  # noqa: E402
+from importlib.metadata import PackageNotFoundError, version  # noqa: E402
 
 import msgspec  # noqa: E402
+import structlog  # noqa: E402
 
-from zinfer.models.pull import DEFAULT_MODEL, KNOWN_MODELS, PullError  # noqa: E402
+from zinfer.gateway.bench import bench_main  # noqa: E402
+from zinfer.gateway.bench_plan import bench_args  # noqa: E402
+from zinfer.gateway.cli_config import UsageError, engine_config  # noqa: E402
+from zinfer.gateway.run_command import run  # noqa: E402
+from zinfer.gateway.serve import serve  # noqa: E402
+from zinfer.gateway.stdio import stdio_main  # noqa: E402
+from zinfer.messages.curve import KeyPair, is_loopback, load_public_keys, write_keypairs  # noqa: E402
+from zinfer.models.convert import convert_gguf_to_hf  # noqa: E402
+from zinfer.models.pull import DEFAULT_MODEL, KNOWN_MODELS, PullError, pull  # noqa: E402
 from zinfer.models.spec import ModelError  # noqa: E402
+from zinfer.traces.logs import configure_logging  # noqa: E402
+from zinfer.traces.summarize import summarize_file  # noqa: E402
 
 
 def package_version() -> str:
     """The installed zinfer's version (from its metadata)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("zinfer")
     except PackageNotFoundError:
         return "unknown"
-
-
-class UsageError(Exception):
-    """A user-facing error: printed as one line, exit status 1."""
 
 
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -100,7 +107,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="generate from a prompt, streaming to the terminal")
     engine_args(p)
-    p.set_defaults(max_running=1)  # one request: the KV pool holds one sequence of --max-model-len (actors/engine.py default_kv_blocks)
+    p.set_defaults(max_running=1)  # one request: the pool holds one --max-model-len sequence (default_kv_blocks)
     sampling_args(p)
     p.add_argument("--raw", action="store_true", help="complete the text as is, no chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object: prompt_ids, token_ids, text")
@@ -116,8 +123,6 @@ def parser() -> argparse.ArgumentParser:
         engine_args(p)
     p = sub.add_parser("bench", help="throughput and latency, optionally side by side with llama.cpp")
     engine_args(p)
-    from zinfer.gateway.bench import bench_args
-
     bench_args(p)
 
     serve = sub.choices["serve"]
@@ -155,8 +160,6 @@ def check_zmq_security(args: argparse.Namespace) -> None:
     --api-key guards HTTP only, so with it a --zmq endpoint other hosts can reach must
     use CURVE. The CURVE flags go together, with --zmq, and their key files must load.
     """
-    from zinfer.messages.curve import KeyPair, is_loopback, load_public_keys
-
     secret, clients = args.zmq_curve_secret, args.zmq_curve_clients
     if (secret or clients) and not args.zmq:
         raise UsageError("--zmq-curve-secret and --zmq-curve-clients need a --zmq endpoint")
@@ -195,10 +198,6 @@ def engine_stopped(exc: BaseException) -> None:
     """Log why an engine command stopped (an actor died, or a bug): one error line with each
     error's type and message (an actor process's names the actor; an in-process actor's
     "actor failed" line just before names it), and the whole traceback at debug level."""
-    import traceback
-
-    import structlog
-
     log = structlog.get_logger("zinfer.cli")
     errors = [f"{type(e).__name__}: {e}" for e in leaves(exc)]
     log.debug("traceback of the stop", traceback="".join(traceback.format_exception(exc)))
@@ -231,52 +230,32 @@ def main(argv: list[str] | None = None) -> None:
 
 def dispatch(args: argparse.Namespace) -> int:
     if args.command == "pull":
-        from zinfer.models.pull import pull
-
         print(pull(args.name))
         return 0
     if args.command == "convert":
-        from zinfer.models.convert import convert_gguf_to_hf
-
         print(convert_gguf_to_hf(args.gguf, args.out_dir))
         return 0
     if args.command == "keygen":
-        from zinfer.messages.curve import write_keypairs
-
         try:
             print("\n".join(str(p) for p in write_keypairs(args.dir)))
         except OSError as exc:
             raise UsageError(f"keygen: {exc}") from None
         return 0
     if args.command == "trace":
-        from zinfer.traces.summarize import summarize_file
-
         try:
             print(summarize_file(args.file))
         except (OSError, ValueError, KeyError) as exc:
             raise UsageError(f"cannot read trace {args.file}: {exc}") from None
         return 0
-    from zinfer.traces.logs import configure_logging
-
     configure_logging(args.log_level, args.log_json)
     if args.command == "run":
-        from zinfer.gateway.run_command import run
-
         return run(args)
     if args.command == "bench":
-        from zinfer.gateway.bench import bench_main
-        from zinfer.gateway.run_command import engine_config
-
         return bench_main(args, engine_config(args))
     if args.command == "serve":
-        from zinfer.gateway.serve import serve
-
         check_zmq_security(args)
-
         return serve(args)
     if args.command == "stdio":
-        from zinfer.gateway.stdio import stdio_main
-
         return stdio_main(args)
     raise UsageError(f"unknown command {args.command!r}")
 

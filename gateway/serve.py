@@ -14,7 +14,7 @@ from zinfer.actors.engine import EngineConfig, open_engine
 from zinfer.gateway.app import build_app
 from zinfer.gateway.client import AsyncClient
 from zinfer.gateway.origins import OriginPolicy
-from zinfer.gateway.run_command import engine_config, trace_config
+from zinfer.gateway.cli_config import engine_config, trace_config
 from zinfer.gateway.state import GatewayState, fingerprint
 from zinfer.models.sampling_defaults import sampling_defaults
 from zinfer.models.tool_prompt import call_syntax, source_chat_template

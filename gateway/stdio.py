@@ -28,7 +28,7 @@ import trio
 import zmq
 
 from zinfer.actors.engine import open_engine
-from zinfer.gateway.run_command import engine_config
+from zinfer.gateway.cli_config import engine_config
 from zinfer.messages.bus import AsyncSocket
 from zinfer.messages.client import TERMINAL_EVENTS, Cancel, ClientEvent, ClientRequest, Rejected, request_id_of
 from zinfer.messages.codec import Codec

@@ -13,7 +13,7 @@ from zinfer.actors.engine import EngineConfig, open_engine
 from zinfer.devices.config import CpuConfig, CpuFastConfig, CudaConfig, DeviceConfig
 from zinfer.devices.registry import check_options, cuda_problem, make_device, resolve_device
 from zinfer.gateway.cli import main, parser
-from zinfer.gateway.run_command import engine_config
+from zinfer.gateway.cli_config import engine_config
 from zinfer.traces.config import TraceConfig
 
 try:

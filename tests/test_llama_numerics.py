@@ -154,7 +154,7 @@ def test_no_repack_flag_reaches_the_llama_device():
     from zinfer.devices.config import CpuLlamaConfig
     from zinfer.devices.registry import make_device
     from zinfer.gateway.cli import parser
-    from zinfer.gateway.run_command import engine_config
+    from zinfer.gateway.cli_config import engine_config
 
     config = engine_config(parser().parse_args(["run", "--device", "cpu-llama", "--no-repack", "hi"]))
     assert config.device_options == CpuLlamaConfig(repack=False)

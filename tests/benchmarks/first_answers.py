@@ -18,7 +18,7 @@ import trio
 from zinfer.actors.engine import EngineConfig, open_engine
 from zinfer.gateway.cli import parser
 from zinfer.gateway.client import AsyncClient
-from zinfer.gateway.run_command import sampling_params
+from zinfer.gateway.cli_config import sampling_params
 from zinfer.messages.client import Delta, Finished
 
 QUESTIONS = [
