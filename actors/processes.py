@@ -19,25 +19,28 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import msgspec
 import structlog
 import trio
 import zmq
 
+from zinfer.actors.engine_build import Engine, build_actor, engine_context
+from zinfer.actors.engine_config import EngineConfig
 from zinfer.actors.topology import Addresses
 from zinfer.messages.channel import Outbox
 from zinfer.messages.curve import CurveContext, KeyPair
 from zinfer.messages.engine import ActorFailed, TokenizerInbox
-
-if TYPE_CHECKING:
-    from zinfer.actors.engine import Engine, EngineConfig
+from zinfer.models.loader import open_model
+from zinfer.traces.logs import configure_logging
 
 log = structlog.get_logger("zinfer.processes")
 
@@ -49,7 +52,7 @@ class EngineFailure(RuntimeError):
 
 
 class _Actor(Protocol):
-    """What a child process runs: an actor (engine.build_actor)."""
+    """What a child process runs: an actor (engine_build.build_actor)."""
 
     async def run(self, task_status: trio.TaskStatus[None] = ...) -> None: ...
 
@@ -85,9 +88,6 @@ async def _start_child(name: str, config: EngineConfig, addrs: Addresses, keys: 
 @contextlib.asynccontextmanager
 async def open_process_engine(config: EngineConfig, transport: str = "ipc") -> AsyncIterator[Engine]:
     """Start kv, sampler, executor and scheduler as processes; the tokenizer here."""
-    from zinfer.actors.engine import Engine, build_actor, engine_context
-    from zinfer.models.loader import open_model
-
     source = await trio.to_thread.run_sync(open_model, config.model)
     with tempfile.TemporaryDirectory(prefix="zinfer-") as tmp:
         if transport == "tcp":
@@ -143,9 +143,6 @@ async def _watch(name: str, proc: trio.Process, ctx: zmq.Context[zmq.Socket[byte
 
 def _free_port_base(n: int) -> int:
     """A run of n consecutive free TCP ports on 127.0.0.1 (best effort)."""
-    import random
-    import socket
-
     for _ in range(50):
         base = random.randint(20000, 32000)  # below Linux's ephemeral range (32768-60999): no outgoing connection takes one
         try:
@@ -188,10 +185,6 @@ async def _exit_with_parent(parent_pid: int, scope: trio.CancelScope) -> None:
 
 
 def child_main(argv: list[str]) -> None:
-    from zinfer.actors.engine import EngineConfig, build_actor
-    from zinfer.models.loader import open_model
-    from zinfer.traces.logs import configure_logging
-
     name, config_json, addrs_json, parent = argv
     configure_logging("warning")
     config = msgspec.json.decode(config_json, type=EngineConfig)

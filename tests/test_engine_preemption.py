@@ -54,7 +54,7 @@ async def test_preempted_sequences_resume_and_finish(small_engine):
         assert small_engine.engine.actors["scheduler"].preemptions > before, "the pool was never exhausted"
         assert all(len(ids) == 80 for ids in results.values())
         assert {p: results[p] for p in alone} == alone  # recompute gives the same greedy text
-        small_engine.engine.kv_allocator.check_invariants()
+        small_engine.engine.actors["kv"].allocator.check_invariants()
 
 
 async def test_request_that_can_never_fit_is_rejected(small_engine):

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from zinfer.actors.engine import make_device
+from zinfer.devices.registry import make_device
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.config import CpuLlamaConfig
 from zinfer.models.forward import round_logits

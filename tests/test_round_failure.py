@@ -62,6 +62,6 @@ async def test_a_round_that_raises_fails_its_requests_and_the_engine_serves_on(t
             assert isinstance(events[-1], Finished) and again == alone
             while (await client.stats()).kv_used_blocks:  # the failed requests' blocks were freed
                 await trio.sleep(0.05)
-        engine.kv_allocator.check_invariants()
+        engine.actors["kv"].allocator.check_invariants()
         left = engine.actors["sampler"].samplers  # the last request's drop rides the next round
         assert len(left) <= 1, f"the failed requests' sampler state was kept: {sorted(left)}"

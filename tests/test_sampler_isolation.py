@@ -110,6 +110,6 @@ async def test_poisoned_row_fails_its_request_alone(tiny_model):
             assert isinstance(events[-1], Finished) and again == alone
             while (await client.stats()).kv_used_blocks:  # the failed request's blocks were freed
                 await trio.sleep(0.05)
-        engine.kv_allocator.check_invariants()
+        engine.actors["kv"].allocator.check_invariants()
         left = engine.actors["sampler"].samplers.values()  # drops of finished ones ride the next round
         assert all(marked.isdisjoint(s.prompt_ids) for s in left), "the failed request's sampler state was kept"

@@ -126,7 +126,7 @@ async def test_soak_mixed_traffic_loses_nothing(smollm2_path):
 
         stats = await wait_idle(client)
         assert stats.kv_used_blocks == 0
-        assert engine.kv_allocator.num_used_blocks == 0
-        engine.kv_allocator.check_invariants()
+        assert engine.actors["kv"].allocator.num_used_blocks == 0
+        engine.actors["kv"].allocator.check_invariants()
         engine.actors["sampler"].fault_hook = None
         assert await greedy(client) == before

@@ -18,7 +18,7 @@ from zinfer.devices.registry import make_device
 from zinfer.gateway.api import EngineConfig, EngineThread
 from zinfer.gateway.cli import parser
 from zinfer.gateway.client import AsyncClient
-from zinfer.gateway.run_command import engine_config
+from zinfer.gateway.cli_config import engine_config
 from zinfer.messages.client import Delta, Finished, Rejected
 from zinfer.messages.params import SamplingParams
 from zinfer.models import vocab_cache
@@ -110,7 +110,7 @@ def tiny_long_context(tmp_path_factory):
 @pytest.mark.parametrize(("max_running", "max_model_len", "blocks"), [(1, 4096, 256), (4, 512, 128), (3, 4096, 256), (32, 0, 2048)])
 def test_pool_is_sized_from_max_running_and_max_model_len(tiny_long_context, max_running, max_model_len, blocks):
     with EngineThread(EngineConfig(model=str(tiny_long_context), device="cpu", max_running=max_running, max_model_len=max_model_len)) as e:
-        assert e.engine.kv_allocator.num_blocks == blocks
+        assert e.engine.actors["kv"].allocator.num_blocks == blocks
         assert pool_bytes(e) == 2 * 2 * blocks * 16 * 2 * 16 * 4  # K and V, layers, slots, heads, dims, f32
 
 
@@ -137,7 +137,7 @@ async def test_request_too_long_for_the_pool_is_refused_and_the_engine_serves_on
         assert "4 of 16" in long[-1].message
         short = [ev async for ev in client.generate("hi", params=SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))]
         assert isinstance(short[-1], Finished) and sum(len(ev.token_ids) for ev in short if isinstance(ev, Delta)) == 3
-    e.engine.kv_allocator.check_invariants()
+    e.engine.actors["kv"].allocator.check_invariants()
 
 
 # ---- file pages after upload ------------------------------------------------------------

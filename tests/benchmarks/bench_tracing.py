@@ -65,7 +65,7 @@ async def bench(model: str, runs: int, tokens: int) -> None:
 
 def bench_forward(model: str, reps: int) -> None:
     """Median time of one batch-8 decode round, plain vs traced."""
-    from zinfer.actors.engine import make_device
+    from zinfer.devices.registry import make_device
     from zinfer.devices.batch import ForwardBatch
     from zinfer.models.forward import round_logits
     from zinfer.models.loader import open_model
