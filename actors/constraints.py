@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 import trio
@@ -37,16 +37,11 @@ from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 from llguidance.gbnf_to_lark import gbnf_to_lark
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
-from zinfer.actors.grammar_limits import SUBSCHEMA_LISTS, SUBSCHEMA_MAPS, SUBSCHEMAS, check_limits, parse_json
+from zinfer.actors.grammar_limits import check_limits, parse_json
+from zinfer.actors.grammar_vocab import grammar_tokenizer
+from zinfer.messages.json_schema import JSON_OPTIONS, map_schemas
 from zinfer.messages.params import Constraint
-
-if TYPE_CHECKING:
-    from llguidance._lib import JsonCompileOptions  # in llguidance's stub only
-
-
-JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-"""How JSON-schema output is laid out: one space after ',' and ':', no other whitespace, so a
-model cannot spend its tokens on whitespace (a schema's "x-guidance" may say otherwise)."""
+from zinfer.models.loader import open_model
 
 NUMBER_DIGITS = 15
 NUMBER_LIMIT = 10**NUMBER_DIGITS - 1
@@ -105,28 +100,6 @@ def compile_grammar(constraint: Constraint) -> str:
     if is_error:
         raise ValueError(f"invalid {KIND_NAMES[kind]}: {_first_line(messages[0])}")
     return grammar
-
-
-MAX_SCHEMA_DEPTH = 64
-
-
-def map_schemas(schema: Any, fn: Callable[[dict[str, Any]], dict[str, Any]], depth: int = 0) -> Any:
-    """fn applied to every object (sub)schema of schema, innermost first: a new schema,
-    schema itself is not mutated (fn gets a copy). true/false schemas, and what lies
-    deeper than MAX_SCHEMA_DEPTH, are left as they are."""
-    if not isinstance(schema, Mapping) or depth > MAX_SCHEMA_DEPTH:
-        return schema
-    out = dict(schema)
-    for key in SUBSCHEMA_MAPS:
-        if isinstance(out.get(key), Mapping):
-            out[key] = {k: map_schemas(v, fn, depth + 1) for k, v in out[key].items()}
-    for key in SUBSCHEMA_LISTS:  # items among them: a list in draft 4's tuple form
-        if isinstance(out.get(key), list):
-            out[key] = [map_schemas(v, fn, depth + 1) for v in out[key]]
-    for key in SUBSCHEMAS:
-        if isinstance(out.get(key), Mapping):
-            out[key] = map_schemas(out[key], fn, depth + 1)
-    return fn(out)
 
 
 def bounded_numbers(schema: Any) -> Any:
@@ -229,10 +202,6 @@ class GrammarProbe:
     @staticmethod
     def for_model(model: str) -> GrammarProbe:
         """The probe of a model (a path or known name): builds its llguidance vocabulary."""
-        from zinfer.models.loader import open_model
-
-        from zinfer.actors.grammar_vocab import grammar_tokenizer
-
         source = open_model(model)
         return GrammarProbe(grammar_tokenizer(source), source.spec.vocab_size)
 

@@ -28,6 +28,7 @@ import json
 import re
 from typing import Any, Iterator, Mapping
 
+from zinfer.messages.json_schema import SUBSCHEMA_LISTS, SUBSCHEMA_MAPS, SUBSCHEMAS
 from zinfer.messages.params import MAX_CONSTRAINT_BYTES, Constraint
 
 MAX_NODES = 5000
@@ -40,10 +41,6 @@ MAX_GBNF_RULES = 1000
 """Rules of one GBNF grammar (its conversion to Lark is quadratic: 1,000 rules ~0.6 s)."""
 MAX_REPETITION = 10_000
 """The product of nested counted repetitions (`{m,n}`, `~ m..n`) in one regex or rule."""
-
-SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
-SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
-SUBSCHEMAS = ("items", "additionalItems", "additionalProperties", "unevaluatedItems", "unevaluatedProperties", "propertyNames", "not", "if", "then", "else", "contains")
 
 
 def check_limits(c: Constraint) -> None:

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 from llguidance import LLTokenizer
 from llguidance._tokenizer import TokenizerWrapper
 
+from zinfer.models.prompt import PromptBuilder
+
 if TYPE_CHECKING:
     from zinfer.models.loader import ModelSource
     from zinfer.models.tokenizer import Tokenizer
@@ -42,8 +44,6 @@ def grammar_tokenizer(source: ModelSource) -> LLTokenizer:
     """The vocabulary of source for llguidance, its EOS tokens those the tokenizer actor
     gives the scheduler (Tokenizer.eos_ids), so "grammar complete" is a token that ends the
     sequence. Takes about a second: build once."""
-    from zinfer.models.prompt import PromptBuilder
-
     tokenizer = PromptBuilder.from_source(source).tokenizer
     if not tokenizer.eos_ids:
         raise ValueError("the model names no EOS token, so a constrained output could never end")

@@ -25,8 +25,8 @@ from typing import Any, Mapping
 
 from llguidance.gbnf_to_lark import is_lark_syntax
 
-from zinfer.actors.constraints import map_schemas
 from zinfer.gateway.openai_schema import ApiError
+from zinfer.messages.json_schema import map_schemas
 from zinfer.messages.params import MAX_CONSTRAINT_BYTES, Constraint
 
 ANY_OBJECT = '{"type": "object"}'

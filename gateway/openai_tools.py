@@ -15,10 +15,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from zinfer.actors.constraints import JSON_OPTIONS
 from zinfer.gateway.openai_constraints import checked
 from zinfer.gateway.openai_schema import ApiError, ChatRequest
 from zinfer.gateway.tool_call_parser import TOOL_CLOSE, TOOL_OPEN, Call, ToolCallParser, parse_tool_calls
+from zinfer.messages.json_schema import JSON_OPTIONS
 from zinfer.messages.params import Constraint
 
 MAX_SCHEMA_BYTES = 64 << 10  # one function's parameters schema, as JSON
