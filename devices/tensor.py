@@ -1,20 +1,8 @@
-"""TensorData: one weight as a file stores it, the form every device's `upload` reads."""
+"""TensorData, as the devices/ files import it; it lives in kernels/tensor.py, below both
+the weight readers (models/) and the devices."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from zinfer.kernels.tensor import TensorData
 
-import gguf
-import numpy as np
-
-
-class TensorData(NamedTuple):
-    """One tensor as stored: its type, numpy-order shape ([out, in] for matrices) and raw data.
-
-    For quantized types `data` is uint8 [rows, row_bytes]; for float types it is the typed
-    array. Both are views of the memory map: nothing is read until used.
-    """
-
-    qtype: gguf.GGMLQuantizationType
-    shape: tuple[int, ...]
-    data: np.ndarray
+__all__ = ["TensorData"]

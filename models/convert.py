@@ -18,7 +18,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from zinfer.kernels.quants import UnsupportedTensorType, dequantize
-from zinfer.devices.tensor import TensorData
+from zinfer.kernels.tensor import TensorData
 from zinfer.models.gguf_file import GGUFFile
 from zinfer.models.hf_layout import HF_CLASS, HF_MODEL_TYPE, hf_name, is_norm_weight, unpermute_qk
 from zinfer.models.spec import ModelError, ModelSpec, spec_from_gguf

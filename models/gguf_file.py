@@ -20,7 +20,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from zinfer.devices.tensor import TensorData
+from zinfer.kernels.tensor import TensorData
 from zinfer.models.spec import ModelError
 
 _MAGIC = b"GGUF"

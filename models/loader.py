@@ -10,8 +10,8 @@ from typing import Any, Callable
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
+from zinfer.kernels.tensor import TensorData
 from zinfer.models import pull
-from zinfer.devices.tensor import TensorData
 from zinfer.models.gguf_file import GGUFFile
 from zinfer.models.hf_layout import gguf_name, is_norm_weight
 from zinfer.models.spec import ModelError, ModelSpec, spec_from_gguf, spec_from_hf_config

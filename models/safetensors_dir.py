@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from zinfer.devices.tensor import TensorData
+from zinfer.kernels.tensor import TensorData
 from zinfer.models.spec import ModelError
 
 _DTYPES = {"F32": (np.float32, QT.F32), "F16": (np.float16, QT.F16), "BF16": (np.uint16, QT.BF16)}

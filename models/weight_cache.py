@@ -31,7 +31,7 @@ from typing import Any, BinaryIO, Callable
 import numpy as np
 import structlog
 
-from zinfer.devices.tensor import TensorData
+from zinfer.kernels.tensor import TensorData
 
 log = structlog.get_logger("zinfer.weight_cache")
 

@@ -25,7 +25,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
-from zinfer.devices.tensor import TensorData
+from zinfer.kernels.tensor import TensorData
 from zinfer.models.spec import ModelError
 
 # quantized type -> byte offsets of its f16 scales/mins inside one block (ggml's block structs)

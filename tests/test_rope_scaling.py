@@ -22,10 +22,10 @@ from zinfer.devices.cpu import CpuDevice
 from zinfer.devices.cpu_fast import FastCpuDevice
 from zinfer.devices.cpu_llama import LlamaCpuDevice
 from zinfer.devices.round import RoundCtx
-from zinfer.devices.tensor import TensorData
 from zinfer.kernels import llama_ops as lo
 from zinfer.kernels import reference as ref
 from zinfer.kernels import rope
+from zinfer.kernels.tensor import TensorData
 from zinfer.models.convert import convert_gguf_to_hf
 from zinfer.models.forward import round_logits
 from zinfer.models.loader import open_model
