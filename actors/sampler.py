@@ -18,7 +18,6 @@ and awaited only when that round's logits arrive.
 from __future__ import annotations
 
 import time
-from typing import Callable
 
 import numpy as np
 import structlog
@@ -39,12 +38,6 @@ log = structlog.get_logger("zinfer.sampler")
 
 
 class SamplerActor:
-    # Test-only fault injection: when set, called per row with that sequence's prompt ids
-    # and its logits row [vocab] (or its candidate values [K] when the device reduced the
-    # row); the row it returns is sampled instead (a soak test poisons the rows of marked
-    # prompts). Never set in production.
-    fault_hook: Callable[[list[int], np.ndarray], np.ndarray] | None = None
-
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], addrs: Addresses, vocab_size: int, tracing: Tracing | None = None, source: ModelSource | None = None):
         self.vocab_size = vocab_size
         self.tracing = tracing  # None: tracing off
@@ -163,9 +156,6 @@ class SamplerActor:
         sampler = self.samplers.get(seq_id)
         if sampler is None:
             raise ValueError(f"no sampling state for seq {seq_id}")
-        if self.fault_hook is not None:
-            values = self.fault_hook(list(sampler.prompt_ids), values)
-            row_max = float(np.max(np.append(values, row_max)))  # a NaN the hook put in shows as in a full row
         s = sampler.sample_candidates(ids, values, row_max)
         sampler.accept(s.token_id)
         return TokenSample(seq_id, s.token_id)
@@ -175,8 +165,6 @@ class SamplerActor:
         sampler = self.samplers.get(seq_id)
         if sampler is None:
             raise ValueError(f"no sampling state for seq {seq_id}")
-        if self.fault_hook is not None:
-            logits = self.fault_hook(list(sampler.prompt_ids), logits)
         s = sampler.sample(logits)
         sampler.accept(s.token_id)
         return TokenSample(seq_id, s.token_id, s.logprob, s.top_logprobs)

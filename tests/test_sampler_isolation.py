@@ -16,6 +16,7 @@ from zinfer.gateway.client import AsyncClient
 from zinfer.messages.client import TERMINAL_EVENTS, Delta, Failed, Finished
 from zinfer.messages.engine import RoundLogits, SamplerAdd
 from zinfer.messages.params import SamplingParams
+from faults import poisoned_sampler
 from tiny import write_tiny_gguf
 
 VOCAB = 16
@@ -76,7 +77,8 @@ async def _run(client: AsyncClient, prompt: str, params: SamplingParams) -> tupl
     return ids, events
 
 
-async def test_poisoned_row_fails_its_request_alone(tiny_model):
+async def test_poisoned_row_fails_its_request_alone(tiny_model, monkeypatch):
+    poisoned_sampler(monkeypatch)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     healthy, poisoned = "hello there world", "zebra quartz"
     async with open_engine(EngineConfig(model=str(tiny_model), device="cpu")) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
@@ -92,7 +94,7 @@ async def test_poisoned_row_fails_its_request_alone(tiny_model):
                 calls["n"] += 1
                 return row if calls["n"] < 3 else np.full_like(row, np.nan)  # fails on its third token
 
-            engine.actors["sampler"].fault_hook = poison
+            engine.actors["sampler"].poison = poison
             results = {}
 
             async def one(prompt: str) -> None:

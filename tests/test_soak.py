@@ -1,7 +1,7 @@
 """Soak: 1,000 mixed requests at concurrency 64 against the real SmolLM2 (cpu-fast), in process.
 
 The mix: 10% cancelled mid-stream, 10% malformed, 5% over the context, 2% whose logits
-a test hook turns to NaN (SamplerActor.fault_hook), the rest plain. Every request must
+a test-only sampler turns to NaN (tests/faults.py PoisonedSampler), the rest plain. Every request must
 end with exactly one terminal event of the kind its class calls for, no KV block may
 stay in use, and a greedy request afterwards must give the text it gave before.
 Run with -s to see the figures.
@@ -21,6 +21,7 @@ from zinfer.actors.engine import EngineConfig, open_engine
 from zinfer.gateway.client import AsyncClient
 from zinfer.messages.client import TERMINAL_EVENTS, Cancelled, Delta, Failed, Finished, Rejected
 from zinfer.messages.params import SamplingParams
+from faults import poisoned_sampler
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +66,8 @@ async def wait_idle(client: AsyncClient):
             await trio.sleep(0.05)
 
 
-async def test_soak_mixed_traffic_loses_nothing(smollm2_path):
+async def test_soak_mixed_traffic_loses_nothing(smollm2_path, monkeypatch):
+    poisoned_sampler(monkeypatch)
     rng = random.Random(2026)
     kinds = [k for k, n in MIX.items() for _ in range(n)]
     kinds += ["plain"] * (N - len(kinds))
@@ -75,7 +77,7 @@ async def test_soak_mixed_traffic_loses_nothing(smollm2_path):
         marker = engine.source.spec.vocab_size - 1  # a token no plain prompt holds: its rows get NaN logits
         plain_ids = {t for p in PROMPTS for t in await client.tokenize(p + " (123)")}
         assert marker not in plain_ids
-        engine.actors["sampler"].fault_hook = lambda prompt_ids, row: np.full_like(row, np.nan) if marker in prompt_ids else row  # [vocab]
+        engine.actors["sampler"].poison = lambda ids, row: np.full_like(row, np.nan) if marker in ids else row  # [V]
         before = await greedy(client)
 
         terminals: list[list] = [[] for _ in range(N)]
@@ -128,5 +130,5 @@ async def test_soak_mixed_traffic_loses_nothing(smollm2_path):
         assert stats.kv_used_blocks == 0
         assert engine.actors["kv"].allocator.num_used_blocks == 0
         engine.actors["kv"].allocator.check_invariants()
-        engine.actors["sampler"].fault_hook = None
+        del engine.actors["sampler"].poison  # back to the class's: rows unpoisoned
         assert await greedy(client) == before
