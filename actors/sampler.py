@@ -30,7 +30,9 @@ from zinfer.actors.grammar_vocab import grammar_tokenizer
 from zinfer.actors.sampling import RequestSampler
 from zinfer.actors.topology import Addresses
 from zinfer.messages.channel import Inbox, Outbox
-from zinfer.messages.engine import CONSTRAINT_FAILURE, RoundLogits, SamplerAdd, SamplerInbox, Sampled, SchedulerInbox, Shutdown, TokenSample
+from zinfer.messages.engine import (
+    CONSTRAINT_FAILURE, RoundLogits, SamplerAdd, SamplerInbox, Sampled, SchedulerInbox, SeqError, Shutdown, TokenSample,
+)
 from zinfer.models.loader import ModelSource
 from zinfer.traces.setup import Tracing
 
@@ -173,7 +175,9 @@ class SamplerActor:
         """The error sample that ends seq_id alone; forgets its sampling state."""
         self.samplers.pop(seq_id, None)
         message = str(e) or type(e).__name__
-        if isinstance(e, ConstraintError):
-            message = CONSTRAINT_FAILURE + message  # the front door fails the request as "bad_constraint"
-        log.warning("sampling failed", seq_id=seq_id, error=message)
-        return TokenSample(seq_id, -1, error=message)
+        if isinstance(e, ConstraintError):  # the request's own problem
+            error = SeqError("bad_constraint", CONSTRAINT_FAILURE + message)
+        else:
+            error = SeqError("engine_failed", message)
+        log.warning("sampling failed", seq_id=seq_id, error=error.message)
+        return TokenSample(seq_id, -1, error=error)

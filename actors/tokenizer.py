@@ -295,12 +295,10 @@ class TokenizerActor:
         r = self.by_seq.get(out.seq_id)
         if r is None:
             return  # its request already ended (cancelled, stop string)
-        if out.finish_reason and out.finish_reason.startswith("error:"):
-            # sampling this sequence failed: the request fails, its other choices are aborted
+        if out.error is not None:
+            # sampling this sequence (or computing its round) failed: the request fails, its other choices are aborted
             self.by_seq.pop(out.seq_id, None)
-            message = out.finish_reason[len("error:"):].strip()
-            code = "bad_constraint" if message.startswith(CONSTRAINT_FAILURE) else "engine_failed"
-            self._finish(r, Failed(r.request_id, message, code), abort="failed")
+            self._finish(r, Failed(r.request_id, out.error.message.strip(), out.error.code), abort="failed")
             return
         index, choice = next((i, c) for i, c in enumerate(r.choices) if c.seq_id == out.seq_id)
         r.cached_tokens = max(r.cached_tokens, out.cached_tokens)

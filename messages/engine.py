@@ -36,8 +36,16 @@ class Abort(msgspec.Struct, tag="abort", **_BUS):
 
 
 CONSTRAINT_FAILURE = "constraint: "
-"""How a TokenSample's error starts when the sequence's grammar could not be followed: the
-front door then fails the request as its own problem (Failed code "bad_constraint")."""
+"""How the message of a constraint the engine cannot follow starts (SeqError and Rejected
+with code "bad_constraint"), so the client reads that the grammar is the problem."""
+
+
+class SeqError(msgspec.Struct, array_like=True, gc=False):
+    """Why one sequence failed alone: its request fails with this code and message (the
+    front door's Failed), the engine serves on."""
+
+    code: str  # "bad_constraint": its grammar could not be followed; "engine_failed": anything else
+    message: str
 
 
 class TokenSample(msgspec.Struct, array_like=True, gc=False):
@@ -45,7 +53,7 @@ class TokenSample(msgspec.Struct, array_like=True, gc=False):
     token_id: int
     logprob: float | None = None  # None unless the request asked for logprobs
     top: list[tuple[int, float]] | None = None
-    error: str | None = None  # sampling this sequence failed (token_id is then -1): fail it alone; CONSTRAINT_FAILURE + why, when its grammar could not be followed
+    error: SeqError | None = None  # sampling this sequence failed (token_id is then -1): fail it alone
 
 
 class Sampled(msgspec.Struct, tag="sampled", **_BUS):
@@ -85,8 +93,9 @@ class SeqOutput(msgspec.Struct, array_like=True, gc=False):
     token_ids: list[int]
     logprobs: list[float] | None  # None unless the request asked for logprobs
     top: list[list[tuple[int, float]]] | None = None
-    finish_reason: str | None = None  # "stop" | "length" | "abort:<why>" | "error:<message>"
+    finish_reason: str | None = None  # "stop" | "length" | "abort:<why>" | "error" (then `error` says why)
     cached_tokens: int = 0
+    error: SeqError | None = None  # the sequence failed alone (finish_reason "error"): its request fails with it
 
 
 class SchedulerStats(msgspec.Struct, array_like=True, gc=False):

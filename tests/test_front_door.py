@@ -20,7 +20,7 @@ from zinfer.messages.bus import AsyncSocket
 from zinfer.messages.channel import Outbox
 from zinfer.messages.client import TERMINAL_EVENTS, Cancel, Cancelled, ClientEvent, ClientRequest, Delta, Detokenize, Failed, Finished, Generate, Rejected, Started, Tokenize, TokenizeResult
 from zinfer.messages.codec import Codec
-from zinfer.messages.engine import ActorFailed, SchedulerStats, SeqOutput, SeqOutputs, TokenizerInbox
+from zinfer.messages.engine import ActorFailed, SchedulerStats, SeqError, SeqOutput, SeqOutputs, TokenizerInbox
 from zinfer.messages.params import SamplingParams
 from tiny import write_tiny_gguf
 
@@ -180,7 +180,9 @@ async def test_a_sampling_error_fails_its_request_only(tiny_model):
         (request,) = [r for r in tok.requests.values() if r.request_id == "bad"]
         seq_ids = [ch.seq_id for ch in request.choices]
         out = Outbox(engine.ctx, engine.addrs.tokenizer, TokenizerInbox)
-        await out.send(SeqOutputs([SeqOutput(seq_ids[0], [], None, finish_reason="error:NaN in logits")], SchedulerStats()))
+        error = SeqError("engine_failed", "NaN in logits")
+        failed = SeqOutput(seq_ids[0], [], None, finish_reason="error", error=error)
+        await out.send(SeqOutputs([failed], SchedulerStats()))
         out.close()
         events = await c.until_terminal("bad")
         assert isinstance(events[-1], Failed) and events[-1].message == "NaN in logits"

@@ -51,9 +51,9 @@ def test_sample_round_fails_only_the_broken_rows():
             out = actor.sample_round(RoundLogits(1, [1, 2, 3, 99], logits, updates))
             by_seq = {t.seq_id: t for t in out.tokens}
             assert by_seq[1].token_id == 7 and by_seq[1].error is None
-            assert by_seq[2].token_id == -1 and "logits of seq 2 are not finite" in by_seq[2].error
-            assert by_seq[3].token_id == -1 and "outside vocabulary" in by_seq[3].error
-            assert by_seq[99].token_id == -1 and "no sampling state" in by_seq[99].error
+            assert by_seq[2].token_id == -1 and "logits of seq 2 are not finite" in by_seq[2].error.message
+            assert by_seq[3].token_id == -1 and "outside vocabulary" in by_seq[3].error.message
+            assert by_seq[99].token_id == -1 and "no sampling state" in by_seq[99].error.message
             assert len(out.tokens) == 4 and set(actor.samplers) == {1}  # failed state is dropped
         finally:
             actor.inbox.close()
