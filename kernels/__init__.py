@@ -1,5 +1,7 @@
 """zinfer.kernels: the numerics of every device (numpy references, numba and LLVM IR CPU
-kernels, CUDA sources).
+kernels, CUDA sources), and TensorData, a tensor as a file stores it.
+
+May import: no other zinfer folder. They know no model, device or wire.
 
 Numba's on-disk cache (`cache=True`) drops an entry only when that function's own source
 file changes, not when a function or constant it uses from another module does, so after

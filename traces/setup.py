@@ -24,6 +24,7 @@ from typing import Any, Iterable, Sequence
 import structlog
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Link, Span
 
 from zinfer.traces.config import TraceConfig
@@ -120,6 +121,4 @@ def _add_otlp(provider: TracerProvider, endpoint: str) -> None:
     except ImportError:
         log.warning("otlp export skipped: pip install opentelemetry-exporter-otlp-proto-http", endpoint=endpoint)
         return
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
