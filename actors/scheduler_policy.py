@@ -1,4 +1,5 @@
-"""The scheduling policy: pure state over sequences, no I/O (the scheduler actor wraps it).
+"""The scheduling policy: pure state over sequences, no I/O (actors/scheduler_core.py runs the
+round loop around it; the scheduler actor, actors/scheduler.py, drives that).
 
 Like vLLM V1 there is no prefill or decode phase. Each round gives each running
 sequence some tokens to compute within a token budget: a whole prompt, the next chunk

@@ -1,9 +1,10 @@
-"""The scheduler's KV protocol under a fake executor: the real SchedulerPolicy, KVAllocator,
-kv update (apply_update, what the KV actor runs) and the executor's BlockTables.
+"""The scheduler's KV protocol: the real SchedulerCore (and its policy), KVAllocator and kv
+update (apply_update, what the KV actor runs) against the executor's BlockTables, through
+tests/scheduler_harness.py.
 
-The fake executor writes each computed token into a simulated KV memory through the
-block table it rebuilt from the round's deltas, so a wrong table, a wrong prefix-cache
-hit or a shared block overwritten shows up as KV that does not hold the sequence's tokens.
+The fake executor writes each computed token into a simulated KV memory through the block
+table it rebuilt from the round's deltas, so a wrong table, a wrong prefix-cache hit or a
+shared block overwritten shows up as KV that does not hold the sequence's tokens.
 """
 
 from __future__ import annotations
@@ -11,145 +12,11 @@ from __future__ import annotations
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from zinfer.actors.executor import BlockTables
+from scheduler_harness import Harness
 from zinfer.actors.kv import apply_update
 from zinfer.actors.kv_allocator import KVAllocator
-from zinfer.actors.scheduler_policy import Chunk, SchedulerConfig, SchedulerPolicy, Seq
-from zinfer.messages.engine import KvAllocate, KvCommit, KvGrant, KvUpdate, Round, RoundSeq
-from zinfer.messages.params import SamplingParams
-
-EOS = 0
-
-
-class Harness:
-    """The scheduler actor's round loop (start_round / _complete) over in-memory parts."""
-
-    def __init__(self, config: SchedulerConfig, prefix_caching: bool = True):
-        self.config = config
-        self.policy = SchedulerPolicy(config)
-        self.alloc = KVAllocator(config.num_blocks, config.block_size, prefix_caching)
-        self.tables = BlockTables()  # the executor's side
-        self.memory = [[None] * config.block_size for _ in range(config.num_blocks)]  # token whose KV a slot holds
-        self.frees: list[int] = []
-        self.commits: list[KvCommit] = []
-        self.forget: list[int] = []
-        self.in_flight: list[Chunk] | None = None
-        self.sent_commits: list[KvCommit] = []
-        self.sent_rounds: list[list[RoundSeq]] = []
-        self.finished: dict[int, str] = {}
-        self.next_id = 0
-        self.round_id = 0
-
-    def add(self, prompt: list[int], max_tokens: int, ignore_eos: bool = True) -> int:
-        self.next_id += 1
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
-        rejected = self.policy.add(Seq(self.next_id, prompt, params, frozenset({EOS})))
-        if rejected:
-            assert rejected[0] in ("cannot_fit", "too_long", "queue_full"), rejected
-        return self.next_id
-
-    def abort(self, seq_id: int) -> None:
-        if self.policy.abort(seq_id) is not None:
-            self.frees.append(seq_id)
-            self.forget.append(seq_id)
-
-    def _kv_update(self, chunks: list[Chunk]) -> list[KvGrant]:
-        update = KvUpdate(self.frees, self.commits, self.policy.kv_asks(chunks))
-        self.sent_commits += self.commits
-        self.frees, self.commits = [], []
-        return apply_update(self.alloc, update)
-
-    def start_round(self) -> bool:
-        """Plan, get blocks, send the round to the fake executor. False when idle."""
-        p = self.policy
-        while True:
-            chunks = p.plan()
-            if not chunks and not (self.frees or self.commits):
-                return False
-            if self.frees or self.commits or not p.kv_covered(chunks):
-                grants = self._kv_update(chunks)
-            else:
-                grants = [KvGrant(c.seq.seq_id, True, c.seq.block_table) for c in chunks]
-            accepted, victims = p.accept(chunks, grants)
-            if victims:
-                self.frees = [v.seq_id for v in victims]
-                self.forget += self.frees
-                continue
-            if accepted:
-                break
-            if any(c.new and c.seq in p.running for c in chunks):
-                continue
-            self._check_idle()
-            return False
-        self.round_id += 1
-        seqs = p.round_seqs(accepted)
-        self._execute(Round(self.round_id, seqs, forget=self.forget))
-        self.forget = []
-        self.in_flight = accepted
-        return True
-
-    def _check_idle(self) -> None:
-        """No idle round while the queue's head could fit in every non-running block."""
-        p = self.policy
-        assert not p.running, "idle with running sequences"
-        if p.waiting:
-            head = p.waiting[0]
-            end = min(len(head.all_ids), self.config.token_budget)
-            need = self.alloc.num_blocks_needed(head.seq_id, end, head.all_ids)
-            assert need > self.alloc.num_free_blocks, f"idle, but seq {head.seq_id} would fit"
-
-    def _execute(self, r: Round) -> None:
-        """The fake executor: rebuild tables from the deltas, write each token's KV."""
-        self.sent_rounds.append(r.seqs)
-        tables = self.tables.update(r)
-        bs = self.config.block_size
-        for s, table in zip(r.seqs, tables):
-            seq = next(q for q in self.policy.running if q.seq_id == s.seq_id)
-            assert table == seq.block_table == self.alloc.block_table(s.seq_id)
-            others = {b for q in self.policy.running if q is not seq for b in q.block_table}
-            for i, token in enumerate(s.token_ids):
-                pos = s.start_pos + i
-                block = table[pos // bs]
-                assert block not in others, f"seq {s.seq_id} writes block {block} another sequence holds"
-                self.memory[block][pos % bs] = token
-
-    def finish_round(self, tokens: dict[int, int]) -> None:
-        """The round's samples come back: tokens[seq_id] for each sequence that wanted one."""
-        chunks, self.in_flight = self.in_flight, None
-        commits, finished = self.policy.complete(chunks, tokens)
-        self.commits += commits
-        for f in finished:
-            self.finished[f.seq.seq_id] = f.reason
-            self.frees.append(f.seq.seq_id)
-            self.forget.append(f.seq.seq_id)
-
-    def wanting_logits(self) -> list[int]:
-        return [s.seq_id for s in self.sent_rounds[-1] if s.wants_logits]
-
-    def run_until_idle(self, max_rounds: int = 5000, token: int = 7) -> None:
-        for _ in range(max_rounds):
-            if not self.start_round():
-                return
-            self.finish_round({seq_id: token for seq_id in self.wanting_logits()})
-        raise AssertionError(f"still busy after {max_rounds} rounds")
-
-    def check(self) -> None:
-        """Only running sequences (or ones whose free is pending) hold blocks; every computed
-        token's KV is in place; the executor keeps tables only for live sequences."""
-        p, bs = self.policy, self.config.block_size
-        self.alloc.check_invariants()
-        running = {s.seq_id for s in p.running}
-        for s in p.waiting:
-            assert s.seq_id in self.frees or self.alloc.block_table(s.seq_id) == [], f"waiting seq {s.seq_id} holds blocks"
-        held = {b for s in p.running for b in s.block_table}
-        pending = {b for seq_id in self.frees for b in self.alloc.block_table(seq_id)}
-        assert self.alloc.num_used_blocks == len(held | pending), "blocks held outside running sequences"
-        for s in p.running:
-            assert s.block_table == self.alloc.block_table(s.seq_id)
-            for pos in range(s.num_computed):
-                assert self.memory[s.block_table[pos // bs]][pos % bs] == s.all_ids[pos], f"seq {s.seq_id} KV at {pos}"
-        executor_ids = self.tables.seq_ids()
-        assert executor_ids <= running | set(self.forget), "the executor keeps a dead sequence's table"
+from zinfer.actors.scheduler_policy import SchedulerConfig
+from zinfer.messages.engine import KvAllocate, KvUpdate
 
 
 def test_refused_head_leaves_later_asks_without_blocks_and_nothing_stalls():
@@ -206,7 +73,7 @@ def test_commits_and_round_deltas_carry_only_what_changed():
     assert sum(len(c.token_ids) for c in h.sent_commits) == (total - 1) // bs * bs  # each full block once
     firsts = [c.first_block for c in h.sent_commits]
     assert firsts == sorted(firsts) and firsts[0] == 0
-    deltas = [s for seqs in h.sent_rounds for s in seqs]
+    deltas = [s for r in h.sent_rounds for s in r.seqs]
     assert all(len(s.new_blocks) <= 3 for s in deltas)  # a chunk of 8 touches at most 3 blocks
     assert sum(len(s.new_blocks) for s in deltas) == -(-(total - 1) // bs)  # each block sent once
     decode = [s for s in deltas if len(s.token_ids) == 1]
@@ -234,12 +101,13 @@ prompt_st = st.lists(st.integers(1, 2), min_size=1, max_size=30)
 
 
 class ProtocolMachine(RuleBasedStateMachine):
-    """Random admissions (some sharing prefixes), rounds, samples and aborts."""
+    """Random admissions (some sharing prefixes), rounds, samples (some failed), failed rounds
+    and aborts; every admitted sequence ends once (finished, failed or aborted)."""
 
     def __init__(self) -> None:
         super().__init__()
-        config = SchedulerConfig(max_running=4, max_waiting=6, token_budget=12, max_model_len=48, block_size=4, num_blocks=10)
-        self.h = Harness(config)
+        self.h = Harness(SchedulerConfig(max_running=4, max_waiting=6, token_budget=12, max_model_len=48, block_size=4,
+                                         num_blocks=10))
         self.prompts: list[list[int]] = []
 
     @rule(prompt=prompt_st, max_tokens=st.integers(1, 24), ignore_eos=st.booleans())
@@ -255,17 +123,26 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.h.add(prompt, max_tokens)
         self.prompts.append(prompt)
 
-    @precondition(lambda self: self.h.in_flight is None)
+    @precondition(lambda self: not self.h.in_flight)
     @rule()
     def start_round(self):
         self.h.start_round()
 
-    @precondition(lambda self: self.h.in_flight is not None)
+    @precondition(lambda self: self.h.in_flight)
     @rule(data=st.data())
     def finish_round(self, data):
         ids = self.h.wanting_logits()
-        tokens = data.draw(st.lists(st.integers(0, 3), min_size=len(ids), max_size=len(ids)))
-        self.h.finish_round(dict(zip(ids, tokens)))
+        tokens = data.draw(st.lists(st.integers(-1, 3), min_size=len(ids), max_size=len(ids)))  # -1: sampling failed
+        drawn = dict(zip(ids, tokens))
+        self.h.finish_round({i: t for i, t in drawn.items() if t >= 0}, {i: "nan" for i, t in drawn.items() if t < 0})
+
+    @precondition(lambda self: self.h.in_flight)
+    @rule()
+    def fail_round(self):
+        live = {s.seq_id for s in self.h.policy.running}
+        ids = [s.seq_id for s in self.h.round_seqs() if s.seq_id in live]
+        outputs = self.h.fail_round("device fault")
+        assert [(o.seq_id, o.finish_reason) for o in outputs.outputs] == [(i, "error:device fault") for i in ids]
 
     @precondition(lambda self: self.h.policy.has_work)
     @rule(data=st.data())
@@ -279,12 +156,14 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     def teardown(self):
         h = self.h
-        if h.in_flight is not None:
+        if h.in_flight:
             h.finish_round({seq_id: 7 for seq_id in h.wanting_logits()})
         h.run_until_idle()
         h.check()
         assert not h.policy.waiting and not h.policy.running
         assert h.alloc.num_used_blocks == 0  # only evictable cache is left
+        ended = [set(h.finished), h.aborted, set(h.rejected)]
+        assert sum(map(len, ended)) == h.next_id and set().union(*ended) == set(range(1, h.next_id + 1))
 
 
 ProtocolMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)

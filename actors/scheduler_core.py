@@ -1,0 +1,230 @@
+"""The scheduler's logic: what the scheduler actor decides, as a pure synchronous object.
+
+Plain data in, wire messages out; no I/O, no clock, no tracing (the actor, actors/scheduler.py,
+does those). SchedulerPolicy (actors/scheduler_policy.py) holds the sequences and plans rounds;
+this core runs the round loop around it, as vLLM v1's scheduler does with `schedule()` and
+`update(outputs)`, with one difference: the KV allocator lives in another actor, so a round that
+needs blocks is planned in steps.
+
+The driver's loop (the actor's, and the tests'):
+
+    admit(Admit) -> SeqRejected | None       send a rejection to the tokenizer
+    abort(seq_id)
+    update(Sampled) -> SeqOutputs | None     the in-flight round's tokens: send to the tokenizer
+    fail_round(RoundFailed) -> SeqOutputs    the round's sequences end with the error: send them
+    schedule() -> KvUpdate | RoundPlan | SeqOutputs | None, while no round is in flight:
+        KvUpdate    ask the KV actor; pass its reply to granted(), then call schedule() again
+        RoundPlan   send plan.round to the executor; the round is in flight until update()
+                    or fail_round()
+        SeqOutputs  nothing to run (the queue's head does not fit): send the stats to the tokenizer
+        None        nothing to do
+
+Contracts:
+- one round is in flight at a time; admissions and aborts meanwhile join the next round;
+- a finished, aborted or failed sequence's KV free, SamplerDrop and executor `forget` go out with
+  the next KvUpdate and Round; a preempted sequence's free and forget too (it keeps its sampler
+  state and is recomputed from the waiting queue's head);
+- the KV actor is asked only when frees or commits are pending or a chunk needs blocks its table
+  lacks (a decode step inside its last block needs no call);
+- a sample that failed ends its sequence alone with finish reason "error:<why>"; a failed round
+  ends each of its sequences so, and its sampler updates go out again with the next round (the
+  sampler never saw them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zinfer.actors.logits_need import logits_needed
+from zinfer.actors.scheduler_policy import Chunk, SchedulerConfig, SchedulerPolicy, Seq
+from zinfer.messages.engine import (
+    Admit,
+    KvCommit,
+    KvGrant,
+    KvReply,
+    KvStats,
+    KvUpdate,
+    Round,
+    RoundFailed,
+    SamplerAdd,
+    SamplerDrop,
+    SamplerUpdate,
+    Sampled,
+    SchedulerStats,
+    SeqOutput,
+    SeqOutputs,
+    SeqRejected,
+    TokenSample,
+)
+
+
+@dataclass
+class RoundPlan:
+    """A round to send to the executor, and the chunks it computes (in its order; read them only)."""
+
+    round: Round
+    chunks: list[Chunk]
+
+
+class SchedulerCore:
+    """The round loop's state over a SchedulerPolicy. Every method mutates only this object.
+
+    device_reductions: each RoundSeq says how much of its logits row the sampler needs
+    (actors/logits_need.py); False ships every row whole. kv_traceparents: each KvUpdate names
+    the requests it allocates for (the KV actor's spans).
+    """
+
+    def __init__(self, config: SchedulerConfig, device_reductions: bool = True, kv_traceparents: bool = False):
+        config.validate()
+        self.policy = SchedulerPolicy(config)
+        self.device_reductions = device_reductions
+        self.kv_traceparents = kv_traceparents
+        self.kv_stats = KvStats(config.num_blocks, 0, 0)  # as of the KV actor's last reply
+        self.round_id = 0
+        self.preemptions = 0
+        self.in_flight: list[Chunk] | None = None  # the chunks of the round out (None: none)
+        self.in_flight_updates: list[SamplerUpdate] = []  # the sampler updates that round carries
+        self.frees: list[int] = []  # seq ids whose KV the next KvUpdate frees
+        self.commits: list[KvCommit] = []
+        self.forget: list[int] = []  # seq ids whose block tables the next Round tells the executor to drop
+        self.sampler_updates: list[SamplerUpdate] = []  # for the next Round
+        self._asked: list[Chunk] | None = None  # the chunks whose KV asks are out
+        self._granted: tuple[list[Chunk], list[Chunk]] | None = None  # (planned, accepted) once answered
+
+    # ---- inputs ---------------------------------------------------------------------
+
+    def admit(self, msg: Admit) -> SeqRejected | None:
+        """Queue a sequence, or return why it is rejected."""
+        seq = Seq(msg.seq_id, list(msg.prompt_ids), msg.params, frozenset(msg.eos_ids), msg.traceparent)
+        rejection = self.policy.add(seq)
+        if rejection:
+            return SeqRejected(msg.seq_id, *rejection)
+        self.sampler_updates.append(SamplerAdd(msg.seq_id, msg.params, list(msg.prompt_ids)))
+        return None
+
+    def abort(self, seq_id: int) -> bool:
+        """End a waiting or running sequence (no output: the tokenizer ended it); False when unknown."""
+        if self.policy.abort(seq_id) is None:
+            return False
+        self._release(seq_id)
+        return True
+
+    def update(self, sampled: Sampled) -> SeqOutputs | None:
+        """The in-flight round's samples: advance its sequences. Returns the outputs to send (a token
+        per sequence that sampled one, its finish reason on its last; "error:<why>" for a failed
+        sample), None when no sequence has one (all mid-prefill)."""
+        chunks, self.in_flight, self.in_flight_updates = self.in_flight or [], None, []
+        samples: dict[int, TokenSample] = {}
+        outputs: list[SeqOutput] = []
+        for t in sampled.tokens:
+            if t.error is None:
+                samples[t.seq_id] = t
+            elif self.abort(t.seq_id):
+                outputs.append(_failed(t.seq_id, t.error))
+        commits, finished = self.policy.complete(chunks, {k: t.token_id for k, t in samples.items()})
+        self.commits += commits
+        reasons = {f.seq.seq_id: f.reason for f in finished}
+        for c in chunks:
+            s = samples.get(c.seq.seq_id)
+            if s is None or (c.seq not in self.policy.running and c.seq.seq_id not in reasons):
+                continue  # mid-prefill, or aborted while the round ran
+            logprobs = [s.logprob] if s.logprob is not None else None
+            top = [s.top] if s.top is not None else None
+            reason = reasons.get(c.seq.seq_id)
+            outputs.append(SeqOutput(c.seq.seq_id, [s.token_id], logprobs, top, reason, c.seq.cached_tokens))
+        for seq_id in reasons:
+            self._release(seq_id)
+        return SeqOutputs(outputs, self.stats()) if outputs else None
+
+    def fail_round(self, failed: RoundFailed) -> SeqOutputs:
+        """The executor could not compute the in-flight round: end each of its sequences with the
+        error (those aborted while it ran are gone already). Its sampler updates go out again with
+        the next round, so the sampler's state stays the scheduler's (a failed sequence's add is
+        dropped right after)."""
+        chunks, self.in_flight = self.in_flight or [], None
+        self.sampler_updates = self.in_flight_updates + self.sampler_updates
+        self.in_flight_updates = []
+        outputs = []
+        for c in chunks:
+            if self.abort(c.seq.seq_id):  # False: aborted while the round ran
+                outputs.append(_failed(c.seq.seq_id, failed.message))
+        return SeqOutputs(outputs, self.stats())
+
+    # ---- the next round -------------------------------------------------------------
+
+    def schedule(self) -> KvUpdate | RoundPlan | SeqOutputs | None:
+        """The next step towards a round (see the module docstring); call it only while no round
+        is in flight and no KvUpdate is unanswered."""
+        if self.in_flight is not None or self._asked is not None:
+            raise RuntimeError("schedule() while a round or a KV update is out")
+        while True:
+            if self._granted is not None:
+                (chunks, accepted), self._granted = self._granted, None
+            else:
+                chunks = self.policy.plan()
+                if not chunks and not (self.frees or self.commits):
+                    return None
+                if self.frees or self.commits or not self.policy.kv_covered(chunks):
+                    self._asked = chunks
+                    return self._kv_update(chunks)
+                grants = [KvGrant(c.seq.seq_id, True, c.seq.block_table) for c in chunks]
+                accepted, _ = self.policy.accept(chunks, grants)  # all granted: nobody is preempted
+            if accepted:
+                return self._start_round(accepted)
+            if not any(c.new and c.seq in self.policy.running for c in chunks):
+                return SeqOutputs([], self.stats())  # idle: report the freed blocks
+            # else admitted with a cached prefix longer than its chunk: plan its rest
+
+    def granted(self, reply: KvReply) -> list[int]:
+        """The KV actor's reply to the KvUpdate schedule() returned. Returns the seq ids preempted
+        because a running sequence's blocks ran out (the youngest running one; its frees go out
+        with the next KvUpdate); call schedule() next."""
+        if self._asked is None:
+            raise RuntimeError("granted() with no KV update out")
+        chunks, self._asked = self._asked, None
+        self.kv_stats = reply.stats
+        accepted, victims = self.policy.accept(chunks, reply.grants)
+        if not victims:
+            self._granted = chunks, accepted
+            return []
+        self.frees = [v.seq_id for v in victims]
+        self.forget += self.frees
+        self.preemptions += len(victims)
+        return list(self.frees)
+
+    def stats(self) -> SchedulerStats:
+        p, kv = self.policy, self.kv_stats
+        kv_blocks = (kv.num_blocks, kv.used_blocks, kv.cached_blocks)
+        return SchedulerStats(len(p.running), len(p.waiting), *kv_blocks, self.round_id)
+
+    # ---- internals ------------------------------------------------------------------
+
+    def _kv_update(self, chunks: list[Chunk]) -> KvUpdate:
+        """The pending frees and commits, and the chunks' block asks."""
+        parents = [c.seq.traceparent for c in chunks if c.seq.traceparent] if self.kv_traceparents else []
+        update = KvUpdate(self.frees, self.commits, self.policy.kv_asks(chunks), parents)
+        self.frees, self.commits = [], []
+        return update
+
+    def _start_round(self, accepted: list[Chunk]) -> RoundPlan:
+        self.round_id += 1
+        seqs = self.policy.round_seqs(accepted)
+        if self.device_reductions:
+            for s, c in zip(seqs, accepted):
+                s.logits_need = logits_needed(c.seq.params) if s.wants_logits else 0
+        parents = [c.seq.traceparent for c in accepted if c.seq.traceparent]
+        plan = RoundPlan(Round(self.round_id, seqs, self.sampler_updates, parents, self.forget), accepted)
+        self.in_flight_updates, self.sampler_updates, self.forget = self.sampler_updates, [], []
+        self.in_flight = accepted
+        return plan
+
+    def _release(self, seq_id: int) -> None:
+        """A sequence ended: queue the freeing of its KV, sampler state and executor table."""
+        self.frees.append(seq_id)
+        self.forget.append(seq_id)
+        self.sampler_updates.append(SamplerDrop(seq_id))
+
+
+def _failed(seq_id: int, why: str) -> SeqOutput:
+    """The last output of a sequence that failed alone."""
+    return SeqOutput(seq_id, [], None, finish_reason=f"error:{why}")
