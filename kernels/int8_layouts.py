@@ -45,7 +45,7 @@ from numba import njit, prange
 from zinfer.kernels import cpu_quant as cq
 from zinfer.kernels.cpu_ops import as_f32
 from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, U6_SUPER_BYTES
-from zinfer.kernels.quants import _k4_scales_mins
+from zinfer.kernels.block_fields import k4_scales_mins
 
 U5_STEP_BYTES = 40  # per 64 columns
 U6_STEP_BYTES = 48  # per 64 columns
@@ -119,7 +119,7 @@ def k4_from_q4_k(raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, n
     nibbles = codes.reshape(rows, cols // 256, 4, 2, 32)  # [row, super-block, step, low/high, byte]
     qs = (nibbles[..., 0, :] | (nibbles[..., 1, :] << 4)).reshape(rows, cols // 2)
     b = np.ascontiguousarray(raw).reshape(-1).view(np.uint8).reshape(-1, 144)
-    sc, mn = _k4_scales_mins(b[:, 4:16])  # [n, 8] each
+    sc, mn = k4_scales_mins(b[:, 4:16])  # [n, 8] each
     return qs, np.concatenate((b[:, 0:4], sc, mn), axis=1).reshape(rows, -1)
 
 
