@@ -26,7 +26,7 @@ Contracts:
   state and is recomputed from the waiting queue's head);
 - the KV actor is asked only when frees or commits are pending or a chunk needs blocks its table
   lacks (a decode step inside its last block needs no call);
-- a sample that failed ends its sequence alone with finish reason "error:<why>"; a failed round
+- a sample that failed ends its sequence alone with finish reason "error" and its SeqError; a failed round
   ends each of its sequences so, and its sampler updates go out again with the next round (the
   sampler never saw them).
 """
@@ -51,6 +51,7 @@ from zinfer.messages.engine import (
     SamplerUpdate,
     Sampled,
     SchedulerStats,
+    SeqError,
     SeqOutput,
     SeqOutputs,
     SeqRejected,
@@ -111,7 +112,7 @@ class SchedulerCore:
 
     def update(self, sampled: Sampled) -> SeqOutputs | None:
         """The in-flight round's samples: advance its sequences. Returns the outputs to send (a token
-        per sequence that sampled one, its finish reason on its last; "error:<why>" for a failed
+        per sequence that sampled one, its finish reason on its last; "error" (with its SeqError) for a failed
         sample), None when no sequence has one (all mid-prefill)."""
         chunks, self.in_flight, self.in_flight_updates = self.in_flight or [], None, []
         samples: dict[int, TokenSample] = {}
@@ -147,7 +148,7 @@ class SchedulerCore:
         outputs = []
         for c in chunks:
             if self.abort(c.seq.seq_id):  # False: aborted while the round ran
-                outputs.append(_failed(c.seq.seq_id, failed.message))
+                outputs.append(_failed(c.seq.seq_id, SeqError("engine_failed", failed.message)))
         return SeqOutputs(outputs, self.stats())
 
     # ---- the next round -------------------------------------------------------------
@@ -225,6 +226,6 @@ class SchedulerCore:
         self.sampler_updates.append(SamplerDrop(seq_id))
 
 
-def _failed(seq_id: int, why: str) -> SeqOutput:
+def _failed(seq_id: int, error: SeqError) -> SeqOutput:
     """The last output of a sequence that failed alone."""
-    return SeqOutput(seq_id, [], None, finish_reason=f"error:{why}")
+    return SeqOutput(seq_id, [], None, finish_reason="error", error=error)

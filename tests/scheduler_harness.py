@@ -27,6 +27,7 @@ from zinfer.messages.engine import (
     SamplerAdd,
     SamplerDrop,
     Sampled,
+    SeqError,
     SeqOutputs,
     TokenSample,
 )
@@ -37,7 +38,8 @@ EOS = 0
 
 class Harness:
     """One scheduler and its fake peers; `finished` maps each ended sequence to its finish reason
-    ("stop", "length", "error:<why>"), `tokens` each sequence to the tokens it was sent."""
+    ("stop", "length", or "error:<message>": the harness's shorthand for finish reason "error" and its
+    SeqError), `tokens` each sequence to the tokens it was sent."""
 
     def __init__(self, config: SchedulerConfig, prefix_caching: bool = True):
         self.config = config
@@ -141,7 +143,8 @@ class Harness:
         wanting = self.wanting_logits()
         assert set(wanting) <= self.sampler_seqs, "the sampler has no state for a sequence it samples"
         errors = errors or {}
-        samples = [TokenSample(i, tokens[i]) if i in tokens else TokenSample(i, -1, error=errors[i]) for i in wanting]
+        samples = [TokenSample(i, tokens[i]) if i in tokens else TokenSample(i, -1, error=SeqError("engine_failed", errors[i]))
+                   for i in wanting]
         self._record(self.core.update(Sampled(r.round_id, samples)))
 
     def fail_round(self, message: str = "device fault") -> SeqOutputs:
@@ -156,7 +159,7 @@ class Harness:
             assert not ended, f"seq {o.seq_id} output after its end"
             self.tokens.setdefault(o.seq_id, []).extend(o.token_ids)
             if o.finish_reason is not None:
-                self.finished[o.seq_id] = o.finish_reason
+                self.finished[o.seq_id] = o.finish_reason if o.error is None else f"{o.finish_reason}:{o.error.message}"
 
     def run_until_idle(self, max_rounds: int = 5000, token: int = 7) -> None:
         for _ in range(max_rounds):

@@ -16,7 +16,7 @@ from scheduler_harness import Harness
 from zinfer.actors.kv import apply_update
 from zinfer.actors.kv_allocator import KVAllocator
 from zinfer.actors.scheduler_policy import SchedulerConfig
-from zinfer.messages.engine import KvAllocate, KvUpdate
+from zinfer.messages.engine import KvAllocate, KvUpdate, SeqError
 
 
 def test_refused_head_leaves_later_asks_without_blocks_and_nothing_stalls():
@@ -142,7 +142,8 @@ class ProtocolMachine(RuleBasedStateMachine):
         live = {s.seq_id for s in self.h.policy.running}
         ids = [s.seq_id for s in self.h.round_seqs() if s.seq_id in live]
         outputs = self.h.fail_round("device fault")
-        assert [(o.seq_id, o.finish_reason) for o in outputs.outputs] == [(i, "error:device fault") for i in ids]
+        assert [(o.seq_id, o.finish_reason, o.error) for o in outputs.outputs] == [
+            (i, "error", SeqError("engine_failed", "device fault")) for i in ids]
 
     @precondition(lambda self: self.h.policy.has_work)
     @rule(data=st.data())

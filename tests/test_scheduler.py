@@ -9,7 +9,7 @@ import pytest
 
 from scheduler_harness import Harness
 from zinfer.actors.scheduler_policy import SchedulerConfig
-from zinfer.messages.engine import SamplerDrop
+from zinfer.messages.engine import SamplerDrop, SeqError
 
 
 def _config(**kw: int) -> SchedulerConfig:
@@ -107,8 +107,8 @@ def test_a_failed_round_fails_its_sequences_only():
     h.abort(gone)  # aborted while the round runs: no error for it
     later = h.add([9, 9, 9], max_tokens=2)  # arrives while the round runs
     outputs = h.fail_round("device fault")
-    assert [(o.seq_id, o.finish_reason) for o in outputs.outputs] == [
-        (a, "error:device fault"), (b, "error:device fault")]
+    fault = SeqError("engine_failed", "device fault")
+    assert [(o.seq_id, o.finish_reason, o.error) for o in outputs.outputs] == [(a, "error", fault), (b, "error", fault)]
     assert outputs.stats.running == 0 and outputs.stats.waiting == 1
     assert h.start_round()
     r = h.sent_rounds[-1]
