@@ -1,5 +1,7 @@
-"""zinfer.actors: one file per actor (tokenizer, scheduler, kv, executor, sampler), each
-actor's logic beside it, and the engine that starts a topology of them.
+"""zinfer.actors: one file per actor, named <role>_actor.py (front_door, scheduler, kv,
+executor, sampler), each actor's logic beside it in a file named for that logic (sampling,
+scheduler_core, scheduler_policy, kv_allocator, prompt_encoding, constraints, ...), and the
+engine that starts a topology of them.
 
 May import: models, devices (the executor and the engine's modules only), kernels, messages,
 traces. Never gateway: the gateways drive the engine from above, through

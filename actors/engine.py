@@ -1,7 +1,7 @@
 """The engine: builds the actors of a topology and runs them under one trio nursery.
 
 In the default topology every actor runs in this process over inproc:// sockets of one
-zmq.Context. In the ipc and tcp topologies each actor but the tokenizer runs in its own
+zmq.Context. In the ipc and tcp topologies each actor but the front door runs in its own
 process (actors/processes.py); actors/engine_build.py builds each process's actors.
 
 The engine's public face is this module: `open_engine`, the `EngineConfig` it takes and
@@ -19,6 +19,7 @@ import trio
 
 from zinfer.actors.engine_build import Engine, build_actor, engine_context, open_process_tracing
 from zinfer.actors.engine_config import EngineConfig
+from zinfer.actors.front_door_actor import FrontDoorActor
 from zinfer.actors.processes import open_process_engine
 from zinfer.actors.topology import Addresses
 from zinfer.devices.registry import kv_value_bytes
@@ -30,7 +31,7 @@ log = structlog.get_logger("zinfer.engine")
 
 
 # Start order: receivers before their senders connect matters little to ZeroMQ, but the
-# tokenizer (front door) starts last so no request arrives before the rest is ready.
+# front door (the `tokenizer` role) starts last so no request arrives before the rest is ready.
 ACTOR_ORDER = ("kv", "sampler", "executor", "scheduler", "tokenizer")
 
 
@@ -74,7 +75,7 @@ async def open_engine(config: EngineConfig = EngineConfig(), addrs: Addresses | 
             tracing.close()
 
 
-async def _fail_requests_if_it_raises(name: str, actor: Any, tokenizer: Any, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+async def _fail_requests_if_it_raises(name: str, actor: Any, front_door: FrontDoorActor, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Run one in-process actor. If it raises, every open request first gets its one terminal
     event (Failed, naming the actor and the error), as an actor process's exit gives them
     (actors/processes.py); then the exception cancels the engine."""
@@ -83,9 +84,9 @@ async def _fail_requests_if_it_raises(name: str, actor: Any, tokenizer: Any, tas
     except Exception as exc:
         log.error("actor failed", actor=name, error=f"{type(exc).__name__}: {exc}")
         if name != "tokenizer":
-            tokenizer.fail_all(f"{name} failed: {type(exc).__name__}: {exc}")
+            front_door.fail_all(f"{name} failed: {type(exc).__name__}: {exc}")
             with trio.CancelScope(shield=True):
-                await trio.sleep(0.2)  # the tokenizer's sender delivers the failures before the nursery cancels it
+                await trio.sleep(0.2)  # the front door's sender delivers the failures before the nursery cancels it
         raise
 
 

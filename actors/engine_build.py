@@ -2,7 +2,7 @@
 topology, and the Engine handle that gateways hold.
 
 The in-process engine (actors/engine.py) builds all five actors here; in the ipc and tcp
-topologies the parent builds the tokenizer and each child process one other actor
+topologies the parent builds the front door and each child process one other actor
 (actors/processes.py), from the same EngineConfig.
 """
 
@@ -13,11 +13,11 @@ from typing import Any
 import zmq
 
 from zinfer.actors.engine_config import EngineConfig
-from zinfer.actors.executor import ExecutorActor
-from zinfer.actors.kv import KvActor
-from zinfer.actors.sampler import SamplerActor
-from zinfer.actors.scheduler import SchedulerActor
-from zinfer.actors.tokenizer import TokenizerActor
+from zinfer.actors.executor_actor import ExecutorActor
+from zinfer.actors.front_door_actor import FrontDoorActor
+from zinfer.actors.kv_actor import KvActor
+from zinfer.actors.sampler_actor import SamplerActor
+from zinfer.actors.scheduler_actor import SchedulerActor
 from zinfer.actors.topology import Addresses
 from zinfer.devices.registry import make_device
 from zinfer.messages.curve import CurveContext, KeyPair, load_public_keys
@@ -58,7 +58,7 @@ def build_actor(
     if tracing is None and config.trace.enabled:
         tracing = open_process_tracing(config, source, name)
     if name == "tokenizer":
-        return TokenizerActor(
+        return FrontDoorActor(
             ctx, addrs, PromptBuilder.from_source(source), sched.max_model_len, public=list(config.zmq_endpoints),
             public_curve=public_curve_keys(config), tracing=tracing, grammar_model=str(source.path),
             max_waiting=sched.max_waiting)
@@ -78,7 +78,7 @@ class Engine:
     """A running engine: its context, the front door's address, and what gateways ask of it.
 
     Gateways read `max_model_len` and `tracing`, never `actors`: which actors live in
-    this process differs per topology (inproc: all five; ipc/tcp: the tokenizer and the
+    this process differs per topology (inproc: all five; ipc/tcp: the front door and the
     child processes under "processes")."""
 
     def __init__(
@@ -95,5 +95,5 @@ class Engine:
     @property
     def tracing(self) -> Tracing | None:
         """This process's Tracing (the front door's), None when tracing is off."""
-        tokenizer: TokenizerActor = self.actors["tokenizer"]
-        return tokenizer.tracing
+        front_door: FrontDoorActor = self.actors["tokenizer"]
+        return front_door.tracing

@@ -41,7 +41,7 @@ class EngineTokens:
 
 
 def grammar_tokenizer(source: ModelSource) -> LLTokenizer:
-    """The vocabulary of source for llguidance, its EOS tokens those the tokenizer actor
+    """The vocabulary of source for llguidance, its EOS tokens those the front door actor
     gives the scheduler (Tokenizer.eos_ids), so "grammar complete" is a token that ends the
     sequence. Takes about a second: build once."""
     tokenizer = PromptBuilder.from_source(source).tokenizer

@@ -46,7 +46,7 @@ class KVAllocator:
     tokens.
 
     The allocator itself hands a block to whoever asks; the kv protocol around it (see
-    actors/kv.py apply_update) asks only for sequences the scheduler is admitting or
+    actors/kv_actor.py apply_update) asks only for sequences the scheduler is admitting or
     running, in plan order, and stops at the first refusal.
     """
 

@@ -1,8 +1,8 @@
-"""Multi-process topologies: each actor but the tokenizer in its own process.
+"""Multi-process topologies: each actor but the front door in its own process.
 
-The tokenizer (the front door) stays in the parent, so when a child dies the parent
+The front door (actors/front_door_actor.py) stays in the parent, so when a child dies the parent
 can still fail every open request: it watches each child, and on an unexpected exit
-tells the tokenizer (ActorFailed), then tears the engine down with EngineFailure.
+tells the front door (ActorFailed), then tears the engine down with EngineFailure.
 Children exit on their own when the parent goes away, so no orphan outlives it.
 
 Run one actor by hand (an executor on another host, say):
@@ -87,7 +87,7 @@ async def _start_child(name: str, config: EngineConfig, addrs: Addresses, keys: 
 
 @contextlib.asynccontextmanager
 async def open_process_engine(config: EngineConfig, transport: str = "ipc") -> AsyncIterator[Engine]:
-    """Start kv, sampler, executor and scheduler as processes; the tokenizer here."""
+    """Start kv, sampler, executor and scheduler as processes; the front door here."""
     source = await trio.to_thread.run_sync(open_model, config.model)
     with tempfile.TemporaryDirectory(prefix="zinfer-") as tmp:
         if transport == "tcp":
@@ -100,12 +100,12 @@ async def open_process_engine(config: EngineConfig, transport: str = "ipc") -> A
         try:
             for name in CHILD_ACTORS:
                 procs[name] = await _start_child(name, config, addrs, keys)
-            tokenizer = await trio.to_thread.run_sync(build_actor, "tokenizer", ctx, addrs, config, source)
+            front_door = await trio.to_thread.run_sync(build_actor, "tokenizer", ctx, addrs, config, source)
             async with trio.open_nursery() as nursery:
-                await nursery.start(tokenizer.run)
+                await nursery.start(front_door.run)
                 for name, proc in procs.items():
                     nursery.start_soon(_watch, name, proc, ctx, addrs)
-                yield Engine(ctx, addrs, source, {"tokenizer": tokenizer, "processes": procs}, config)
+                yield Engine(ctx, addrs, source, {"tokenizer": front_door, "processes": procs}, config)
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
@@ -135,7 +135,7 @@ async def _watch(name: str, proc: trio.Process, ctx: zmq.Context[zmq.Socket[byte
         out: Outbox[TokenizerInbox] = Outbox(ctx, addrs.tokenizer, TokenizerInbox)
         try:
             await out.send(ActorFailed(name, f"process {proc.pid} exited with code {code}"))
-            await trio.sleep(0.2)  # let the tokenizer send the failures before we tear down
+            await trio.sleep(0.2)  # let the front door send the failures before we tear down
         finally:
             out.close()
     raise EngineFailure(f"actor {name} (pid {proc.pid}) exited with code {code}")

@@ -1,4 +1,4 @@
-"""The tokenizer actor's heavy work (chat templates, encoding, decoding) off its event loop.
+"""The front door actor's heavy work (chat templates, encoding, decoding) off its event loop.
 
 Two measured facts shape this module:
 

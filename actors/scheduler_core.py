@@ -1,6 +1,6 @@
 """The scheduler's logic: what the scheduler actor decides, as a pure synchronous object.
 
-Plain data in, wire messages out; no I/O, no clock, no tracing (the actor, actors/scheduler.py,
+Plain data in, wire messages out; no I/O, no clock, no tracing (the actor, actors/scheduler_actor.py,
 does those). SchedulerPolicy (actors/scheduler_policy.py) holds the sequences and plans rounds;
 this core runs the round loop around it, as vLLM v1's scheduler does with `schedule()` and
 `update(outputs)`, with one difference: the KV allocator lives in another actor, so a round that
@@ -8,15 +8,15 @@ needs blocks is planned in steps.
 
 The driver's loop (the actor's, and the tests'):
 
-    admit(Admit) -> SeqRejected | None       send a rejection to the tokenizer
+    admit(Admit) -> SeqRejected | None       send a rejection to the front door
     abort(seq_id)
-    update(Sampled) -> SeqOutputs | None     the in-flight round's tokens: send to the tokenizer
+    update(Sampled) -> SeqOutputs | None     the in-flight round's tokens: send to the front door
     fail_round(RoundFailed) -> SeqOutputs    the round's sequences end with the error: send them
     schedule() -> KvUpdate | RoundPlan | SeqOutputs | None, while no round is in flight:
         KvUpdate    ask the KV actor; pass its reply to granted(), then call schedule() again
         RoundPlan   send plan.round to the executor; the round is in flight until update()
                     or fail_round()
-        SeqOutputs  nothing to run (the queue's head does not fit): send the stats to the tokenizer
+        SeqOutputs  nothing to run (the queue's head does not fit): send the stats to the front door
         None        nothing to do
 
 Contracts:
@@ -104,7 +104,7 @@ class SchedulerCore:
         return None
 
     def abort(self, seq_id: int) -> bool:
-        """End a waiting or running sequence (no output: the tokenizer ended it); False when unknown."""
+        """End a waiting or running sequence (no output: the front door ended it); False when unknown."""
         if self.policy.abort(seq_id) is None:
             return False
         self._release(seq_id)

@@ -1,5 +1,5 @@
 """The scheduling policy: pure state over sequences, no I/O (actors/scheduler_core.py runs the
-round loop around it; the scheduler actor, actors/scheduler.py, drives that).
+round loop around it; the scheduler actor, actors/scheduler_actor.py, drives that).
 
 Like vLLM V1 there is no prefill or decode phase. Each round gives each running
 sequence some tokens to compute within a token budget: a whole prompt, the next chunk
@@ -11,7 +11,7 @@ Invariants:
 - a sequence is in exactly one of `waiting` (FIFO, bounded by max_waiting) or `running`
   (at most max_running), or in neither once finished or aborted;
 - only running sequences hold KV blocks: the kv protocol grants asks in plan order up
-  to the first refusal (actors/kv.py apply_update), and `accept` admits exactly the
+  to the first refusal (actors/kv_actor.py apply_update), and `accept` admits exactly the
   granted new sequences, so a waiting sequence never holds a block and the queue's head
   always gets the next free blocks (first come, first served; no idle round while the
   head would fit);

@@ -5,7 +5,7 @@ The lifecycle, in one place:
 1. The scheduler decides a Round (messages/engine.py): for each running sequence some
    tokens to compute (a prompt, a chunk of one, or one decode token) and its KV block
    table deltas.
-2. The executor (actors/executor.py) applies the deltas and flattens the round into a
+2. The executor (actors/executor_actor.py) applies the deltas and flattens the round into a
    host ForwardBatch (devices/batch.py): token ids, positions and KV slots [T], one
    SeqChunk per sequence, the rows whose logits are wanted [S].
 3. It calls `device.run_round(layers, batch, kv)`, where `layers` is models.forward.forward

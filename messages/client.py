@@ -1,4 +1,4 @@
-"""The public protocol between clients and the engine's front (the tokenizer actor).
+"""The public protocol between clients and the engine's front door (actors/front_door_actor.py).
 
 Clients are the Python API, the HTTP/websocket gateways, `zinfer stdio` and external
 ZeroMQ clients, so these Structs are maps with a "type" tag: readable from any

@@ -84,7 +84,7 @@ class RoundFailed(msgspec.Struct, tag="round_failed", **_BUS):
 SchedulerInbox = Union[Admit, Abort, Sampled, RoundFailed, ActorFailed, Shutdown]
 
 
-# ---- to the tokenizer (from the scheduler) ------------------------------------------
+# ---- to the front door, the `tokenizer` role (from the scheduler) -------------------
 
 class SeqOutput(msgspec.Struct, array_like=True, gc=False):
     """New tokens of one sequence this round; finish_reason set on its last."""

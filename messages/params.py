@@ -1,11 +1,11 @@
-"""Per-request sampling parameters, shared by the sampler, scheduler, tokenizer and gateways.
+"""Per-request sampling parameters, shared by the sampler, scheduler, front door and gateways.
 
 Encoded as a map (field names on the wire) because it is also part of the public
 ZeroMQ and stdio protocols, where clients in other languages build it by hand.
 
 Two layers of checks: the field types bound every integer to 64 bits as it is decoded
 (so whatever a relay decodes it can encode again), and `validate()`, which every way in
-calls (the tokenizer actor for ZeroMQ and stdio, the HTTP and websocket gateways before
+calls (the front door actor for ZeroMQ and stdio, the HTTP and websocket gateways before
 that), checks each field's type and range, so NaN, infinities and absurd sizes never
 reach the scheduler or the sampler.
 """

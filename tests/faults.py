@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from zinfer.actors import engine_build
-from zinfer.actors.sampler import SamplerActor
+from zinfer.actors.sampler_actor import SamplerActor
 from zinfer.messages.engine import TokenSample
 
 Poison = Callable[[list[int], np.ndarray], np.ndarray]

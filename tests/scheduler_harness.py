@@ -10,8 +10,8 @@ sampler does not know, or keeps after it ended.
 
 from __future__ import annotations
 
-from zinfer.actors.executor import BlockTables
-from zinfer.actors.kv import apply_update
+from zinfer.actors.executor_actor import BlockTables
+from zinfer.actors.kv_actor import apply_update
 from zinfer.actors.kv_allocator import KVAllocator
 from zinfer.actors.scheduler_core import RoundPlan, SchedulerCore
 from zinfer.actors.scheduler_policy import SchedulerConfig, SchedulerPolicy

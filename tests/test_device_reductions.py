@@ -9,11 +9,11 @@ import pytest
 import trio
 
 from zinfer.actors.engine import EngineConfig, open_engine
-from zinfer.actors.executor import reduce_logits
+from zinfer.actors.executor_actor import reduce_logits
 from zinfer.actors.logits_need import TOPK_CAP, logits_needed
 from zinfer.actors.sampling import RequestSampler
 from zinfer.devices.cpu import CpuDevice
-from zinfer.devices.reductions import numpy_topk
+from zinfer.kernels.topk import numpy_topk
 from zinfer.gateway.client import AsyncClient
 from zinfer.messages.client import Delta, Finished
 from zinfer.messages.codec import Codec

@@ -1,4 +1,4 @@
-"""The front door (the tokenizer actor) under big, bad and late requests, on a tiny random model.
+"""The front door (actors/front_door_actor.py) under big, bad and late requests, on a tiny random model.
 
 A real in-process engine, real ZeroMQ clients (AsyncClient, raw DEALERs, a tcp client on
 the public endpoint) and the real scheduler, executor and sampler behind it.
@@ -14,7 +14,7 @@ import zmq
 import zmq.utils.monitor
 
 from zinfer.actors.engine import EngineConfig, open_engine
-from zinfer.actors.tokenizer import MAX_PUBLIC_MESSAGE
+from zinfer.actors.front_door_actor import MAX_PUBLIC_MESSAGE
 from zinfer.gateway.client import AsyncClient
 from zinfer.messages.bus import AsyncSocket
 from zinfer.messages.channel import Outbox

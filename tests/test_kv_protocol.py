@@ -13,7 +13,7 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from scheduler_harness import Harness
-from zinfer.actors.kv import apply_update
+from zinfer.actors.kv_actor import apply_update
 from zinfer.actors.kv_allocator import KVAllocator
 from zinfer.actors.scheduler_policy import SchedulerConfig
 from zinfer.messages.engine import KvAllocate, KvUpdate, SeqError

@@ -9,7 +9,7 @@ import trio
 import zmq
 
 from zinfer.actors.engine import EngineConfig, open_engine
-from zinfer.actors.sampler import SamplerActor
+from zinfer.actors.sampler_actor import SamplerActor
 from zinfer.actors.sampling import RequestSampler
 from zinfer.actors.topology import Addresses
 from zinfer.gateway.client import AsyncClient

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zinfer.actors.kv import apply_update
+from zinfer.actors.kv_actor import apply_update
 from zinfer.actors.kv_allocator import KVAllocator
 from zinfer.actors.scheduler_policy import SchedulerConfig, SchedulerPolicy, Seq
 from zinfer.messages.engine import KvUpdate

@@ -1,4 +1,4 @@
-"""What the front door (actors/tokenizer.py) keeps per open request, and the line it logs
+"""What the front door (actors/front_door_actor.py) keeps per open request, and the line it logs
 when one ends."""
 
 from __future__ import annotations

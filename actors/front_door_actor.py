@@ -1,9 +1,12 @@
-"""The tokenizer actor: the engine's front door and its only voice to clients.
+"""The front door actor: the engine's only voice to clients. It tokenizes, checks, admits.
 
-Clients (DEALER) talk to its ROUTER: it renders chat templates, encodes, checks the
-context length, and admits one sequence per choice to the scheduler. Tokens coming
-back from the scheduler are detokenized incrementally (never half a UTF-8 character)
-and matched against stop strings before they reach the client as deltas.
+Clients (DEALER) talk to its ROUTER. For each request it renders the chat template and
+encodes the prompt (tokenizes), refuses what can never run (checks: the context length,
+the choice count, the grammar through actors/grammar_checker.py), and admits one sequence
+per choice to the scheduler. Tokens coming back from the scheduler are detokenized
+incrementally (never half a UTF-8 character) and matched against stop strings before they
+reach the client as deltas. On the wire its role keeps the name `tokenizer` (its address
+in actors/topology.py, TokenizerInbox in messages/engine.py).
 
 Because every client event leaves from here, this actor guarantees the contract:
 each request gets exactly one terminal event (its state is dropped as it is sent).
@@ -28,7 +31,7 @@ import trio
 import zmq
 from opentelemetry.trace import Span
 
-from zinfer.actors.front_requests import Choice, Request, request_fields
+from zinfer.actors.front_door_requests import Choice, Request, request_fields
 from zinfer.actors.grammar_checker import GrammarChecker
 from zinfer.actors.prompt_encoding import PromptLimits, PromptTooLong, Worker, encode_prompt, encode_text_or_chat, input_size
 from zinfer.actors.topology import Addresses
@@ -78,7 +81,7 @@ class GrammarRefused(ValueError):
 
 
 @dataclass
-class TokenizerActor:
+class FrontDoorActor:
     ctx: zmq.Context[zmq.Socket[bytes]]
     addrs: Addresses
     prompts: PromptBuilder

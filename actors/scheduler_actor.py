@@ -3,7 +3,7 @@
 It receives admissions, aborts, sampled tokens and failed rounds on its inbox and hands each
 to the core; then, while no round is in flight, it asks the core for the next step and does
 what it says: call the KV actor (and feed the reply back), send the round to the executor, or
-send outputs and stats to the tokenizer. Tracing spans (queue, schedule) and logs live here.
+send outputs and stats to the front door. Tracing spans (queue, schedule) and logs live here.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import trio
 import zmq
 from opentelemetry.trace import Span
 
-from zinfer.actors.kv import KvClient
+from zinfer.actors.kv_actor import KvClient
 from zinfer.actors.scheduler_core import RoundPlan, SchedulerCore
 from zinfer.actors.scheduler_policy import SchedulerConfig, SchedulerPolicy
 from zinfer.actors.topology import Addresses
