@@ -19,7 +19,7 @@ import trio
 import zmq
 from gguf import GGMLQuantizationType as QT
 
-from zinfer.actors.executor import ExecutorActor
+from zinfer.actors.executor_actor import ExecutorActor
 from zinfer.actors.topology import Addresses
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.cpu import CpuDevice
