@@ -1,7 +1,10 @@
 """numpy reference kernels: the correctness oracle every faster path is checked against.
 
 Parameterised by shapes only; they know no model. All math is float32 with float32
-accumulation, as llama.cpp's CPU path does (except where noted).
+accumulation, as llama.cpp's CPU path does (except where noted). Each token row is
+computed on its own (`linear` row by row, `attention` query by query over its visible
+keys), so a row's numbers never depend on which rows share its round: a sequence gets
+the same bits alone, batched, prefilled, chunked or decoded (tests/test_oracle_rows.py).
 """
 
 from __future__ import annotations
@@ -21,9 +24,21 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x * (1.0 / np.sqrt(ms + np.float32(eps))) * w
 
 
+OUT_BLOCK = 256  # rows of w per matrix-vector product: a 256-row slice of w stays in cache over every token row
+
+
 def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
-    """x @ w.T (+ b). x [tokens, in], w [out, in] -> [tokens, out]."""
-    y = x @ w.T
+    """x @ w.T (+ b). x [tokens, in], w [out, in] -> [tokens, out].
+
+    Row by row: outputs o:o+OUT_BLOCK of row t are the matrix-vector product
+    w[o:o+OUT_BLOCK] @ x[t], the same call whatever the other rows, so a token's output does
+    not depend on which tokens share its round. (One matrix product of all rows would let
+    BLAS pick its summation order by the number of rows.)
+    """
+    y = np.empty((x.shape[0], w.shape[0]), np.result_type(x, w))  # [tokens, out]
+    rows = np.ascontiguousarray(x)[:, :, None]  # [tokens, in, 1]: np.matmul takes one gemv per token
+    for o in range(0, w.shape[0], OUT_BLOCK):
+        np.matmul(w[o : o + OUT_BLOCK], rows, out=y[:, o : o + OUT_BLOCK, None])
     if b is not None:
         y += b
     return y
@@ -91,18 +106,18 @@ def attention(
     q [n, n_heads, hd] at positions q_pos [n]; k, v [ctx, n_kv, hd] at positions 0..ctx-1.
     Key j is visible to query i when j <= q_pos[i] and (window == 0 or q_pos[i] - j < window).
     Returns [n, n_heads, hd].
+
+    One query at a time over exactly its visible keys: a query's output is the same whether
+    it comes in a prefill, a chunk or a decode step, whatever else the round holds.
     """
     n, n_heads, hd = q.shape
-    ctx, n_kv, _ = k.shape
+    n_kv = k.shape[1]
     group = n_heads // n_kv
-    qg = q.reshape(n, n_kv, group, hd).transpose(1, 2, 0, 3).reshape(n_kv, group * n, hd)  # [n_kv, g*n, hd]
-    scores = (qg @ k.transpose(1, 2, 0)) * np.float32(scale)  # [n_kv, g*n, ctx]
-    scores = scores.reshape(n_kv, group, n, ctx)
-    kpos = np.arange(ctx)
-    visible = kpos[None, :] <= q_pos[:, None]  # [n, ctx]
-    if window:
-        visible &= (q_pos[:, None] - kpos[None, :]) < window
-    scores = np.where(visible, scores, np.float32(-np.inf))
-    p = softmax(scores).reshape(n_kv, group * n, ctx)
-    out = p @ v.transpose(1, 0, 2)  # [n_kv, g*n, hd]
-    return out.reshape(n_kv, group, n, hd).transpose(2, 0, 1, 3).reshape(n, n_heads, hd)
+    out = np.empty_like(q)  # [n, n_heads, hd]
+    for i in range(n):
+        end = int(q_pos[i]) + 1
+        begin = max(0, end - window) if window else 0
+        qi = q[i].reshape(n_kv, group, hd)  # query heads grouped by their KV head
+        scores = (qi @ k[begin:end].transpose(1, 2, 0)) * np.float32(scale)  # [n_kv, group, end - begin]
+        out[i] = (softmax(scores) @ v[begin:end].transpose(1, 0, 2)).reshape(n_heads, hd)
+    return out
