@@ -54,7 +54,7 @@ async def test_shared_prefix_under_preemption_keeps_greedy_text(small_engine):
                     n.start_soon(one, p)
         assert scheduler.preemptions > before, "the pool was never exhausted"
         assert all(len(ids) == PARAMS.max_tokens for ids, _ in results.values())
-        assert sum(results[p][0] == alone[p] for p in alone) >= 2  # near-ties may flip in one batched run
+        assert {p: results[p][0] for p in alone} == alone  # batched, preempted and recomputed: the same ids
         small_engine.engine.actors["kv"].allocator.check_invariants()
         await _run(client, prompts[0])  # its rounds tell the executor to forget the six
         assert len(small_engine.engine.actors["executor"].tables) <= 1, "the executor keeps ended sequences' tables"

@@ -37,7 +37,7 @@ BLOCK = 16
 N_BLOCKS = 16
 # device -> (constructor, max |a - b| relative to max |b| between two cuts of one round)
 DEVICES = {
-    "cpu": (CpuDevice, 1e-5),  # the oracle: f32 products, only BLAS's blocking differs
+    "cpu": (CpuDevice, 0.0),  # the oracle: a row's numbers never depend on the round (test_oracle_rows.py)
     "cpu-llama": (LlamaCpuDevice, 1e-5),
     # int8 where the CPU has VNNI. Chunk and paged attention sum in different orders (~1e-7);
     # over f16 K/V that can push one value across an f16 rounding edge and then one int8
@@ -114,7 +114,7 @@ def assert_same(model: Model, a: np.ndarray, b: np.ndarray) -> None:
     """a and b [vocab] within the device's tolerance, with the same greedy id."""
     assert a.shape == b.shape
     err = float(np.abs(a - b).max() / np.abs(b).max())
-    assert err < model.tol, f"relative error {err:.2e}"
+    assert err <= model.tol, f"relative error {err:.2e}"
     assert int(np.argmax(a)) == int(np.argmax(b))
 
 
