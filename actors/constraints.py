@@ -51,7 +51,13 @@ RFC 8259 section 6); llama.cpp's JSON grammar allows 16. All nines, so llguidanc
 lexer stays small (a bound like 2**53 - 1 costs ~40 ms a request to compile)."""
 
 T = TypeVar("T")
-KIND_NAMES = {"json_schema": "JSON schema", "regex": "regex", "lark": "Lark grammar", "gbnf": "GBNF grammar", "choice": "choice"}
+KIND_NAMES = {
+    "json_schema": "JSON schema",
+    "regex": "regex",
+    "lark": "Lark grammar",
+    "gbnf": "GBNF grammar",
+    "choice": "choice",
+}
 COMPILE_STACK = 16 << 20
 """Bytes of stack the engine compiles grammars on (the grammar worker probes on a quarter)."""
 
@@ -135,7 +141,8 @@ def _number(schema: Mapping[str, Any], *keys: str) -> float | None:
 def _first_line(message: str) -> str:
     """llguidance's message on one line, without its source excerpt and caret lines (the
     excerpt can repeat a 256 KiB spec), at most 500 characters."""
-    keep = [ln.strip() for ln in message.splitlines() if ln.strip() and ln.strip() not in ("^", "<non-verbose/>") and not re.match(r"\s*\d+ \|", ln)]
+    lines = [ln.strip() for ln in message.splitlines() if not re.match(r"\s*\d+ \|", ln)]
+    keep = [ln for ln in lines if ln and ln not in ("^", "<non-verbose/>")]
     text = " ".join(keep) or "rejected by llguidance"
     return text if len(text) <= 500 else text[:497] + "..."
 
@@ -169,7 +176,8 @@ class GrammarMask:
         """A copy of logits z [vocab] with every token the grammar bans at -inf."""
         self.fill()
         self._check()
-        allowed = np.unpackbits(self.bitmask.view(np.uint8), count=self.vocab_size, bitorder="little").view(bool)  # [vocab]
+        bits = self.bitmask.view(np.uint8)  # [1, ceil(vocab / 32) * 4]
+        allowed = np.unpackbits(bits, count=self.vocab_size, bitorder="little").view(bool)  # [vocab]
         return np.where(allowed, z, np.float32(-np.inf)).astype(np.float32, copy=False)
 
     def accept(self, token_id: int) -> None:
@@ -186,11 +194,13 @@ class GrammarMask:
         if self.matcher.is_error():
             error = self.matcher.get_error()
             if error.startswith("NoExtensionBias"):  # no token continues the output
-                where = "no output at all" if self.accepted == 0 else f"nothing after the {self.accepted} tokens generated"
+                n = self.accepted
+                where = "no output at all" if n == 0 else f"nothing after the {n} tokens generated"
                 raise ConstraintError(f"the grammar allows {where} (a rule that can never complete?)")
             if self.accepted == 0:
                 raise ConstraintError(_first_line(error))
-            raise ConstraintError(f"the grammar cannot be followed after the {self.accepted} tokens generated: {_first_line(error)}")
+            raise ConstraintError(
+                f"the grammar cannot be followed after the {self.accepted} tokens generated: {_first_line(error)}")
 
 
 class GrammarProbe:

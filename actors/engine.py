@@ -75,7 +75,12 @@ async def open_engine(config: EngineConfig = EngineConfig(), addrs: Addresses | 
             tracing.close()
 
 
-async def _fail_requests_if_it_raises(name: str, actor: Any, front_door: FrontDoorActor, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+async def _fail_requests_if_it_raises(
+    name: str,
+    actor: Any,
+    front_door: FrontDoorActor,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
     """Run one in-process actor. If it raises, every open request first gets its one terminal
     event (Failed, naming the actor and the error), as an actor process's exit gives them
     (actors/processes.py); then the exception cancels the engine."""
@@ -86,14 +91,16 @@ async def _fail_requests_if_it_raises(name: str, actor: Any, front_door: FrontDo
         if name != "tokenizer":
             front_door.fail_all(f"{name} failed: {type(exc).__name__}: {exc}")
             with trio.CancelScope(shield=True):
-                await trio.sleep(0.2)  # the front door's sender delivers the failures before the nursery cancels it
+                # the front door's sender delivers the failures before the nursery cancels it
+                await trio.sleep(0.2)
         raise
 
 
 def log_start(source: ModelSource, config: EngineConfig) -> None:
     """The start-up line: the model, its file, architecture and quant types, and memory."""
     spec, sched = source.spec, config.scheduler_config(source)
-    per_value = kv_value_bytes(config.device, config.device_options)  # cpu-fast keeps K and V in f16 by default, the others f32
+    # bytes per K or V value: cpu-fast keeps K and V in f16 by default, the others f32
+    per_value = kv_value_bytes(config.device, config.device_options)
     kv_bytes = 2 * spec.n_layers * sched.num_blocks * sched.block_size * spec.n_kv_heads * spec.head_dim * per_value
     warn_if_context_outgrows_memory(sched.max_model_len, kv_bytes // max(1, sched.num_blocks * sched.block_size))
     log.info(

@@ -50,11 +50,21 @@ ShippedLogits = tuple[list[int], np.ndarray, Candidates | None]  # (full rows' s
 
 
 class ExecutorActor:
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], addrs: Addresses, source: ModelSource, device: Device, num_blocks: int, block_size: int, tracing: Tracing | None = None):
+    def __init__(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        addrs: Addresses,
+        source: ModelSource,
+        device: Device,
+        num_blocks: int,
+        block_size: int,
+        tracing: Tracing | None = None,
+    ):
         spec = source.spec
         started = time.perf_counter()
         self.spec, self.device, self.block_size = spec, device, block_size
-        self.weights = build_device_weights(source, device)  # repacked weights from the disk cache where there is one; copied file pages leave RSS
+        # repacked weights from the disk cache where there is one; copied file pages leave RSS
+        self.weights = build_device_weights(source, device)
         self.kv = device.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, num_blocks, block_size)
         log.info("executor ready", device=device.name, seconds=round(time.perf_counter() - started, 2))
         self.inbox: Inbox[ExecutorInbox] = Inbox(ctx, addrs.executor, ExecutorInbox)
@@ -62,7 +72,8 @@ class ExecutorActor:
         self.to_scheduler: Outbox[SchedulerInbox] = Outbox(ctx, addrs.scheduler, SchedulerInbox)  # failed rounds only
         self.failed_rounds = 0
         self.busy_seconds = 0.0  # time inside rounds, for the bus-overhead figure
-        self.round_tracer = RoundTracer(tracing, device, device.kernel_clock()) if tracing is not None else None  # None: tracing off
+        # None: tracing off
+        self.round_tracer = RoundTracer(tracing, device, device.kernel_clock()) if tracing is not None else None
         self.tables = BlockTables()
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -91,12 +102,19 @@ class ExecutorActor:
         """The one-line reason round r failed, logged (the first failure with its traceback)."""
         self.failed_rounds += 1
         message = f"the device failed this round: {type(e).__name__}: {_first_line(e)}"
-        log.error("round failed", round_id=r.round_id, seq_ids=[s.seq_id for s in r.seqs], error=message, exc_info=self.failed_rounds == 1)
+        log.error(
+            "round failed",
+            round_id=r.round_id,
+            seq_ids=[s.seq_id for s in r.seqs],
+            error=message,
+            exc_info=self.failed_rounds == 1,
+        )
         return message
 
     async def run_round(self, r: Round) -> RoundLogits:
         tables = self.tables.update(r)
-        batch = ForwardBatch.build([(s.token_ids, s.start_pos, t, s.wants_logits) for s, t in zip(r.seqs, tables)], self.block_size)
+        chunks = [(s.token_ids, s.start_pos, t, s.wants_logits) for s, t in zip(r.seqs, tables)]
+        batch = ForwardBatch.build(chunks, self.block_size)
         wanting = [s for s in r.seqs if s.wants_logits]
         t0 = time.perf_counter()
         if self.round_tracer is None:
@@ -124,7 +142,9 @@ def reduce_logits(device: Any, logits: Any, seqs: Sequence[RoundSeq]) -> Shipped
     vocab] float32 numpy, the candidates of the rest or None). Reads logits only."""
     r = reduce_rows(device, logits, [s.logits_need for s in seqs])
     top = r.top
-    candidates = None if top is None else Candidates([seqs[i].seq_id for i in top.rows], top.ids, top.values, top.row_max)
+    candidates = None
+    if top is not None:
+        candidates = Candidates([seqs[i].seq_id for i in top.rows], top.ids, top.values, top.row_max)
     return [seqs[i].seq_id for i in r.full], r.full_logits, candidates
 
 
@@ -156,7 +176,8 @@ class BlockTables:
         for s in r.seqs:
             table = self._tables.setdefault(s.seq_id, [])
             if s.table_start > len(table):
-                raise ValueError(f"seq {s.seq_id}: block table delta starts at {s.table_start}, the table has {len(table)}")
+                raise ValueError(
+                    f"seq {s.seq_id}: block table delta starts at {s.table_start}, the table has {len(table)}")
             del table[s.table_start :]
             table.extend(s.new_blocks)
             out.append(table)

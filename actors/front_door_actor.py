@@ -33,7 +33,14 @@ from opentelemetry.trace import Span
 
 from zinfer.actors.front_door_requests import Choice, Request, request_fields
 from zinfer.actors.grammar_checker import GrammarChecker
-from zinfer.actors.prompt_encoding import PromptLimits, PromptTooLong, Worker, encode_prompt, encode_text_or_chat, input_size
+from zinfer.actors.prompt_encoding import (
+    PromptLimits,
+    PromptTooLong,
+    Worker,
+    encode_prompt,
+    encode_text_or_chat,
+    input_size,
+)
 from zinfer.actors.topology import Addresses
 from zinfer.messages.bus import AsyncSocket, PeerGone
 from zinfer.messages.channel import Inbox, Outbox
@@ -58,7 +65,19 @@ from zinfer.messages.client import (
 )
 from zinfer.messages.codec import Codec
 from zinfer.messages.curve import KeyPair, bind_public
-from zinfer.messages.engine import CONSTRAINT_FAILURE, Abort, ActorFailed, Admit, SchedulerInbox, SchedulerStats, SeqOutput, SeqOutputs, SeqRejected, Shutdown, TokenizerInbox
+from zinfer.messages.engine import (
+    CONSTRAINT_FAILURE,
+    Abort,
+    ActorFailed,
+    Admit,
+    SchedulerInbox,
+    SchedulerStats,
+    SeqOutput,
+    SeqOutputs,
+    SeqRejected,
+    Shutdown,
+    TokenizerInbox,
+)
 from zinfer.models.detokenize import IncrementalDetokenizer, StopMatcher
 from zinfer.models.prompt import PromptBuilder
 from zinfer.traces.config import REQUEST, TOKENIZE
@@ -93,11 +112,13 @@ class FrontDoorActor:
     stats: SchedulerStats = field(default_factory=SchedulerStats)
     tracing: Tracing | None = None  # None: tracing off
     grammar_model: str | None = None  # the model constraints are checked against (None: the sampler alone checks them)
-    max_waiting: int = 0  # sequences the scheduler queues at once: a request of more (n) could never be admitted; 0: unchecked
+    # sequences the scheduler queues at once: a request of more (n) could never be admitted; 0: unchecked
+    max_waiting: int = 0
 
     def __post_init__(self) -> None:
         self.front = AsyncSocket(self.ctx, zmq.ROUTER, bind=self.addrs.frontend)
-        self.front.socket.setsockopt(zmq.MAXMSGSIZE, MAX_PUBLIC_MESSAGE)  # bound endpoints keep the options of their bind
+        # bound endpoints keep the options of their bind
+        self.front.socket.setsockopt(zmq.MAXMSGSIZE, MAX_PUBLIC_MESSAGE)
         bind_public(self.front.socket, self.public, self.public_curve)
         self.inbox: Inbox[TokenizerInbox] = Inbox(self.ctx, self.addrs.tokenizer, TokenizerInbox)
         self.to_scheduler: Outbox[SchedulerInbox] = Outbox(self.ctx, self.addrs.scheduler, SchedulerInbox)
@@ -147,7 +168,8 @@ class FrontDoorActor:
             try:
                 req = self.requests_codec.decode(frames)
             except msgspec.MsgspecError as exc:
-                self._emit(peer, Rejected(request_id_of(frames[0], "msgpack") if frames else "", "bad_request", f"malformed request: {exc}"))
+                request_id = request_id_of(frames[0], "msgpack") if frames else ""
+                self._emit(peer, Rejected(request_id, "bad_request", f"malformed request: {exc}"))
                 continue
             self.handle_request(peer, req)
 
@@ -178,13 +200,31 @@ class FrontDoorActor:
             self.tasks.start_soon(self._tokenize, peer, req)
         elif isinstance(req, GetStats):
             s = self.stats
-            self._emit(peer, EngineStats(req.request_id, s.running, s.waiting, s.kv_blocks, s.kv_used_blocks, s.kv_cached_blocks, s.rounds, len(self.requests)))
+            self._emit(peer, EngineStats(
+                req.request_id,
+                s.running,
+                s.waiting,
+                s.kv_blocks,
+                s.kv_used_blocks,
+                s.kv_cached_blocks,
+                s.rounds,
+                len(self.requests),
+            ))
         elif isinstance(req, Detokenize):
             self.tasks.start_soon(self._detokenize, peer, req)
 
     async def _tokenize(self, peer: bytes, req: Tokenize) -> None:
         try:
-            ids = await self.worker.run(input_size(req), encode_text_or_chat, self.prompts, self.limits, req.text, req.messages, req.add_special, req.tools)
+            ids = await self.worker.run(
+                input_size(req),
+                encode_text_or_chat,
+                self.prompts,
+                self.limits,
+                req.text,
+                req.messages,
+                req.add_special,
+                req.tools,
+            )
         except PromptTooLong as exc:
             self._emit(peer, Rejected(req.request_id, "too_long", str(exc), n_ctx=self.max_model_len))
         except ValueError as exc:
@@ -220,10 +260,12 @@ class FrontDoorActor:
         r = Request(rid, peer, [], [], params=req.params, started=started, span=span)
         try:
             req.params.validate()
-            if req.params.max_tokens > self.max_model_len:  # OpenAI and vLLM refuse it too: never silently clamped
-                raise ValueError(f"max_tokens {req.params.max_tokens} exceeds the context of {self.max_model_len} tokens")
-            if self.max_waiting and req.params.n > self.max_waiting:  # queue_full would come every time: no retry helps
-                raise ValueError(f"n {req.params.n} exceeds the {self.max_waiting} sequences the engine queues at once (--max-waiting)")
+            max_tokens, n = req.params.max_tokens, req.params.n
+            if max_tokens > self.max_model_len:  # OpenAI and vLLM refuse it too: never silently clamped
+                raise ValueError(f"max_tokens {max_tokens} exceeds the context of {self.max_model_len} tokens")
+            if self.max_waiting and n > self.max_waiting:  # queue_full would come every time: no retry helps
+                raise ValueError(
+                    f"n {n} exceeds the {self.max_waiting} sequences the engine queues at once (--max-waiting)")
             self.prompts.check_params(req.params.logit_bias, req.params.stop_token_ids)
             if req.prompt is not None:
                 self.limits.check_text(len(req.prompt))
@@ -336,7 +378,8 @@ class FrontDoorActor:
     def handle_rejected(self, msg: SeqRejected) -> None:
         r = self.by_seq.get(msg.seq_id)
         if r is not None:
-            self._finish(r, Rejected(r.request_id, msg.code, msg.message, n_prompt_tokens=len(r.prompt_ids)), abort="rejected")
+            rejected = Rejected(r.request_id, msg.code, msg.message, n_prompt_tokens=len(r.prompt_ids))
+            self._finish(r, rejected, abort="rejected")
 
     def fail_all(self, message: str) -> None:
         """Fail every open request and every later generation (an actor died or the engine stops)."""

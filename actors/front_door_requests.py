@@ -45,6 +45,7 @@ def request_fields(r: Request, outcome: str, reasons: list[str], now: float) -> 
     """The request's log line (and its span's attributes): tokens, timing, sampling."""
     completion = sum(c.tokens for c in r.choices)
     decode_s = now - r.first_token if r.first_token else 0.0
+    decoded = completion - len(r.choices)  # tokens after each choice's first
     p = r.params
     return {
         "request_id": r.request_id,
@@ -54,7 +55,7 @@ def request_fields(r: Request, outcome: str, reasons: list[str], now: float) -> 
         "completion_tokens": completion,
         "cached_tokens": r.cached_tokens,
         "ttft_ms": round((r.first_token - r.started) * 1000, 2) if r.first_token else None,
-        "tokens_per_s": round((completion - len(r.choices)) / decode_s, 1) if decode_s > 0 and completion > len(r.choices) else None,
+        "tokens_per_s": round(decoded / decode_s, 1) if decode_s > 0 and decoded > 0 else None,
         "seconds": round(now - r.started, 3),
         "n": p.n,
         "temperature": p.temperature,

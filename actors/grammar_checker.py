@@ -86,9 +86,16 @@ class GrammarChecker:
             return reply, True
         await self._stop(proc)
         if deadline.cancelled_caught:
-            log.warning("grammar worker overran", kind=constraint.kind, bytes=len(constraint.spec), seconds=self.check_seconds)
-            return Verdict(False, f"the grammar took longer than {self.check_seconds:g} s to compile; simplify it"), False
-        log.warning("grammar worker died on a grammar", kind=constraint.kind, bytes=len(constraint.spec), returncode=proc.returncode)
+            log.warning(
+                "grammar worker overran", kind=constraint.kind, bytes=len(constraint.spec), seconds=self.check_seconds)
+            why = f"the grammar took longer than {self.check_seconds:g} s to compile; simplify it"
+            return Verdict(False, why), False
+        log.warning(
+            "grammar worker died on a grammar",
+            kind=constraint.kind,
+            bytes=len(constraint.spec),
+            returncode=proc.returncode,
+        )
         return Verdict(False, "the grammar is too complex to compile (the compiler failed on it); simplify it"), False
 
     async def _worker(self) -> trio.Process:
@@ -103,7 +110,9 @@ class GrammarChecker:
                 self._proc = proc
                 return proc
             await self._stop(proc)
-            raise ValueError(first.message if isinstance(first, Verdict) else "constraints are unavailable: the grammar worker did not start")
+            if isinstance(first, Verdict):
+                raise ValueError(first.message)
+            raise ValueError("constraints are unavailable: the grammar worker did not start")
         await self._stop(proc)
         raise ValueError("constraints are unavailable: the grammar worker did not start in time")
 

@@ -48,4 +48,5 @@ def grammar_tokenizer(source: ModelSource) -> LLTokenizer:
     if not tokenizer.eos_ids:
         raise ValueError("the model names no EOS token, so a constrained output could never end")
     n_vocab = source.spec.vocab_size
-    return LLTokenizer(TokenizerWrapper(EngineTokens(tokenizer, n_vocab)), n_vocab=n_vocab, eos_token=sorted(tokenizer.eos_ids))
+    wrapper = TokenizerWrapper(EngineTokens(tokenizer, n_vocab))
+    return LLTokenizer(wrapper, n_vocab=n_vocab, eos_token=sorted(tokenizer.eos_ids))

@@ -66,7 +66,8 @@ def main(model: str) -> None:
     try:
         probe = GrammarProbe.for_model(model)
     except Exception as exc:
-        write_frame(out, Verdict(False, f"constraints are unavailable: the model's vocabulary did not load into llguidance: {exc}"))
+        why = f"constraints are unavailable: the model's vocabulary did not load into llguidance: {exc}"
+        write_frame(out, Verdict(False, why))
         return
     write_frame(out, Ready())
     decoder = msgspec.msgpack.Decoder(Constraint)

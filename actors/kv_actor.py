@@ -19,8 +19,15 @@ from zinfer.traces.setup import Tracing
 
 
 class KvActor:
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str, num_blocks: int, block_size: int, prefix_caching: bool = True,
-                 tracing: Tracing | None = None):
+    def __init__(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        address: str,
+        num_blocks: int,
+        block_size: int,
+        prefix_caching: bool = True,
+        tracing: Tracing | None = None,
+    ):
         self.allocator = KVAllocator(num_blocks, block_size, prefix_caching)
         self.tracing = tracing  # None: tracing off
         self.sock = AsyncSocket(ctx, zmq.ROUTER, bind=address)

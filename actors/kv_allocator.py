@@ -161,7 +161,8 @@ class KVAllocator:
         end = first_block + len(token_ids) // bs
         done, parent = self._hashed[seq_id]
         if first_block > done or end > len(table):
-            raise ValueError(f"seq {seq_id}: commit of blocks {first_block}..{end - 1} with {done} committed of {len(table)}")
+            raise ValueError(
+                f"seq {seq_id}: commit of blocks {first_block}..{end - 1} with {done} committed of {len(table)}")
         for i in range(done, end):
             j = i - first_block
             h = block_hash(parent, token_ids[j * bs : (j + 1) * bs])

@@ -71,7 +71,8 @@ def actor_endpoints(addrs: Addresses) -> tuple[str, ...]:
 
 async def _start_child(name: str, config: EngineConfig, addrs: Addresses, keys: KeyPair | None) -> trio.Process:
     """Start one actor process, give it the engine's keys on stdin, wait for its "ready" line."""
-    proc = await trio.lowlevel.open_process(child_command(name, config, addrs), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    cmd = child_command(name, config, addrs)
+    proc = await trio.lowlevel.open_process(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None  # both opened as pipes
     async with proc.stdin:
         await proc.stdin.send_all(msgspec.json.encode(keys) + b"\n")
@@ -144,7 +145,8 @@ async def _watch(name: str, proc: trio.Process, ctx: zmq.Context[zmq.Socket[byte
 def _free_port_base(n: int) -> int:
     """A run of n consecutive free TCP ports on 127.0.0.1 (best effort)."""
     for _ in range(50):
-        base = random.randint(20000, 32000)  # below Linux's ephemeral range (32768-60999): no outgoing connection takes one
+        # below Linux's ephemeral range (32768-60999): no outgoing connection takes one
+        base = random.randint(20000, 32000)
         try:
             socks = []
             for i in range(n):

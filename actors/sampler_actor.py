@@ -40,11 +40,19 @@ log = structlog.get_logger("zinfer.sampler")
 
 
 class SamplerActor:
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], addrs: Addresses, vocab_size: int, tracing: Tracing | None = None, source: ModelSource | None = None):
+    def __init__(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        addrs: Addresses,
+        vocab_size: int,
+        tracing: Tracing | None = None,
+        source: ModelSource | None = None,
+    ):
         self.vocab_size = vocab_size
         self.tracing = tracing  # None: tracing off
         self.source = source  # the ModelSource whose vocabulary constraints are compiled for; None: constraints fail
-        self.grammar_tokenizer: LLTokenizer | Exception | None = None  # llguidance's LLTokenizer (or the exception building it raised), once needed
+        # llguidance's LLTokenizer (or the exception building it raised), once needed
+        self.grammar_tokenizer: LLTokenizer | Exception | None = None
         self.prefetch = MaskPrefetch()
         self.samplers: dict[int, RequestSampler] = {}
         self.inbox: Inbox[SamplerInbox] = Inbox(ctx, addrs.sampler, SamplerInbox)
@@ -60,8 +68,9 @@ class SamplerActor:
                         return
                     await self.prefetch.wait()
                     await self._load_grammar_tokenizer(msg)
-                    constrained = any(isinstance(u, SamplerAdd) and u.params.constraint is not None for u in msg.sampler_updates)
-                    grammars = await trio.to_thread.run_sync(self.build_grammars, msg) if constrained else {}  # no thread hop per plain round
+                    grammars: dict[int, GrammarMask | Exception] = {}  # no thread hop per plain round
+                    if adds_constraint(msg):
+                        grammars = await trio.to_thread.run_sync(self.build_grammars, msg)
                     t0 = time.time_ns()
                     sampled = self.sample_round(msg, grammars)
                     if self.tracing is not None and msg.traceparents:
@@ -81,7 +90,8 @@ class SamplerActor:
         for u in msg.sampler_updates:
             if isinstance(u, SamplerAdd) and u.params.constraint is not None:
                 try:
-                    out[u.seq_id] = on_thread(COMPILE_STACK, GrammarMask, self._grammar_tokenizer(), u.params.constraint, self.vocab_size)
+                    out[u.seq_id] = on_thread(
+                        COMPILE_STACK, GrammarMask, self._grammar_tokenizer(), u.params.constraint, self.vocab_size)
                 except ValueError as e:  # this request's alone
                     out[u.seq_id] = ConstraintError(str(e))
                 except Exception as e:
@@ -124,7 +134,8 @@ class SamplerActor:
                 continue
             assert c is not None  # only candidates have these rows
             try:
-                tokens.append(self._sample_candidates(seq_id, c.ids[row], c.values[row], float(c.row_max[row])))  # [K] each
+                # ids, values [K] each
+                tokens.append(self._sample_candidates(seq_id, c.ids[row], c.values[row], float(c.row_max[row])))
             except Exception as e:
                 tokens.append(self._failure(seq_id, e))
         return Sampled(msg.round_id, tokens)
@@ -132,8 +143,7 @@ class SamplerActor:
     async def _load_grammar_tokenizer(self, msg: RoundLogits) -> None:
         """Build llguidance's view of the vocabulary in a worker thread (seconds: the event
         loop keeps serving the other actors) if this round brings the first constrained request."""
-        wanted = any(isinstance(u, SamplerAdd) and u.params.constraint is not None for u in msg.sampler_updates)
-        if not wanted or self.grammar_tokenizer is not None or self.source is None:
+        if not adds_constraint(msg) or self.grammar_tokenizer is not None or self.source is None:
             return
         t0 = time.perf_counter()
         try:
@@ -142,7 +152,12 @@ class SamplerActor:
             self.grammar_tokenizer = e
             log.warning("grammar tokenizer failed", error=str(e))
             return
-        log.info("grammar tokenizer built", vocab=self.grammar_tokenizer.vocab_size, eos_ids=self.grammar_tokenizer.eos_tokens, ms=round((time.perf_counter() - t0) * 1e3))
+        log.info(
+            "grammar tokenizer built",
+            vocab=self.grammar_tokenizer.vocab_size,
+            eos_ids=self.grammar_tokenizer.eos_tokens,
+            ms=round((time.perf_counter() - t0) * 1e3),
+        )
 
     def _grammar_tokenizer(self) -> LLTokenizer:
         """The LLTokenizer constraints compile against; raises why there is none."""
@@ -181,3 +196,8 @@ class SamplerActor:
             error = SeqError("engine_failed", message)
         log.warning("sampling failed", seq_id=seq_id, error=error.message)
         return TokenSample(seq_id, -1, error=error)
+
+
+def adds_constraint(msg: RoundLogits) -> bool:
+    """Whether the round adds a sequence with a grammar constraint."""
+    return any(isinstance(u, SamplerAdd) and u.params.constraint is not None for u in msg.sampler_updates)

@@ -55,7 +55,9 @@ class RequestSampler:
     generated token. Neither touches another request's state.
     """
 
-    def __init__(self, params: SamplingParams, prompt_ids: Sequence[int], vocab_size: int, seq_id: int | None = None) -> None:
+    def __init__(
+        self, params: SamplingParams, prompt_ids: Sequence[int], vocab_size: int, seq_id: int | None = None
+    ) -> None:
         params.validate()
         self.params = params
         self.seq_id = seq_id  # names the sequence in error messages
@@ -72,7 +74,8 @@ class RequestSampler:
         self._bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))  # [n_bias]
         self._bias_vals = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))  # [n_bias]
         self._check_ids(self._bias_ids, "logit_bias token id")
-        self.grammar: GrammarMask | None = None  # for params.constraint (actors/constraints.py): masked(z), accept(token)
+        # for params.constraint (actors/constraints.py): masked(z), accept(token)
+        self.grammar: GrammarMask | None = None
 
     def _check_ids(self, ids: np.ndarray, what: str) -> None:
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
@@ -113,7 +116,8 @@ class RequestSampler:
             token = int(np.argmax(z))
             if z[token] == -np.inf:
                 raise ValueError("every token is banned (all processed logits are -inf)")
-        elif token is None and self.grammar is not None:  # draw among the allowed only: a mostly -inf row slows top_p's probe
+        elif token is None and self.grammar is not None:
+            # draw among the allowed only: a mostly -inf row slows top_p's probe
             allowed = np.flatnonzero(z != -np.inf)  # [n_allowed] ids, ascending
             if not allowed.size:
                 raise ValueError("every token is banned (all processed logits are -inf)")
@@ -130,13 +134,15 @@ class RequestSampler:
         (actors/logits_need.py says why that is exact). Does not record it (see accept)."""
         k = logits_needed(self.params)
         if not 1 <= k <= ids.shape[0]:
-            raise ValueError(f"seq {self.seq_id} needs {k or 'all'} logits, the round carried {ids.shape[0]} candidates")
+            raise ValueError(
+                f"seq {self.seq_id} needs {k or 'all'} logits, the round carried {ids.shape[0]} candidates")
         self._check_finite(row_max)
         u = self.rng.random()  # exactly one draw per call
         p = self.params
         if p.temperature == 0.0:
             return SampledToken(token_id=int(ids[0]))
-        return SampledToken(token_id=_walk(*candidate_distribution(ids[:k], values[:k], p.temperature, p.top_p, p.min_p), u))
+        kept_ids, probs = candidate_distribution(ids[:k], values[:k], p.temperature, p.top_p, p.min_p)
+        return SampledToken(token_id=_walk(kept_ids, probs, u))
 
     def _check_finite(self, raw_max: float) -> None:
         """Raise ValueError when a row's max over the vocabulary is NaN, +inf or -inf."""

@@ -112,9 +112,11 @@ class SchedulerPolicy:
         if n == 0:
             return "bad_request", "the prompt is empty"
         if n >= cfg.max_model_len:
-            return "too_long", f"prompt has {n} tokens; the context is {cfg.max_model_len} (room for at least one new token needed)"
+            why = f"prompt has {n} tokens; the context is {cfg.max_model_len} (room for at least one new token needed)"
+            return "too_long", why
         if -(-(n + 1) // cfg.block_size) > cfg.num_blocks:
-            return "cannot_fit", f"prompt of {n} tokens needs more KV blocks than the pool has ({cfg.num_blocks} of {cfg.block_size})"
+            why = f"prompt of {n} tokens needs more KV blocks than the pool has ({cfg.num_blocks} of {cfg.block_size})"
+            return "cannot_fit", why
         if len(self.waiting) >= cfg.max_waiting:
             return "queue_full", f"the waiting queue is full ({cfg.max_waiting} sequences)"
         seq.order = next(self._order)
@@ -214,7 +216,8 @@ class SchedulerPolicy:
             s = c.seq
             wants = c.end == len(s.prompt_ids) + len(s.output_ids)
             new_blocks = s.block_table[s.sent_blocks :]
-            out.append(RoundSeq(s.seq_id, s.tokens(s.num_computed, c.end), s.num_computed, s.sent_blocks, new_blocks, wants))
+            tokens = s.tokens(s.num_computed, c.end)
+            out.append(RoundSeq(s.seq_id, tokens, s.num_computed, s.sent_blocks, new_blocks, wants))
             s.sent_blocks = len(s.block_table)
         return out
 

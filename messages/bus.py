@@ -119,7 +119,7 @@ class AsyncSocket:
             sock.close(linger=0)
             raise
         self._sock = sock
-        self._fd: int = sock.getsockopt(zmq.FD)  # type: ignore[assignment]  # an int option (pyzmq types every option int | bytes)
+        self._fd: int = sock.getsockopt(zmq.FD)  # type: ignore[assignment]  # an int option (pyzmq types int | bytes)
         self._closed = False
         self._wanted = 0  # zmq.POLLIN / POLLOUT bits of the directions now waiting
         self._fd_holder = 0  # the direction whose task sits in wait_readable, or 0
@@ -277,7 +277,7 @@ class AsyncSocket:
 
     def _check(self) -> int:
         """Read zmq.EVENTS (consuming pending edges) and wake waiters now ready."""
-        events: int = self._sock.getsockopt(_EVENTS)  # type: ignore[assignment]  # an int option; no cast() call in this hot path
+        events: int = self._sock.getsockopt(_EVENTS)  # type: ignore[assignment]  # an int option; no cast() (hot path)
         ready = events & self._wanted
         if ready:
             for flag in (_POLLIN, _POLLOUT):

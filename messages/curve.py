@@ -174,13 +174,13 @@ class CurveSocket(zmq.Socket[bytes]):
 
     context: CurveContext  # the context that made it (CurveContext._socket_class)
 
-    def bind(self, addr: str) -> _SocketContext[Self]:  # type: ignore[override]  # as zmq.Socket.bind's own (the backend's returns None)
+    def bind(self, addr: str) -> _SocketContext[Self]:  # type: ignore[override]  # zmq.Socket's (backend's: None)
         ctx = self.context
         if ctx.actor_keys is not None and addr in ctx.actor_endpoints:
             serve_curve(self, ctx.actor_keys, ACTORS_DOMAIN)
         return super().bind(addr)
 
-    def connect(self, addr: str) -> _SocketContext[Self]:  # type: ignore[override]  # as zmq.Socket.connect's own (the backend's returns None)
+    def connect(self, addr: str) -> _SocketContext[Self]:  # type: ignore[override]  # zmq.Socket's (backend's: None)
         ctx = self.context
         if ctx.actor_keys is not None and addr in ctx.actor_endpoints:
             keys = ctx.actor_keys
@@ -204,7 +204,13 @@ class CurveContext(zmq.Context[CurveSocket]):
     clients: frozenset[bytes] | None = None
     _auth: ThreadAuthenticator | None = None
 
-    def __init__(self, *, actor_keys: KeyPair | None = None, actor_endpoints: Iterable[str] = (), clients: frozenset[bytes] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        actor_keys: KeyPair | None = None,
+        actor_endpoints: Iterable[str] = (),
+        clients: frozenset[bytes] | None = None,
+    ) -> None:
         super().__init__()
         self.actor_keys, self.actor_endpoints, self.clients = actor_keys, frozenset(actor_endpoints), clients
         if actor_keys is None and clients is None:

@@ -94,15 +94,18 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=T
             ("repetition_penalty", _real(self.repetition_penalty, 0.01, 100.0), "a number from 0.01 to 100"),
             ("presence_penalty", _real(self.presence_penalty, -2.0, 2.0), "a number from -2 to 2"),
             ("frequency_penalty", _real(self.frequency_penalty, -2.0, 2.0), "a number from -2 to 2"),
-            ("logit_bias", _bias(self.logit_bias), f"at most {MAX_IDS} token ids (0 to 2**31-1) -> numbers from -100 to 100"),
+            ("logit_bias", _bias(self.logit_bias),
+             f"at most {MAX_IDS} token ids (0 to 2**31-1) -> numbers from -100 to 100"),
             ("seed", self.seed is None or _int(self.seed, SEED_MIN, SEED_MAX), "an integer from -2**63 to 2**64-1"),
             ("max_tokens", _int(self.max_tokens, 1, TOKEN_ID_LIMIT - 1), "an integer from 1 to 2**31-1"),
             ("stop", _strings(self.stop), f"at most {MAX_STOPS} strings of 1 to {MAX_STOP_CHARS} characters"),
             ("stop_token_ids", _ids(self.stop_token_ids), f"at most {MAX_IDS} token ids from 0 to 2**31-1"),
             ("ignore_eos", type(self.ignore_eos) is bool, "true or false"),
-            ("logprobs", self.logprobs is None or _int(self.logprobs, 0, MAX_LOGPROBS), f"an integer from 0 to {MAX_LOGPROBS}"),
+            ("logprobs", self.logprobs is None or _int(self.logprobs, 0, MAX_LOGPROBS),
+             f"an integer from 0 to {MAX_LOGPROBS}"),
             ("n", _int(self.n, 1, MAX_N), f"an integer from 1 to {MAX_N}"),
-            ("constraint", self.constraint is None or _constraint(self.constraint), f"kind one of {', '.join(CONSTRAINT_KINDS)} and a spec of at most {MAX_CONSTRAINT_BYTES >> 10} KiB"),
+            ("constraint", self.constraint is None or _constraint(self.constraint),
+             f"kind one of {', '.join(CONSTRAINT_KINDS)} and a spec of at most {MAX_CONSTRAINT_BYTES >> 10} KiB"),
         ]
         for name, ok, rule in checks:
             if not ok:
@@ -131,14 +134,20 @@ def _bias(bias: Any) -> bool:
 
 
 def _strings(stop: Any) -> bool:
-    return type(stop) is list and len(stop) <= MAX_STOPS and all(type(s) is str and 0 < len(s) <= MAX_STOP_CHARS for s in stop)
+    return (type(stop) is list and len(stop) <= MAX_STOPS
+            and all(type(s) is str and 0 < len(s) <= MAX_STOP_CHARS for s in stop))
 
 
 def _constraint(c: Any) -> bool:
-    return type(c) is Constraint and c.kind in CONSTRAINT_KINDS and type(c.spec) is str and len(c.spec) <= MAX_CONSTRAINT_BYTES and len(c.spec.encode("utf-8", "surrogatepass")) <= MAX_CONSTRAINT_BYTES
+    """A Constraint of a known kind whose spec is a str of at most MAX_CONSTRAINT_BYTES in UTF-8
+    (its length in characters, checked first, bounds the encoding's cost)."""
+    return (type(c) is Constraint and c.kind in CONSTRAINT_KINDS and type(c.spec) is str
+            and len(c.spec) <= MAX_CONSTRAINT_BYTES
+            and len(c.spec.encode("utf-8", "surrogatepass")) <= MAX_CONSTRAINT_BYTES)
 
 
 def _short(value: Any) -> str:
     """repr of a client's value, cut to 80 characters (a value can be megabytes)."""
-    text = repr(value) if not isinstance(value, int) or abs(value) < 10**60 else f"an integer of {value.bit_length()} bits"
+    huge = isinstance(value, int) and abs(value) >= 10**60
+    text = f"an integer of {value.bit_length()} bits" if huge else repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
