@@ -29,7 +29,7 @@ import msgspec
 import numpy as np
 
 from zinfer.actors.logits_need import logits_needed
-from zinfer.kernels.topk import numpy_topk
+from zinfer.kernels.oracle.topk import numpy_topk
 from zinfer.messages.params import SamplingParams
 
 if TYPE_CHECKING:

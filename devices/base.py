@@ -16,7 +16,7 @@ from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.reductions import numpy_topk
 from zinfer.devices.round import RoundCtx
 from zinfer.devices.tensor import TensorData
-from zinfer.kernels.rope import RopeScaling
+from zinfer.kernels.oracle.rope import RopeScaling
 
 
 class KVStore(Protocol):

@@ -14,9 +14,9 @@ import numpy as np
 from zinfer.devices.base import DeviceBase
 from zinfer.devices.round import RoundCtx
 from zinfer.devices.tensor import TensorData
-from zinfer.kernels import reference as ref
-from zinfer.kernels.quants import dequantize
-from zinfer.kernels.rope import RopeScaling
+from zinfer.kernels.oracle import reference as ref
+from zinfer.kernels.oracle.quants import dequantize
+from zinfer.kernels.oracle.rope import RopeScaling
 
 
 @dataclass

@@ -43,12 +43,13 @@ from zinfer.devices.cpu_graph import DecodeGraphs, GraphKV, ReplayCompile
 from zinfer.devices.cpu_team import ThreadGovernor
 from zinfer.devices.fallback import F32Fallbacks
 from zinfer.devices.tensor import TensorData
-from zinfer.kernels import cpu_int8 as ci
-from zinfer.kernels import cpu_ops as ops
-from zinfer.kernels import cpu_prefill_attention as prefill
-from zinfer.kernels import gemm_ir, int8_ir
-from zinfer.kernels.quants import dequantize
-from zinfer.kernels.rope import RopeScaling
+from zinfer.kernels.cpu_fast.int8 import products as ci
+from zinfer.kernels.cpu_fast import cpu_ops as ops
+from zinfer.kernels.cpu_fast import cpu_prefill_attention as prefill
+from zinfer.kernels.cpu_fast import gemm_ir
+from zinfer.kernels.cpu_fast.int8 import ir as int8_ir
+from zinfer.kernels.oracle.quants import dequantize
+from zinfer.kernels.oracle.rope import RopeScaling
 
 
 class FastCpuDevice(DeviceBase):

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from zinfer.kernels import cpu_int8 as ci
-from zinfer.kernels import cpu_quant as cq
-from zinfer.kernels.quants import dequantize
+from zinfer.kernels.cpu_fast.int8 import products as ci
+from zinfer.kernels.cpu_fast import cpu_quant as cq
+from zinfer.kernels.oracle.quants import dequantize
 
 SMALL_BATCH = 4  # rows up to which the float quantized kernel beats BLAS on an f32 copy
 SMALL_BATCH_NO_COPY = 12  # the same crossover when BLAS must dequantize tiles first

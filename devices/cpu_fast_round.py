@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from zinfer.devices.round import RoundCtx
-from zinfer.kernels import cpu_ops as ops
-from zinfer.kernels.rope import RopeScaling, inv_freq as rope_inv_freq
+from zinfer.kernels.cpu_fast import cpu_ops as ops
+from zinfer.kernels.oracle.rope import RopeScaling, inv_freq as rope_inv_freq
 
 LONG_CHUNK = 32  # a sequence's rows from which attention gathers its keys and goes blockwise
 

@@ -32,7 +32,7 @@ from zinfer.devices.base import Layers
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.cpu import CpuKV
 from zinfer.devices.cpu_graph_recorder import GraphBuffers, GraphRecorder, NotRecordable, Tape
-from zinfer.kernels import cpu_tape as ct
+from zinfer.kernels.cpu_fast import cpu_tape as ct
 
 log = structlog.get_logger("zinfer.devices")
 

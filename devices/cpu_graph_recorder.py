@@ -22,9 +22,9 @@ from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.cpu import CpuKV
 from zinfer.devices.cpu_fast_round import FastRoundCtx
 from zinfer.devices.round import rope_key
-from zinfer.kernels import cpu_int8 as ci
-from zinfer.kernels import cpu_tape as ct
-from zinfer.kernels.rope import RopeScaling, inv_freq as rope_inv_freq
+from zinfer.kernels.cpu_fast.int8 import products as ci
+from zinfer.kernels.cpu_fast import cpu_tape as ct
+from zinfer.kernels.oracle.rope import RopeScaling, inv_freq as rope_inv_freq
 
 
 class NotRecordable(Exception):

@@ -24,11 +24,11 @@ from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.cpu import CpuDevice, CpuKV
 from zinfer.devices.round import RoundCtx
 from zinfer.devices.tensor import TensorData
-from zinfer.kernels import llama_numerics as ln
-from zinfer.kernels import llama_ops as lo
-from zinfer.kernels import llama_repack as lr
-from zinfer.kernels import reference as ref
-from zinfer.kernels.quants import dequantize
+from zinfer.kernels.llama_cpp import llama_numerics as ln
+from zinfer.kernels.llama_cpp import llama_ops as lo
+from zinfer.kernels.llama_cpp import llama_repack as lr
+from zinfer.kernels.oracle import reference as ref
+from zinfer.kernels.oracle.quants import dequantize
 
 LM_HEAD = ("output.weight", "token_embd.weight")  # the vocabulary projection (tied or not)
 

@@ -30,9 +30,9 @@ from zinfer.devices.cuda_clock import CudaEventClock
 from zinfer.devices.cuda_graph import DecodeGraphs
 from zinfer.devices.cuda_round import CudaRoundCtx, RoundMeta
 from zinfer.devices.fallback import F32Fallbacks
-from zinfer.kernels import cuda_modules as km
-from zinfer.kernels.quants import dequantize
-from zinfer.kernels.rope import RopeScaling, angles as rope_angles, inv_freq as rope_inv_freq, rotate as rope_rotate
+from zinfer.kernels.cuda import modules as km
+from zinfer.kernels.oracle.quants import dequantize
+from zinfer.kernels.oracle.rope import RopeScaling, angles as rope_angles, inv_freq as rope_inv_freq, rotate as rope_rotate
 
 F32, F16, BF16 = 0, 1, 30
 

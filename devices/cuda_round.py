@@ -13,7 +13,7 @@ import numpy as np
 
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.round import RoundCtx
-from zinfer.kernels import cuda_modules as km
+from zinfer.kernels.cuda import modules as km
 
 
 class RoundMeta:

@@ -50,9 +50,9 @@ def cpu_fast_problem() -> str | None:
     try:
         from gguf import GGMLQuantizationType as QT
 
-        from zinfer.kernels import cpu_quant  # noqa: F401 (numba and the numba kernels import)
-        from zinfer.kernels import gemm_ir
-        from zinfer.kernels.quants import dequantize
+        from zinfer.kernels.cpu_fast import cpu_quant  # noqa: F401 (numba and the numba kernels import)
+        from zinfer.kernels.cpu_fast import gemm_ir
+        from zinfer.kernels.oracle.quants import dequantize
     except Exception as exc:
         return f"no numba ({type(exc).__name__}: {exc})"
     try:

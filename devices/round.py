@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 
 from zinfer.devices.batch import ForwardBatch
-from zinfer.kernels import reference as ref
-from zinfer.kernels.rope import RopeScaling
+from zinfer.kernels.oracle import reference as ref
+from zinfer.kernels.oracle.rope import RopeScaling
 
 
 @dataclass(frozen=True, eq=False)

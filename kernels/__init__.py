@@ -46,7 +46,7 @@ def _compile_into_cache_first() -> None:
         import numba  # noqa: F401
     except ImportError:
         return
-    from zinfer.kernels import compile_cache
+    from zinfer.kernels.cpu_fast import compile_cache
 
     compile_cache.route_compiles()
 

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 from safetensors.numpy import save_file
 
-from zinfer.kernels.quants import UnsupportedTensorType, dequantize
+from zinfer.kernels.oracle.quants import UnsupportedTensorType, dequantize
 from zinfer.kernels.tensor import TensorData
 from zinfer.models.gguf_file import GGUFFile
 from zinfer.models.hf_layout import HF_CLASS, HF_MODEL_TYPE, hf_name, is_norm_weight, unpermute_qk

@@ -13,7 +13,7 @@ import msgspec
 
 import numpy as np
 
-from zinfer.kernels.rope import RopeScaling, scaling_as_llama_cpp
+from zinfer.kernels.oracle.rope import RopeScaling, scaling_as_llama_cpp
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 

@@ -16,7 +16,7 @@ import pytest
 
 from test_first_run import _PROBE  # the same one-kernel module
 
-from zinfer.kernels import compile_cache
+from zinfer.kernels.cpu_fast import compile_cache
 
 
 @pytest.fixture

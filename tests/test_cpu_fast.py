@@ -17,11 +17,11 @@ from gguf import GGMLQuantizationType as QT
 from zinfer.devices import cpu_fast
 from zinfer.devices.cpu import CpuDevice
 from zinfer.devices.cpu_fast import FastCpuDevice
-from zinfer.kernels import cpu_int8 as ci
-from zinfer.kernels import cpu_quant as cq
-from zinfer.kernels import int8_ir
-from zinfer.kernels import reference as ref
-from zinfer.kernels.quants import BLOCK_SHAPES, dequantize
+from zinfer.kernels.cpu_fast.int8 import products as ci
+from zinfer.kernels.cpu_fast import cpu_quant as cq
+from zinfer.kernels.cpu_fast.int8 import ir as int8_ir
+from zinfer.kernels.oracle import reference as ref
+from zinfer.kernels.oracle.quants import BLOCK_SHAPES, dequantize
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.tensor import TensorData
 from zinfer.models.gguf_file import GGUFFile

@@ -18,10 +18,10 @@ from test_cpu_fast import FAST_TYPES, close
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.cpu import CpuDevice
 from zinfer.devices.cpu_fast import FastCpuDevice
-from zinfer.kernels import cpu_int8 as ci
-from zinfer.kernels import cpu_quant as cq
-from zinfer.kernels import int8_ir
-from zinfer.kernels import reference as ref
+from zinfer.kernels.cpu_fast.int8 import products as ci
+from zinfer.kernels.cpu_fast import cpu_quant as cq
+from zinfer.kernels.cpu_fast.int8 import ir as int8_ir
+from zinfer.kernels.oracle import reference as ref
 from zinfer.models.forward import round_logits
 from zinfer.models.loader import open_model
 from zinfer.models.weights import build_weights

@@ -23,7 +23,7 @@ from gguf import GGMLQuantizationType as QT
 from tiny import write_tiny_gguf, write_tiny_hf
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.cpu_fast import FastCpuDevice
-from zinfer.kernels import cpu_tape as ct
+from zinfer.kernels.cpu_fast import cpu_tape as ct
 from zinfer.models.forward import round_layers, round_logits
 from zinfer.models.loader import open_model
 from zinfer.models.weights import build_weights

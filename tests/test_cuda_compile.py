@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from zinfer.kernels import cuda_modules
+from zinfer.kernels.cuda import modules as cuda_modules
 
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
 SOURCES = sorted(p.stem for p in cuda_modules.SOURCE_DIR.glob("*.cu"))

@@ -20,8 +20,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _GPU, reason="no CUDA GPU 
 
 from zinfer.devices.cpu import CpuDevice, CpuKV  # noqa: E402
 from zinfer.devices.cuda import CudaConfig, CudaDevice  # noqa: E402
-from zinfer.kernels import reference as ref  # noqa: E402
-from zinfer.kernels.quants import BLOCK_SHAPES, dequantize  # noqa: E402
+from zinfer.kernels.oracle import reference as ref  # noqa: E402
+from zinfer.kernels.oracle.quants import BLOCK_SHAPES, dequantize  # noqa: E402
 from zinfer.devices.batch import ForwardBatch  # noqa: E402
 from zinfer.devices.tensor import TensorData  # noqa: E402
 

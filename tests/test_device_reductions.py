@@ -13,7 +13,7 @@ from zinfer.actors.executor_actor import reduce_logits
 from zinfer.actors.logits_need import TOPK_CAP, logits_needed
 from zinfer.actors.sampling import RequestSampler
 from zinfer.devices.cpu import CpuDevice
-from zinfer.kernels.topk import numpy_topk
+from zinfer.kernels.oracle.topk import numpy_topk
 from zinfer.gateway.client import AsyncClient
 from zinfer.messages.client import Delta, Finished
 from zinfer.messages.codec import Codec

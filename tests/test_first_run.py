@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType as QT
 from structlog.testing import capture_logs
 
 from tiny import write_tiny_gguf
-from zinfer.kernels import compile_cache
+from zinfer.kernels.cpu_fast import compile_cache
 
 _PROBE = '''
 from numba import njit

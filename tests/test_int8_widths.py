@@ -20,11 +20,11 @@ from zinfer.devices import cpu_fast_linears as fl
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.cpu import CpuDevice
 from zinfer.devices.cpu_fast import FastCpuDevice
-from zinfer.kernels import cpu_int8 as ci
-from zinfer.kernels import cpu_quant as cq
-from zinfer.kernels import int8_layouts as bp
-from zinfer.kernels import int8_ir
-from zinfer.kernels.quants import dequantize
+from zinfer.kernels.cpu_fast.int8 import products as ci
+from zinfer.kernels.cpu_fast import cpu_quant as cq
+from zinfer.kernels.cpu_fast.int8 import layouts as bp
+from zinfer.kernels.cpu_fast.int8 import ir as int8_ir
+from zinfer.kernels.oracle.quants import dequantize
 from zinfer.models.forward import round_logits
 from zinfer.models.loader import open_model
 from zinfer.models.weights import build_weights
@@ -84,8 +84,8 @@ def test_q5_0_at_its_width_is_the_widened_path_to_f32_rounding(T):
 def _outer_product(w, x):
     """x [T, cols] @ w.T (u5, k4 or u6, rows % 16 == 0, T % 4 == 0) by int8_ir_outer's two
     kernels alone, called from Python: all rows converted, then every tile of 4 activation rows."""
-    from zinfer.kernels import int8_ir_outer
-    from zinfer.kernels.int8_activations import QUANTIZERS
+    from zinfer.kernels.cpu_fast.int8 import ir_outer as int8_ir_outer
+    from zinfer.kernels.cpu_fast.int8.activations import QUANTIZERS
 
     rows, T = w.qs.shape[0], x.shape[0]
     A, S, N, C = QUANTIZERS[ci.activation_order(w)](x, ci.rounding_group(w), w.nsteps, w.nchunks, True)
@@ -222,8 +222,8 @@ from gguf import GGMLQuantizationType as QT
 sys.path.insert(0, sys.argv[1])
 from test_cpu_fast import random_tensor
 from zinfer.devices.cpu_fast import FastCpuDevice
-from zinfer.kernels import cpu_int8 as ci, int8_ir
-from zinfer.kernels.quants import dequantize
+from zinfer.kernels.cpu_fast.int8 import products as ci, ir as int8_ir
+from zinfer.kernels.oracle.quants import dequantize
 assert int8_ir.host_isa() == "avx2", int8_ir.host_isa()
 worst = 0.0
 for qt, rows in ((QT.Q5_0, 37), (QT.Q5_0, 48), (QT.Q4_K, 37), (QT.Q4_K, 48), (QT.Q6_K, 37), (QT.Q6_K, 48), (QT.Q4_1, 37), (QT.Q8_0, 37)):

@@ -18,9 +18,10 @@ import pytest
 from numba import njit
 from numba.core.errors import TypingError
 
-from zinfer.kernels import gemm_ir, int8_ir, int8_ir_dot, llvm_host
-from zinfer.kernels.gemm_ir import GemmArgs
-from zinfer.kernels.kernel_signature import call_kernel
+from zinfer.kernels.cpu_fast import gemm_ir, llvm_host
+from zinfer.kernels.cpu_fast.int8 import ir as int8_ir, ir_dot as int8_ir_dot
+from zinfer.kernels.cpu_fast.gemm_ir import GemmArgs
+from zinfer.kernels.cpu_fast.kernel_signature import call_kernel
 
 VNNI_FEATURES = "+avx512f,+avx512vnni,+avx512vl,+avx512bw,+avx512dq,+avx2,+fma,+f16c"
 

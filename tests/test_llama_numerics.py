@@ -21,11 +21,11 @@ import pytest
 
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.cpu_llama import LlamaCpuDevice
-from zinfer.kernels import llama_numerics as ln
-from zinfer.kernels import llama_ops as lo
-from zinfer.kernels import llama_repack as lr
-from zinfer.kernels import reference as ref
-from zinfer.kernels.quants import dequantize
+from zinfer.kernels.llama_cpp import llama_numerics as ln
+from zinfer.kernels.llama_cpp import llama_ops as lo
+from zinfer.kernels.llama_cpp import llama_repack as lr
+from zinfer.kernels.oracle import reference as ref
+from zinfer.kernels.oracle.quants import dequantize
 from zinfer.models.forward import round_logits
 from zinfer.models.loader import open_model
 from zinfer.models.weights import build_weights

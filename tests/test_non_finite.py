@@ -20,10 +20,10 @@ from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.cpu import CpuDevice
 from zinfer.devices.cpu_fast import FastCpuDevice
 from zinfer.devices.cpu_llama import LlamaCpuDevice
-from zinfer.kernels import cpu_int8 as ci
-from zinfer.kernels import cpu_ops
-from zinfer.kernels import cpu_quant as cq
-from zinfer.kernels import int8_ir
+from zinfer.kernels.cpu_fast.int8 import products as ci
+from zinfer.kernels.cpu_fast import cpu_ops
+from zinfer.kernels.cpu_fast import cpu_quant as cq
+from zinfer.kernels.cpu_fast.int8 import ir as int8_ir
 from zinfer.models.forward import round_logits
 from zinfer.models.gguf_file import GGUFFile
 from zinfer.models.spec import spec_from_gguf

@@ -13,8 +13,8 @@ import pytest
 
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.cpu import CpuDevice
-from zinfer.kernels import reference as ref
-from zinfer.kernels.quants import BLOCK_SHAPES
+from zinfer.kernels.oracle import reference as ref
+from zinfer.kernels.oracle.quants import BLOCK_SHAPES
 from zinfer.kernels.tensor import TensorData
 from zinfer.models.forward import round_logits
 from zinfer.models.loader import open_model

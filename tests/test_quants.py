@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize as reference
 from gguf.quants import quantize as reference_quantize
 
-from zinfer.kernels.quants import (
+from zinfer.kernels.oracle.quants import (
     BLOCK_SHAPES,
     UnsupportedTensorType,
     block_layout,

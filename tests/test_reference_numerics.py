@@ -6,7 +6,7 @@ import gguf
 import numpy as np
 from gguf.quants import dequantize, quantize
 
-from zinfer.kernels.llama_numerics import round_activations as quantize_activations
+from zinfer.kernels.llama_cpp.llama_numerics import round_activations as quantize_activations
 
 
 def test_q8_0_activations_equal_ggml_q8_0_round_trip():

@@ -22,9 +22,9 @@ from zinfer.devices.cpu import CpuDevice
 from zinfer.devices.cpu_fast import FastCpuDevice
 from zinfer.devices.cpu_llama import LlamaCpuDevice
 from zinfer.devices.round import RoundCtx
-from zinfer.kernels import llama_ops as lo
-from zinfer.kernels import reference as ref
-from zinfer.kernels import rope
+from zinfer.kernels.llama_cpp import llama_ops as lo
+from zinfer.kernels.oracle import reference as ref
+from zinfer.kernels.oracle import rope
 from zinfer.kernels.tensor import TensorData
 from zinfer.models.convert import convert_gguf_to_hf
 from zinfer.models.forward import round_logits

@@ -20,8 +20,8 @@ from zinfer.devices import cpu_fast, cpu_fast_linears
 from zinfer.devices.cpu_fast_linears import QuantLinear
 from zinfer.devices.cpu_fast import FastCpuDevice
 from zinfer.gateway.bench_llama import LlamaContext, LlamaModel
-from zinfer.kernels import cpu_int8 as ci
-from zinfer.kernels import cpu_quant as cq
+from zinfer.kernels.cpu_fast.int8 import products as ci
+from zinfer.kernels.cpu_fast import cpu_quant as cq
 from zinfer.devices.batch import ForwardBatch
 from zinfer.models.forward import round_logits
 from zinfer.models.loader import open_model

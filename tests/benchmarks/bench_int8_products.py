@@ -21,8 +21,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from zinfer.devices.cpu_fast import FastCpuDevice
-from zinfer.kernels import cpu_int8 as ci
-from zinfer.kernels import int8_ir, llvm_host
+from zinfer.kernels.cpu_fast.int8 import products as ci
+from zinfer.kernels.cpu_fast.int8 import ir as int8_ir
+from zinfer.kernels.cpu_fast import llvm_host
 from zinfer.models.loader import open_model
 
 _ACCUMULATORS = 12  # independent chains: more than vpdpbusd's latency times its issue rate

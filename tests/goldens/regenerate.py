@@ -121,7 +121,7 @@ def token_goldens(path: Path) -> dict:
 
 def has_repacked_weights(path: Path) -> bool:
     """Whether llama.cpp repacks any weight of this file (kernels/llama_repack.py's rule)."""
-    from zinfer.kernels.llama_repack import repacks
+    from zinfer.kernels.llama_cpp.llama_repack import repacks
     from zinfer.models.loader import open_model
 
     return any(repacks(t.qtype.name, t.shape) for name, t in open_model(path).tensors.items() if name != "token_embd.weight")

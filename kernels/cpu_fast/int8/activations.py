@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from zinfer.kernels.cpu_ops import ABS_BITS, NON_FINITE_BITS, _f32_from_bits, compile_twice, f32_bits, specialize
+from zinfer.kernels.cpu_fast.cpu_ops import ABS_BITS, NON_FINITE_BITS, _f32_from_bits, compile_twice, f32_bits, specialize
 
 PLAIN, U4_ORDER, U6_ORDER, K4_ORDER, U5_ORDER = ORDERS = 0, 1, 2, 3, 4  # the orders of activations in a step
 ORDER_NAMES = ("plain", "u4", "u6", "k4", "u5")

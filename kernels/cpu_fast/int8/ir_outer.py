@@ -34,9 +34,9 @@ cpu_int8._run uses it for tasks of OUTER_MIN_ROWS activation rows or more.
 
 from __future__ import annotations
 
-from zinfer.kernels import int8_ir_frame as frame
-from zinfer.kernels.int8_ir_dot import dot
-from zinfer.kernels.int8_ir_scales import broadcast
+from zinfer.kernels.cpu_fast.int8 import ir_frame as frame
+from zinfer.kernels.cpu_fast.int8.ir_dot import dot
+from zinfer.kernels.cpu_fast.int8.ir_scales import broadcast
 
 OUTER_KINDS = ("u5", "k4", "u6")
 OUTER_BLOCK_COLUMNS = {"u5": 32, "k4": 32, "u6": 256}  # the columns of a block of the product's loop

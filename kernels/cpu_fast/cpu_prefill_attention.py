@@ -13,12 +13,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from zinfer.kernels import gemm_ir
-from zinfer.kernels.cpu_ops import as_f32, softmax_
-from zinfer.kernels.gemm_ir import MR as GEMM_MR
-from zinfer.kernels.gemm_ir import NR as GEMM_NR
-from zinfer.kernels.gemm_ir import GemmArgs
-from zinfer.kernels.kernel_signature import call_kernel
+from zinfer.kernels.cpu_fast import gemm_ir
+from zinfer.kernels.cpu_fast.cpu_ops import as_f32, softmax_
+from zinfer.kernels.cpu_fast.gemm_ir import MR as GEMM_MR
+from zinfer.kernels.cpu_fast.gemm_ir import NR as GEMM_NR
+from zinfer.kernels.cpu_fast.gemm_ir import GemmArgs
+from zinfer.kernels.cpu_fast.kernel_signature import call_kernel
 
 
 @njit(parallel=True, cache=True, nogil=True)

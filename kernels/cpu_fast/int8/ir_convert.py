@@ -12,9 +12,9 @@ vector of 8 rows. The scales become f32 vectors of 8 rows the same way.
 
 from __future__ import annotations
 
-from zinfer.kernels import int8_ir_frame as frame
-from zinfer.kernels.int8_ir_outer import OUTER_BLOCK_BYTES
-from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, U6_SUPER_BYTES, bit4s, broadcast, high_pairs, k4_mins, shuffle_mask, splat
+from zinfer.kernels.cpu_fast.int8 import ir_frame as frame
+from zinfer.kernels.cpu_fast.int8.ir_outer import OUTER_BLOCK_BYTES
+from zinfer.kernels.cpu_fast.int8.ir_scales import K4_SUPER_BYTES, U6_SUPER_BYTES, bit4s, broadcast, high_pairs, k4_mins, shuffle_mask, splat
 
 STEP_BYTES = {"u5": 40, "k4": 32, "u6": 48}  # the row layouts' bytes per 64-column step and row
 U6_SUB_BYTES = 128  # a u6 sub-block of 16 columns in the scratch: 4 k-steps of 32 bytes

@@ -40,8 +40,8 @@ f32 rounding of the scale products and of the sums across super-blocks.
 
 from __future__ import annotations
 
-from zinfer.kernels import int8_ir_frame as frame
-from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, U6_SUPER_BYTES, high_pairs, shuffle_mask, splat
+from zinfer.kernels.cpu_fast.int8 import ir_frame as frame
+from zinfer.kernels.cpu_fast.int8.ir_scales import K4_SUPER_BYTES, U6_SUPER_BYTES, high_pairs, shuffle_mask, splat
 
 KINDS = ("k4", "u6")
 SUPER_STEPS = 4  # steps of 64 columns per super-block of 256

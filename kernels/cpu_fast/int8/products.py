@@ -19,13 +19,13 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from numba import njit, prange
 
-from zinfer.kernels import int8_layouts as bp
-from zinfer.kernels import int8_ir, int8_ir_outer, int8_ir_super
-from zinfer.kernels.cpu_ops import PARALLEL_ROWS, specialize
-from zinfer.kernels.cpu_quant import Packed
-from zinfer.kernels.int8_activations import K4_ORDER, ORDER_NAMES, ORDERS, PLAIN, QUANTIZERS, U4_ORDER, U5_ORDER, U6_ORDER
-from zinfer.kernels.int8_ir import Int8Args
-from zinfer.kernels.kernel_signature import call_kernel
+from zinfer.kernels.cpu_fast.int8 import layouts as bp
+from zinfer.kernels.cpu_fast.int8 import ir as int8_ir, ir_outer as int8_ir_outer, ir_super as int8_ir_super
+from zinfer.kernels.cpu_fast.cpu_ops import PARALLEL_ROWS, specialize
+from zinfer.kernels.cpu_fast.cpu_quant import Packed
+from zinfer.kernels.cpu_fast.int8.activations import K4_ORDER, ORDER_NAMES, ORDERS, PLAIN, QUANTIZERS, U4_ORDER, U5_ORDER, U6_ORDER
+from zinfer.kernels.cpu_fast.int8.ir import Int8Args
+from zinfer.kernels.cpu_fast.kernel_signature import call_kernel
 
 ROWS_PER_TASK = 16  # weight rows per parallel task
 ROWS_PER_BLOCK = 128  # activation rows per parallel task (an outer-product task converts its weight rows once: at 64 rows that cost ~5%)

@@ -24,7 +24,7 @@ import functools
 
 import numpy as np
 
-from zinfer.kernels.rope import RopeScaling, yarn_corr_dims, yarn_mscale, yarn_ramp
+from zinfer.kernels.oracle.rope import RopeScaling, yarn_corr_dims, yarn_mscale, yarn_ramp
 
 f32 = np.float32
 

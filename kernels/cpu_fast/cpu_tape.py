@@ -31,9 +31,9 @@ from numba import carray, njit
 from numba import types as nt
 from numba.extending import intrinsic
 
-from zinfer.kernels import cpu_int8 as ci
-from zinfer.kernels import cpu_ops as ops
-from zinfer.kernels.cpu_ops import PARALLEL_ROWS, _f32_from_bits
+from zinfer.kernels.cpu_fast.int8 import products as ci
+from zinfer.kernels.cpu_fast import cpu_ops as ops
+from zinfer.kernels.cpu_fast.cpu_ops import PARALLEL_ROWS, _f32_from_bits
 
 Address = NewType("Address", int)  # a pinned array's data address (array.ctypes.data); never 0
 

@@ -124,7 +124,7 @@ class _Helper:
         print(FIRST_COMPILE_NOTE, file=sys.stderr, flush=True)
         self.progress = _Progress()
         env = {**os.environ, IN_PROCESS_ENV: "1", "NUMBA_CACHE_DIR": str(numba.config.CACHE_DIR)}
-        serve = "from zinfer.kernels.compile_cache import main; main()"  # not -m: zinfer.kernels imports this module first
+        serve = "from zinfer.kernels.cpu_fast.compile_cache import main; main()"  # not -m: zinfer.kernels imports this module first
         self.proc = subprocess.Popen([sys.executable, "-c", serve], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self.owner = os.getpid()  # a forked child must not share these pipes, nor end the helper
         atexit.register(self.close)

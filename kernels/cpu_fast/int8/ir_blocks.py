@@ -24,9 +24,9 @@ step is int8_ir_dot.dot2_small (codes below 32).
 
 from __future__ import annotations
 
-from zinfer.kernels import int8_ir_frame as frame
-from zinfer.kernels.int8_ir_dot import dot2_small
-from zinfer.kernels.int8_ir_scales import bit4s, splat
+from zinfer.kernels.cpu_fast.int8 import ir_frame as frame
+from zinfer.kernels.cpu_fast.int8.ir_dot import dot2_small
+from zinfer.kernels.cpu_fast.int8.ir_scales import bit4s, splat
 
 STEP_BYTES = 40  # per 64 columns: 32 nibble bytes, 8 bytes of bit 4
 GROUP_STEPS = 2  # steps per group of 128 columns (4 blocks)

@@ -73,12 +73,13 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
-from zinfer.kernels import int8_ir_blocks, int8_ir_convert, int8_ir_dot, int8_ir_outer, int8_ir_super, llvm_host
-from zinfer.kernels import int8_ir_frame as frame
-from zinfer.kernels.int8_ir_dot import DECLS as DOT_DECLS
-from zinfer.kernels.int8_ir_dot import dot, dot2_small
-from zinfer.kernels.int8_ir_scales import scale_vector, splat
-from zinfer.kernels.kernel_signature import KernelSignature
+from zinfer.kernels.cpu_fast.int8 import ir_blocks as int8_ir_blocks, ir_convert as int8_ir_convert, ir_dot as int8_ir_dot, ir_outer as int8_ir_outer, ir_super as int8_ir_super
+from zinfer.kernels.cpu_fast import llvm_host
+from zinfer.kernels.cpu_fast.int8 import ir_frame as frame
+from zinfer.kernels.cpu_fast.int8.ir_dot import DECLS as DOT_DECLS
+from zinfer.kernels.cpu_fast.int8.ir_dot import dot, dot2_small
+from zinfer.kernels.cpu_fast.int8.ir_scales import scale_vector, splat
+from zinfer.kernels.cpu_fast.kernel_signature import KernelSignature
 
 
 class Int8Args(NamedTuple):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-SOURCE_DIR = Path(__file__).parent / "cuda"
+SOURCE_DIR = Path(__file__).parent
 MV_MAX_COLS = 8  # activation rows one matvec launch handles (matvec.cu)
 MV_WARPS = 4  # output rows per matvec block
 MAX_HEAD_DIM = 256  # attention.cu's MAX_HD

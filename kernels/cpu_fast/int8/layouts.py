@@ -42,10 +42,10 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from numba import njit, prange
 
-from zinfer.kernels import cpu_quant as cq
-from zinfer.kernels.cpu_ops import as_f32
-from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, U6_SUPER_BYTES
-from zinfer.kernels.block_fields import k4_scales_mins
+from zinfer.kernels.cpu_fast import cpu_quant as cq
+from zinfer.kernels.cpu_fast.cpu_ops import as_f32
+from zinfer.kernels.cpu_fast.int8.ir_scales import K4_SUPER_BYTES, U6_SUPER_BYTES
+from zinfer.kernels.oracle.block_fields import k4_scales_mins
 
 U5_STEP_BYTES = 40  # per 64 columns
 U6_STEP_BYTES = 48  # per 64 columns

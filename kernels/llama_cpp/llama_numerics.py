@@ -32,9 +32,9 @@ import functools
 
 import numpy as np
 
-from zinfer.kernels.llama_ops import fma
-from zinfer.kernels.block_fields import k4_scales_mins
-from zinfer.kernels.quants import BLOCK_SHAPES, dequantize, qtype_of
+from zinfer.kernels.llama_cpp.llama_ops import fma
+from zinfer.kernels.oracle.block_fields import k4_scales_mins
+from zinfer.kernels.oracle.quants import BLOCK_SHAPES, dequantize, qtype_of
 
 # weight types reproduced exactly -> (byte offset of d, byte offset of m/dmin or None)
 EXACT = {

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from zinfer.kernels.llama_numerics import Activations, LlamaMatrix, decompose, fma_chain, quantize_activations
+from zinfer.kernels.llama_cpp.llama_numerics import Activations, LlamaMatrix, decompose, fma_chain, quantize_activations
 
 REPACKED = {"Q4_0", "Q4_K", "IQ4_NL", "MXFP4", "Q2_K"}  # the types llama.cpp repacks on an AVX-512 host
 EXACT = {"Q4_K"}  # the repacked types whose kernels are reproduced here

@@ -14,8 +14,8 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-from zinfer.kernels import llvm_host
-from zinfer.kernels.kernel_signature import KernelSignature
+from zinfer.kernels.cpu_fast import llvm_host
+from zinfer.kernels.cpu_fast.kernel_signature import KernelSignature
 
 MR = 4  # rows of C per call
 NR = 16  # columns of C per call (two 8-float vectors)

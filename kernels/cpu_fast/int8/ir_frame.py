@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import itertools
 
-from zinfer.kernels.int8_ir_scales import K4_SUPER_BYTES, k4_mins, scale_vector
-from zinfer.kernels.kernel_signature import KernelSignature
+from zinfer.kernels.cpu_fast.int8.ir_scales import K4_SUPER_BYTES, k4_mins, scale_vector
+from zinfer.kernels.cpu_fast.kernel_signature import KernelSignature
 
 _LOOP_IDS = itertools.count(1_000_000, 2)  # metadata numbers of never-unrolled loops (and + 1), unique in a process's modules
 

@@ -16,7 +16,7 @@ Operands are IR values of type <8 x i32> (4 bytes a lane); each call appends lin
 
 from __future__ import annotations
 
-from zinfer.kernels.int8_ir_scales import splat
+from zinfer.kernels.cpu_fast.int8.ir_scales import splat
 
 DECLS = """
 declare <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32>, <8 x i32>, <8 x i32>)

@@ -24,7 +24,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from numba import njit, prange
 
-from zinfer.kernels.block_fields import f16, k4_scales_mins, nibbles, q5_codes
+from zinfer.kernels.oracle.block_fields import f16, k4_scales_mins, nibbles, q5_codes
 
 U4_TYPES = (QT.Q4_0, QT.Q4_1, QT.Q4_K)
 I8_TYPES = (QT.Q8_0, QT.Q5_0, QT.Q6_K)

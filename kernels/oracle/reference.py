@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from zinfer.kernels.rope import RopeScaling, angles as rope_tables, inv_freq as rope_inv_freq
+from zinfer.kernels.oracle.rope import RopeScaling, angles as rope_tables, inv_freq as rope_inv_freq
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 
