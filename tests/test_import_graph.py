@@ -64,11 +64,11 @@ KNOWN_CYCLES: list[set[str]] = [
 KNOWN_FUNCTION_IMPORTS: dict[str, set[str]] = {
     "zinfer.devices.registry": {"*"},  # the device factory imports a device when asked for (test_device_imports.py)
     # issue #34 item 3: kernels/ is reorganised by its own change
-    "zinfer.kernels": {"numba", "platformdirs", "zinfer.kernels.compile_cache"},
-    "zinfer.kernels.compile_cache": {"numba", "importlib"},
-    "zinfer.kernels.int8_ir": {"platformdirs"},
-    "zinfer.kernels.llama_numerics": {"numba"},
-    "zinfer.kernels.llvm_host": {"llvmlite"},
+    "zinfer.kernels": {"numba", "platformdirs", "zinfer.kernels.cpu_fast.compile_cache"},
+    "zinfer.kernels.cpu_fast.compile_cache": {"numba", "importlib"},
+    "zinfer.kernels.cpu_fast.int8.ir": {"platformdirs"},
+    "zinfer.kernels.llama_cpp.llama_numerics": {"numba"},
+    "zinfer.kernels.cpu_fast.llvm_host": {"llvmlite"},
     # issue #34 item 1: lazy imports in models/, beyond the TensorData move of this change
     "zinfer.models.convert": {"zinfer.models.gguf_vocab"},
     "zinfer.models.gguf_vocab": {"zinfer.models.gguf_file"},
