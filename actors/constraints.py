@@ -14,8 +14,8 @@ executors run the next forward (MaskPrefetch).
   (bounded_numbers), as llama.cpp's JSON grammar has: llguidance's are unbounded, and a
   model can write "123456789012345..." until max_tokens.
 - grammar_vocab.grammar_tokenizer(source): the model's vocabulary as llguidance's
-  LLTokenizer, with the EOS ids the scheduler stops on. Costs about 1 s (152k tokens) to
-  2 s (262k) on 2 cores: built once per sampler actor, on the first constrained request.
+  LLTokenizer, with the EOS ids the scheduler stops on. Takes seconds (BENCHMARKS.md,
+  "actors/grammar_vocab.py"): built once per sampler actor, on the first constrained request.
 - GrammarProbe: the worker's check of a constraint with the vocabulary: it compiles, and
   its first mask allows a token (an empty language, `start: start`, fails here).
 - GrammarMask: one request's matcher and its next-token bitmask.
@@ -48,7 +48,7 @@ NUMBER_LIMIT = 10**NUMBER_DIGITS - 1
 """The bound bounded_numbers gives an integer or number schema on a side it leaves open: 15
 digits, as many as an IEEE double holds exactly (what JSON parsers read numbers into,
 RFC 8259 section 6); llama.cpp's JSON grammar allows 16. All nines, so llguidance's range
-lexer stays small (a bound like 2**53 - 1 costs ~40 ms a request to compile)."""
+lexer stays small (other bounds cost more to compile: BENCHMARKS.md, "actors/constraints.py")."""
 
 T = TypeVar("T")
 KIND_NAMES = {

@@ -4,8 +4,8 @@ before its request is admitted, so a grammar the sampler would reject, or one th
 crash or stall the compiler, is a refusal ("bad_constraint") and never reaches the engine.
 
 - Measuring (actors/grammar_limits.py) runs in a worker thread: linear in the spec's size.
-- One worker process, started on the first constrained request (loading the vocabulary
-  takes 1-2 s), checks one grammar at a time within CHECK_SECONDS; a worker that dies or
+- One worker process, started on the first constrained request (it loads the vocabulary
+  first: seconds), checks one grammar at a time within CHECK_SECONDS; a worker that dies or
   overruns is killed, the request refused, and the next check starts a new one.
 - Verdicts are kept for the last CACHE_SIZE distinct grammars (clients repeat theirs);
   only the worker's compile outcomes, not an overrun or a crash, which load can cause.
@@ -30,7 +30,8 @@ log = structlog.get_logger("zinfer.grammar")
 CHECK_SECONDS = 5.0
 """How long one grammar may take to compile and give its first mask in the worker."""
 START_SECONDS = 120.0
-"""How long the worker may take to start and load the vocabulary (262k tokens: ~2 s idle)."""
+"""How long the worker may take to start and load the vocabulary (a load takes seconds, more under
+load: BENCHMARKS.md, "actors/grammar_vocab.py")."""
 CACHE_SIZE = 256
 
 

@@ -1,12 +1,12 @@
 """What a grammar may be before any library compiles it: sizes, rule counts, reference
 chains and repetition bounds, measured in pure Python over the spec's text.
 
-llguidance compiles schemas and Lark grammars by recursion on the native stack: a chain
-of ~950 object schemas linked by `$ref`, or of ~2,500 Lark rules, overflowed the 8 MiB
-main-thread stack of this host and ended the process with signal 11. GBNF converts to
-Lark in llguidance's Python code in time quadratic in the rule count (2,000 rules: 2.6 s),
-and a regex like `(x{1000}){1000}` costs about a second before its first mask. So every
-constraint is measured here first, in time linear in its size (256 KiB at most):
+llguidance compiles schemas and Lark grammars by recursion on the native stack, so a long
+enough chain of `$ref`-linked schemas or Lark rules overflows it and ends the process; GBNF
+converts to Lark in llguidance's Python code in time quadratic in the rule count; nested
+counted repetitions multiply the work before the first mask (BENCHMARKS.md,
+"actors/grammar_limits.py", has the sizes that did each). So every constraint is measured
+here first, in time linear in its size (256 KiB at most):
 
 - json_schema: at most MAX_NODES subschemas; no chain of subschemas and `$ref` hops
   longer than MAX_CHAIN (measured as the longest path through the strongly connected
@@ -38,7 +38,7 @@ MAX_CHAIN = 128
 MAX_RULES = 2000
 """Rules and terminals of one Lark grammar."""
 MAX_GBNF_RULES = 1000
-"""Rules of one GBNF grammar (its conversion to Lark is quadratic: 1,000 rules ~0.6 s)."""
+"""Rules of one GBNF grammar (its conversion to Lark is quadratic in the rule count)."""
 MAX_REPETITION = 10_000
 """The product of nested counted repetitions (`{m,n}`, `~ m..n`) in one regex or rule."""
 

@@ -2,12 +2,12 @@
 (models/tokenizer.py), so both agree on every token's bytes, on which tokens are special,
 and on how a text is tokenized.
 
-llguidance's loader of a tokenizer.json marks every added token special, and a special
-token matches no grammar text: Qwen2.5's `<tool_call>` (id 151657, an added token the GGUF
-marks user-defined, the engine treats as text) was the only token a forced tool call's mask
-allowed, and consuming it then failed ("forced bytes: got '<'"): HTTP 500 on every forced
-tool call. Handing llguidance the engine's tokens and tokenizer also builds in 1.0 s instead
-of 2.7 s (Qwen2.5, 152k tokens) and 1.8 s instead of 7.9 s (Gemma 3, 262k) on 2 cores.
+llguidance's own loader of a tokenizer.json marks every added token special, and a special
+token matches no grammar text; the engine treats the added tokens a GGUF marks user-defined
+(Qwen2.5's `<tool_call>`, say) as text, and so, through this module, does llguidance: a
+grammar that requires such a text (a forced tool call's `<tool_call>`) can be followed.
+Building from the engine's tokens is also faster than llguidance's loader (BENCHMARKS.md,
+"actors/grammar_vocab.py").
 """
 
 from __future__ import annotations

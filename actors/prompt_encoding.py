@@ -1,10 +1,9 @@
 """The front door actor's heavy work (chat templates, encoding, decoding) off its event loop.
 
-Two measured facts shape this module:
+Two facts shape this module:
 
-- The `tokenizers` library's plain `encode` keeps the GIL for its whole run (a thread
-  encoding a 1.2M-character text froze the event loop 0.83 s of 0.86 s), while
-  `encode_batch` releases it (the loop's longest stall: 12 ms); `Tokenizer.encode`
+- The `tokenizers` library's plain `encode` keeps the GIL for its whole run, while
+  `encode_batch` releases it (BENCHMARKS.md, "actors/prompt_encoding.py"); `Tokenizer.encode`
   (models/tokenizer.py) uses the latter, so a worker thread really frees the loop.
 - A prompt's length in characters bounds its length in tokens from below: a token stands
   for at most `longest_piece` characters of the text (the longest piece of the

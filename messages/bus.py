@@ -25,8 +25,8 @@ time. A second task waiting in the same direction raises `trio.BusyResourceError
 
 Zero copy: `send` hands frames of SEND_COPY_MAX bytes or more over with copy=False;
 the caller must not mutate a sent buffer afterwards: over inproc:// the receiver's
-frame IS the sender's buffer (measured: a 4 MiB array crosses inproc in ~40 µs with
-codec, ipc:// in ~0.9 ms). Smaller frames are copied into the message. `recv` returns
+frame IS the sender's buffer (BENCHMARKS.md, "messages/bus.py", has the costs). Smaller
+frames are copied into the message. `recv` returns
 small frames as `bytes` and large ones as read-only `memoryview`s over the received
 message, which `np.frombuffer` wraps without copying.
 """
@@ -49,13 +49,12 @@ COPY_THRESHOLD = 1024
 SEND_COPY_MAX = 1 << 20
 """Frames under this many bytes are copied on send (pyzmq's copy_threshold, 64 KiB by
 default). A zero-copy frame costs a wake-up of pyzmq's garbage-collector thread when
-libzmq releases it; measured on 2 cores, one row of logits (192 KiB) round-trips over
-inproc in ~120 µs copied and ~240 µs zero-copy; from about 1 MiB zero-copy wins
-(6 MiB: ~0.8 ms copied, ~0.2 ms zero-copy)."""
+libzmq releases it, which outweighs the copy below about 1 MiB (BENCHMARKS.md,
+"messages/bus.py")."""
 
 
 # Plain ints: pyzmq's constants are enum members, and each & or | on one builds a new
-# member (~1 µs); the socket loop does a dozen of those per message.
+# member; the socket loop does a dozen of those per message.
 _POLLIN, _POLLOUT, _BOTH = int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.POLLIN | zmq.POLLOUT)
 _EVENTS, _NOBLOCK = int(zmq.EVENTS), int(zmq.NOBLOCK)
 
@@ -259,7 +258,7 @@ class AsyncSocket:
 
     def _readable(self) -> bool:
         """Whether zmq.EVENTS says a message is queued. An idle actor's receive asks this
-        first: it is cheaper than a recv that raises EAGAIN (~2.5 µs vs ~6 µs)."""
+        first: it is cheaper than a recv that raises EAGAIN."""
         self._live()
         try:
             return bool(self._check() & _POLLIN)
