@@ -34,9 +34,9 @@ from opentelemetry.trace import Span
 from zinfer.actors.front_door_requests import Choice, Request, request_fields
 from zinfer.actors.grammar_checker import GrammarChecker
 from zinfer.actors.prompt_encoding import (
+    EncodingWorker,
     PromptLimits,
     PromptTooLong,
-    Worker,
     encode_prompt,
     encode_text_or_chat,
     input_size,
@@ -128,7 +128,7 @@ class FrontDoorActor:
         self.client_tx, self.client_rx = trio.open_memory_channel[tuple[bytes, ClientEvent]](float("inf"))
         self.sched_tx, self.sched_rx = trio.open_memory_channel[SchedulerInbox](float("inf"))
         self.limits = PromptLimits.for_tokenizer(self.prompts.tokenizer, self.max_model_len)
-        self.worker = Worker()
+        self.worker = EncodingWorker()
         self.down: str | None = None  # why new generations fail at once (an actor died, shutdown)
         self.grammars = GrammarChecker(self.grammar_model) if self.grammar_model is not None else None
 

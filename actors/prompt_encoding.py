@@ -13,8 +13,8 @@ Two facts shape this module:
   one that could fit. (This holds for tokenizers whose normalizer never merges
   characters: the GGUF-built ones only replace and prepend, which adds characters.)
 
-`Worker.run` runs small inputs inline (a thread hop costs more than they do) and large
-ones in one worker thread: a big prompt delays no other request's deltas.
+`EncodingWorker.run` runs small inputs inline (a thread hop costs more than they do) and
+large ones in one worker thread: a big prompt delays no other request's deltas.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def encode_prompt(prompts: PromptBuilder, limits: PromptLimits, req: Generate) -
     return ids
 
 
-class Worker:
+class EncodingWorker:
     """Runs the actor's heavy calls: inline when small, else in one thread at a time."""
 
     def __init__(self, threads: int = 1) -> None:
