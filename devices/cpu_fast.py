@@ -44,10 +44,10 @@ from zinfer.devices.cpu_team import ThreadGovernor
 from zinfer.devices.fallback import F32Fallbacks
 from zinfer.devices.tensor import TensorData
 from zinfer.kernels.cpu_fast.int8 import products as ci
+from zinfer.kernels.cpu_fast import compile_cache
 from zinfer.kernels.cpu_fast import cpu_ops as ops
 from zinfer.kernels.cpu_fast import cpu_prefill_attention as prefill
 from zinfer.kernels.cpu_fast import gemm_ir
-from zinfer.kernels.cpu_fast.int8 import ir as int8_ir
 from zinfer.kernels.oracle.quants import dequantize
 from zinfer.kernels.oracle.rope import RopeScaling
 
@@ -73,7 +73,8 @@ class FastCpuDevice(DeviceBase):
         self.round_threads = self.threads  # numba threads of the round being run (run_round sets it)
         self.f32_budget = F32Budget(f32_cache_bytes)  # spent by uploads on f32 copies
         self.fallbacks = F32Fallbacks("cpu-fast")  # types without a packed kernel, warned once each
-        self.int8 = int8_ir.available() if int8 is None else int8 and int8_ir.available()
+        compile_cache.route_compiles()  # numba kernels missing from the cache compile in its helper
+        self.int8 = ci.available() if int8 is None else int8 and ci.available()
         gemm_ir.address()  # compiled here, on the constructing thread, not in the first prefill
         self.kv_dtype = np.float16 if kv_f16 else np.float32
         self._jobs: dict[tuple[int, ...], tuple] = {}  # id(matrices) -> (matrices, their int8 groups)

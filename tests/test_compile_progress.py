@@ -31,6 +31,7 @@ def probe(tmp_path, monkeypatch):
     monkeypatch.setattr(compile_cache, "KERNEL_MODULES", name)
     monkeypatch.setattr(compile_cache, "_helper", None)
     monkeypatch.setattr(compile_cache, "_helper_broken", False)
+    compile_cache.route_compiles()  # as a cpu-fast device does when built
     monkeypatch.setattr(compile_cache, "PROGRESS_EVERY_S", 0.05)
     monkeypatch.setattr(compile_cache, "QUIET_S", 60.0)
     __import__(name)

@@ -8,32 +8,44 @@ runs the caller's copy, optimized a second time, and fastmath's `reassoc` lets t
 round differently. So cpu-fast's first run after an empty cache gave other greedy ids
 than every later run (#16).
 
-How: `route_compiles()` (called when zinfer.kernels is imported) wraps numba's
-`Dispatcher.compile`. When a kernel of zinfer.kernels with `cache=True` meets a signature
-that is neither compiled here nor in the cache, a helper process (a python3 running this
-module's main(), started on the first such kernel and kept until this process exits) compiles it and writes it to the cache, and this process then loads it
-from there, as later runs will. Only what a run needs is compiled, once per kernel
-source and numba version (kernels/__init__.py keys the cache folder); a warm cache starts
-no helper. If the helper cannot start or fails on a kernel, this process compiles that
+How: `route_compiles()`, which the cpu-fast device calls when it is built (never an
+import: it changes numba for the whole process), wraps numba's `Dispatcher.compile`. When
+a kernel of zinfer.kernels with `cache=True` meets a signature that is neither compiled
+here nor in the cache, a helper process (a python3 running this module's main(), started
+on the first such kernel and kept until this process exits) compiles it and writes it to
+the cache, and this process then loads it from there, as later runs will. Only what a run
+needs is compiled, once per cache key (code_cache.numba_dir); a warm cache starts no
+helper. If the helper cannot start or fails on a kernel, this process compiles that
 kernel itself, as numba would, with a warning: never a dead start.
 
 While the helper compiles, stderr says so: FIRST_COMPILE_NOTE when it starts, then a line
 every PROGRESS_EVERY_S with the seconds spent compiling, the kernels done and the one in
 hand, and the total once it has been idle for QUIET_S (`_Progress`).
+
+This reads numba's cache through private API (Dispatcher.compile, Cache._index_key,
+IndexDataCacheFile._load_index, caching.NullCache, sigutils.normalize_signature), the same
+from numba 0.60 to 0.68 (pyproject.toml pins that range). Where it has moved, the kernels
+compile in this process with a warning, as numba alone would.
 """
 
 from __future__ import annotations
 
 import atexit
+import importlib
 import os
 import pickle
 import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import IO, Any
 
 import structlog
+from numba.core import sigutils
+from numba.core.caching import NullCache
+from numba.core.dispatcher import Dispatcher
+
+from zinfer.kernels.cpu_fast import code_cache
 
 log = structlog.get_logger("zinfer.kernels")
 
@@ -52,41 +64,45 @@ def route_compiles() -> None:
     """Wrap numba's Dispatcher.compile so that zinfer kernels missing from the cache are
     compiled by the helper process and loaded from the cache. Idempotent; does nothing
     when IN_PROCESS_ENV is set."""
-    from numba.core.dispatcher import Dispatcher
-
     if os.environ.get(IN_PROCESS_ENV) or getattr(Dispatcher.compile, "zinfer_routed", False):
         return
     numba_compile = Dispatcher.compile
 
-    def compile(self, sig):
+    def compile(self: Any, sig: Any) -> Any:
         if _needs_compiling(self, sig) and _compile_in_helper(self, sig) and _needs_compiling(self, sig):
-            log.warning("kernel compiled in this process: the helper cached it but its entry is gone", kernel=self.py_func.__qualname__)
+            log.warning(
+                "kernel compiled in this process: the helper cached it but its entry is gone",
+                kernel=self.py_func.__qualname__,
+            )
         return numba_compile(self, sig)  # now a cache hit, unless the helper failed
 
-    compile.zinfer_routed = True
+    setattr(compile, "zinfer_routed", True)  # noqa: B010 (a function attribute mypy cannot see)
     compile.__doc__ = numba_compile.__doc__
-    Dispatcher.compile = compile
+    setattr(Dispatcher, "compile", compile)  # noqa: B010 (numba's method, replaced on purpose)
 
 
 def _needs_compiling(dispatcher: Any, sig: Any) -> bool:
     """Whether `dispatcher` is a cached zinfer kernel that would compile `sig` here: not
     compiled in this process yet and not in the on-disk cache."""
-    from numba.core import sigutils
-    from numba.core.caching import NullCache
-
     py_func = getattr(dispatcher, "py_func", None)
     cache = getattr(dispatcher, "_cache", None)
-    if py_func is None or cache is None or isinstance(cache, NullCache) or not py_func.__module__.startswith(KERNEL_MODULES):
+    if py_func is None or cache is None or isinstance(cache, NullCache):
+        return False
+    if not py_func.__module__.startswith(KERNEL_MODULES):
         return False
     try:
-        args, _ = sigutils.normalize_signature(sig)
+        args, _ = sigutils.normalize_signature(sig)  # type: ignore[no-untyped-call]  # numba's, untyped
         if tuple(args) in dispatcher.overloads:
             return False
         # numba's own index lookup, without loading the entry (that is numba's compile's job)
         key = cache._index_key(sig, dispatcher.targetctx.codegen())
         return key not in cache._cache_file._load_index()
     except Exception as exc:  # numba's private cache API moved: compile as numba always did
-        log.warning("cannot read numba's cache index; kernels compile in this process", kernel=py_func.__qualname__, error=f"{type(exc).__name__}: {exc}")
+        log.warning(
+            "cannot read numba's cache index; kernels compile in this process",
+            kernel=py_func.__qualname__,
+            error=f"{type(exc).__name__}: {exc}",
+        )
         return False
 
 
@@ -108,9 +124,16 @@ def _compile_in_helper(dispatcher: Any, sig: Any) -> bool:
                 _helper.progress.end()
         except Exception as exc:  # no helper, a dead one, a signature that does not pickle
             _helper_broken = True
-            error = f"helper process failed ({type(exc).__name__}: {exc}); every kernel compiles in this process from now on"
+            error = (
+                f"helper process failed ({type(exc).__name__}: {exc}); "
+                "every kernel compiles in this process from now on"
+            )
         if error is not None:
-            log.warning("kernel compiled in this process: this run's numbers may differ from later runs'", kernel=name, error=error)
+            log.warning(
+                "kernel compiled in this process: this run's numbers may differ from later runs'",
+                kernel=name,
+                error=error,
+            )
         return error is None
 
 
@@ -118,22 +141,29 @@ class _Helper:
     """The helper process and its pipes: pickled (module, qualname, signature) requests
     in, a pickled None (compiled and cached) or error text out."""
 
-    def __init__(self):
-        import numba
-
+    def __init__(self) -> None:
         print(FIRST_COMPILE_NOTE, file=sys.stderr, flush=True)
         self.progress = _Progress()
-        env = {**os.environ, IN_PROCESS_ENV: "1", "NUMBA_CACHE_DIR": str(numba.config.CACHE_DIR)}
-        serve = "from zinfer.kernels.cpu_fast.compile_cache import main; main()"  # not -m: zinfer.kernels imports this module first
-        self.proc = subprocess.Popen([sys.executable, "-c", serve], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        # the helper's numba caches where this process's kernels do
+        env = {**os.environ, IN_PROCESS_ENV: "1", "NUMBA_CACHE_DIR": str(code_cache.numba_dir())}
+        serve = "from zinfer.kernels.cpu_fast.compile_cache import main; main()"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", serve],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        self.requests: IO[bytes] = _pipe(self.proc.stdin)
+        self.replies: IO[bytes] = _pipe(self.proc.stdout)
         self.owner = os.getpid()  # a forked child must not share these pipes, nor end the helper
         atexit.register(self.close)
 
     def compile(self, module: str, qualname: str, sig: Any) -> str | None:
         """None once the helper has `sig` of module.qualname in the cache, else its error."""
-        pickle.dump((module, qualname, sig), self.proc.stdin)
-        self.proc.stdin.flush()
-        return pickle.load(self.proc.stdout)  # EOFError when the helper died
+        pickle.dump((module, qualname, sig), self.requests)
+        self.requests.flush()
+        reply: str | None = pickle.load(self.replies)  # EOFError when the helper died
+        return reply
 
     def close(self) -> None:
         """Close the helper's input, only in the process that started it: it finishes the
@@ -144,9 +174,15 @@ class _Helper:
         if self.owner != os.getpid():
             return
         try:
-            self.proc.stdin.close()
+            self.requests.close()
         except OSError:  # already gone
             pass
+
+
+def _pipe(stream: IO[bytes] | None) -> IO[bytes]:
+    """A pipe Popen was asked for (PIPE), as the stream it is."""
+    assert stream is not None
+    return stream
 
 
 class _Progress:
@@ -196,7 +232,9 @@ class _Progress:
                 now = time.monotonic()
                 if self.current is not None:
                     if now - self.last_line >= PROGRESS_EVERY_S:
-                        _say(f"zinfer: compiling cpu-fast kernels: {self._seconds(now):.0f} s, {self.done} done, now {self.current}")
+                        seconds = self._seconds(now)
+                        done = f"{self.done} done, now {self.current}"
+                        _say(f"zinfer: compiling cpu-fast kernels: {seconds:.0f} s, {done}")
                         self.last_line = now
                     self._cond.wait(PROGRESS_EVERY_S - (now - self.last_line))
                 elif not self.told_total and now - self.ended >= QUIET_S:
@@ -207,15 +245,19 @@ class _Progress:
                     self._cond.wait(None if self.told_total else QUIET_S - (now - self.ended))
 
     def _total(self) -> str:
-        return f"zinfer: compiled {self.done} cpu-fast kernel{'s' * (self.done != 1)} in {self.busy_s:.0f} s; later runs start from cache"
+        kernels = f"{self.done} cpu-fast kernel{'s' * (self.done != 1)}"
+        return f"zinfer: compiled {kernels} in {self.busy_s:.0f} s; later runs start from cache"
 
     def _at_exit(self) -> None:
         if self.owner != os.getpid():
             return
         with self._cond:
             if self.current is not None:
-                _say(f"zinfer: compiled {self.done} cpu-fast kernels in {self._seconds(time.monotonic()):.0f} s; "
-                     f"{self.current} finishes compiling in the background")
+                seconds = self._seconds(time.monotonic())
+                _say(
+                    f"zinfer: compiled {self.done} cpu-fast kernels in {seconds:.0f} s; "
+                    f"{self.current} finishes compiling in the background"
+                )
             elif not self.told_total:
                 _say(self._total())
             self.told_total = True
@@ -230,17 +272,13 @@ def _say(line: str) -> None:
 
 def _kernel(module: str, qualname: str) -> Any:
     """The numba dispatcher defined in `module` whose function is named `qualname`."""
-    import importlib
-
-    from numba.core.dispatcher import Dispatcher
-
     for value in vars(importlib.import_module(module)).values():
         if isinstance(value, Dispatcher) and value.py_func.__qualname__ == qualname:
             return value
     raise LookupError(f"no numba kernel {qualname} in {module}")
 
 
-def serve(requests, replies) -> None:
+def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
     """The helper's loop: compile each requested kernel signature (numba writes it to the
     cache) until `requests` ends; reply None or the error."""
     while True:

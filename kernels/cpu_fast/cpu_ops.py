@@ -15,6 +15,8 @@ from numba import njit, prange
 from numba import types as nt
 from numba.extending import intrinsic
 
+from zinfer.kernels.cpu_fast.code_cache import cached_njit
+
 _GELU_C = np.float32(math.sqrt(2.0 / math.pi))
 PARALLEL_ROWS = 8  # rows from which the elementwise kernels run on every thread
 
@@ -25,8 +27,8 @@ def compile_twice(body, **flags):
     gets its own name so that numba's on-disk cache keeps the two apart."""
     one = types.FunctionType(body.__code__, body.__globals__, body.__name__ + "_one", body.__defaults__, body.__closure__)
     one.__qualname__ = body.__qualname__ + "_one"
-    flags = {"cache": True, "nogil": True, "error_model": "numpy", **flags}
-    return njit(parallel=True, **flags)(body), njit(**flags)(one)
+    flags = {"nogil": True, "error_model": "numpy", **flags}
+    return cached_njit(parallel=True, **flags)(body), cached_njit(**flags)(one)
 
 
 def specialize(body, name: str, **constants):
@@ -36,7 +38,7 @@ def specialize(body, name: str, **constants):
     module-level `name` (numba's cache and the compile helper find kernels by name)."""
     func = types.FunctionType(body.__code__, {**body.__globals__, **constants}, name, body.__defaults__, body.__closure__)
     func.__qualname__ = name
-    return njit(cache=True, nogil=True, error_model="numpy")(func)
+    return cached_njit(nogil=True, error_model="numpy")(func)
 
 
 # Every kernel here compiles with error_model="numpy": a float division by zero gives inf or NaN
@@ -116,7 +118,7 @@ def fast_exp(x):
     return (p * r * r + r + np.float32(1)) * _f32_from_bits((np.int32(k) + np.int32(127)) << np.int32(23))
 
 
-@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
+@cached_njit(fastmath=True, nogil=True, error_model="numpy")
 def softmax_(row, scale):
     """row [n] f32 (n >= 1), in place: softmax(scale * row); all NaN where row holds a NaN
     or an infinity (fast_exp's clamp would turn those into plausible weights)."""
@@ -170,7 +172,7 @@ def _rms_norm(x, w, eps, out):
 rms_norm, rms_norm_one = compile_twice(_rms_norm, fastmath=True)
 
 
-@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
+@cached_njit(fastmath=True, nogil=True, error_model="numpy")
 def rope_table(positions, inv_freq, cos, sin):
     """cos, sin [T, rope_dim/2] of positions [T] int64 times inv_freq [rope_dim/2] f32:
     one round's angles, shared by q and k of every layer with the same base."""
@@ -233,7 +235,7 @@ def _glu(gate, up, gelu, out):
 glu, glu_one = compile_twice(_glu, fastmath=True)
 
 
-@njit(parallel=True, fastmath=True, cache=True, nogil=True, error_model="numpy")
+@cached_njit(parallel=True, fastmath=True, nogil=True, error_model="numpy")
 def paged_attention(q, k_pool, v_pool, rows, positions, row_seq, tables, block_size, scale, window, out):
     """Causal attention of the token rows `rows` over each one's paged KV, in one kernel.
 

@@ -11,8 +11,9 @@ Matches kernels.reference up to f32 summation order.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from zinfer.kernels.cpu_fast.code_cache import cached_njit
 from zinfer.kernels.cpu_fast import gemm_ir
 from zinfer.kernels.cpu_fast.cpu_ops import as_f32, softmax_
 from zinfer.kernels.cpu_fast.gemm_ir import MR as GEMM_MR
@@ -21,7 +22,7 @@ from zinfer.kernels.cpu_fast.gemm_ir import GemmArgs
 from zinfer.kernels.cpu_fast.kernel_signature import call_kernel
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@cached_njit(parallel=True, nogil=True)
 def gather_keys_values(k_pool, v_pool, table, block_size, k0, kt, v):
     """Keys k0 + j of one sequence from the paged pools [slots, Hkv, hd] (f32, or uint16
     holding f16) into kt [Hkv, hd, >= n] (transposed) and v [Hkv, >= n, hd], f32, for
@@ -37,7 +38,7 @@ def gather_keys_values(k_pool, v_pool, table, block_size, k0, kt, v):
                 v[g, j, i] = as_f32(v_pool[slot, g, i])
 
 
-@njit(parallel=True, fastmath=True, cache=True, nogil=True, error_model="numpy")  # see kernels/cpu_ops.py
+@cached_njit(parallel=True, fastmath=True, nogil=True, error_model="numpy")  # see kernels/cpu_ops.py
 def chunk_attention(gemm, q, kt, v, q_pos, k0, scale, window, out):
     """out [n, H, hd] = attention of q [n, H, hd] (positions q_pos [n], increasing) over
     the keys at positions k0 + j held in kt [Hkv, hd, nk + GEMM_NR], v [Hkv, nk + GEMM_NR, hd]

@@ -22,8 +22,9 @@ from typing import NamedTuple
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
-from numba import njit, prange
+from numba import prange
 
+from zinfer.kernels.cpu_fast.code_cache import cached_njit
 from zinfer.kernels.oracle.block_fields import f16, k4_scales_mins, nibbles, q5_codes
 
 U4_TYPES = (QT.Q4_0, QT.Q4_1, QT.Q4_K)
@@ -102,7 +103,7 @@ def repack(qtype, raw: np.ndarray, shape: tuple[int, int]) -> Packed:
 # ---- small-batch products: out [T, rows] = x [T, cols] @ W.T ----
 
 
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+@cached_njit(parallel=True, fastmath=True, nogil=True)
 def matmul_u4(qs, d, m, x, out):
     """out[t, r] = sum_k W[r, k] x[t, k] for a U4 matrix. x [T, K] f32, out [T, R] f32."""
     R = qs.shape[0]
@@ -127,7 +128,7 @@ def matmul_u4(qs, d, m, x, out):
                 out[t, r] = np.sum(acc[t])
 
 
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+@cached_njit(parallel=True, fastmath=True, nogil=True)
 def matmul_i8(qs, d, group, x, out):
     """out[t, r] = sum_k W[r, k] x[t, k] for an I8 matrix (scale per `group` values)."""
     R = qs.shape[0]
@@ -155,7 +156,7 @@ def matmul_i8(qs, d, group, x, out):
 # ---- one row (decode at batch 1): accumulators the compiler keeps in registers ----
 
 
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+@cached_njit(parallel=True, fastmath=True, nogil=True)
 def matvec_u4(qs, d, m, x, out):
     """out[r] = sum_k W[r, k] x[k] for a U4 matrix. x [K] f32, out [R] f32."""
     R = qs.shape[0]
@@ -181,7 +182,7 @@ def matvec_u4(qs, d, m, x, out):
 # ---- dequantization to f32 (for BLAS products and embedding rows) ----
 
 
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+@cached_njit(parallel=True, fastmath=True, nogil=True)
 def dequantize_u4(qs, d, m, rows, out):
     """out[i] = f32 row rows[i] of a U4 matrix. rows [n] int64, out [n, K]."""
     nb = d.shape[1]
@@ -196,7 +197,7 @@ def dequantize_u4(qs, d, m, rows, out):
                 o_[o + 16 + i] = np.float32(q >> 4) * db + mb
 
 
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+@cached_njit(parallel=True, fastmath=True, nogil=True)
 def dequantize_i8(qs, d, group, rows, out):
     """out[i] = f32 row rows[i] of an I8 matrix. rows [n] int64, out [n, K]."""
     ng = d.shape[1]

@@ -31,6 +31,7 @@ from numba import carray, njit
 from numba import types as nt
 from numba.extending import intrinsic
 
+from zinfer.kernels.cpu_fast.code_cache import cached_njit
 from zinfer.kernels.cpu_fast.int8 import products as ci
 from zinfer.kernels.cpu_fast import cpu_ops as ops
 from zinfer.kernels.cpu_fast.cpu_ops import PARALLEL_ROWS, _f32_from_bits
@@ -262,7 +263,7 @@ def _f32(bits):
     return _f32_from_bits(np.int32(bits))
 
 
-@njit(cache=True, nogil=True)
+@cached_njit(nogil=True)
 def replay(nodes):
     """Run nodes [n, WIDTH] int64 (rows `pack` made) in order."""
     for i in range(nodes.shape[0]):

@@ -8,8 +8,9 @@ kernels had computed it once per weight-row pass). Every function has a parallel
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from zinfer.kernels.cpu_fast.code_cache import cached_njit
 from zinfer.kernels.cpu_fast.cpu_ops import ABS_BITS, NON_FINITE_BITS, _f32_from_bits, compile_twice, f32_bits, specialize
 
 PLAIN, U4_ORDER, U6_ORDER, K4_ORDER, U5_ORDER = ORDERS = 0, 1, 2, 3, 4  # the orders of activations in a step
@@ -17,7 +18,7 @@ ORDER_NAMES = ("plain", "u4", "u6", "k4", "u5")
 _ORDER = PLAIN  # the order of a _quantize_in copy: each binds its own (cpu_ops.specialize)
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@cached_njit(nogil=True, error_model="numpy", inline="always")
 def _block_scale(xb):
     """A block's int8 scale d = amax / 127 and its inverse 127 / amax (0 for a zero block).
 

@@ -70,11 +70,10 @@ from __future__ import annotations
 
 import functools
 import os
-from pathlib import Path
 from typing import NamedTuple
 
 from zinfer.kernels.cpu_fast.int8 import ir_blocks as int8_ir_blocks, ir_convert as int8_ir_convert, ir_dot as int8_ir_dot, ir_outer as int8_ir_outer, ir_super as int8_ir_super
-from zinfer.kernels.cpu_fast import llvm_host
+from zinfer.kernels.cpu_fast import code_cache, llvm_host
 from zinfer.kernels.cpu_fast.int8 import ir_frame as frame
 from zinfer.kernels.cpu_fast.int8.ir_dot import DECLS as DOT_DECLS
 from zinfer.kernels.cpu_fast.int8.ir_dot import dot, dot2_small
@@ -266,19 +265,10 @@ def _compiled() -> dict[str, int] | None:
         if isa is None:
             return None
         outer = [name for names in OUTER_NAMES.values() for name in names]
-        return llvm_host.compile_for_host(module_ir(isa), [kernel_name(*key) for key in KEYS] + outer, cache_dir=_object_cache_dir())
-    except (ImportError, RuntimeError, OSError):
+        names = [kernel_name(*key) for key in KEYS] + outer
+        return llvm_host.compile_for_host(module_ir(isa), names, cache_dir=code_cache.llvm_dir())
+    except (RuntimeError, OSError):
         return None
-
-
-def _object_cache_dir() -> Path | None:
-    """Where the module's machine code is kept between runs: beside numba's cache (the
-    user's cache directory), None where platformdirs is missing."""
-    try:
-        import platformdirs
-    except ImportError:
-        return None
-    return Path(platformdirs.user_cache_dir("zinfer")) / "llvm"
 
 
 def addresses() -> dict[tuple[str, int, bool, int, int], int] | None:

@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
-from numba import njit, prange
+from numba import prange
 
+from zinfer.kernels.cpu_fast.code_cache import cached_njit
 from zinfer.kernels.cpu_fast import cpu_quant as cq
 from zinfer.kernels.cpu_fast.cpu_ops import as_f32
 from zinfer.kernels.cpu_fast.int8.ir_scales import K4_SUPER_BYTES, U6_SUPER_BYTES
@@ -140,7 +141,7 @@ def u6_from_q6_k(raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, n
     return qs, np.concatenate((b[:, 208:210], b[:, 192:208]), axis=1).reshape(rows, -1)
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@cached_njit(parallel=True, nogil=True)
 def dequantize_rows_u5(qs, d, rows, out):
     """out[j] = f32 row rows[j] of a u5 matrix. qs [R, steps * 40] uint8, d [R, steps * 2]
     f16 bits as uint16, out [n, steps * 64]."""
@@ -157,7 +158,7 @@ def dequantize_rows_u5(qs, d, rows, out):
                 o[column + 8] = np.float32(((byte >> 4) | (((bits >> 4) & 1) << 4)) - 16) * scale
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@cached_njit(parallel=True, nogil=True)
 def dequantize_rows_u6(qs, sup, rows, out):
     """out[j] = f32 row rows[j] of a u6 matrix: (code - 32) * (d * scale) per 16 columns,
     as kernels.quants. qs [R, steps * 48] uint8, sup [R, steps / 4 * 18] uint8, out [n, steps * 64]."""
@@ -176,7 +177,7 @@ def dequantize_rows_u6(qs, sup, rows, out):
                     o[s * 64 + col] = np.float32(code - 32) * scale
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@cached_njit(parallel=True, nogil=True)
 def dequantize_rows_p8(qs, d, rows, out):
     """out[j] = f32 row rows[j] of a p8 matrix. qs [R, steps * 64] int8 in the u4 step order
     ([block0 0..15, block1 0..15, block0 16..31, block1 16..31]), d [R, steps * 2] f32 or
@@ -192,7 +193,7 @@ def dequantize_rows_p8(qs, d, rows, out):
                     o[s * 64 + blk * 32 + 16 + i] = np.float32(q[s * 64 + 32 + blk * 16 + i]) * scale
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@cached_njit(parallel=True, nogil=True)
 def dequantize_rows_u4(qs, d, m, rows, out):
     """out[j] = f32 row rows[j] of a u4 matrix: code * d + m per 32-block (the product is
     exact, so one rounding, as kernels.quants). qs [R, blocks * 16] uint8 (byte i of a
@@ -208,7 +209,7 @@ def dequantize_rows_u4(qs, d, m, rows, out):
                 o[b * 32 + 16 + i] = np.float32(byte >> 4) * scale + offset
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@cached_njit(parallel=True, nogil=True)
 def dequantize_rows_i8(qs, d, rows, out):
     """out[j] = f32 row rows[j] of an i8 matrix. qs [R, cols] int8, d [R, cols / group] f32
     or f16 bits as uint16, out [n, cols]."""
@@ -219,7 +220,7 @@ def dequantize_rows_i8(qs, d, rows, out):
             o[k] = np.float32(q[k]) * as_f32(dr[k // group])
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@cached_njit(parallel=True, nogil=True)
 def dequantize_rows_k4(qs, sup, rows, out):
     """out[j] = f32 row rows[j] of a k4 matrix: code * (d * scale) - dmin * min per 32-block,
     as kernels.quants. qs [R, cols / 2] uint8 (the k4 order), sup [R, cols / 256 * 20] uint8, out [n, cols]."""

@@ -17,8 +17,9 @@ from typing import NamedTuple
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
-from numba import njit, prange
+from numba import prange
 
+from zinfer.kernels.cpu_fast.code_cache import cached_njit
 from zinfer.kernels.cpu_fast.int8 import layouts as bp
 from zinfer.kernels.cpu_fast.int8 import ir as int8_ir, ir_outer as int8_ir_outer, ir_super as int8_ir_super
 from zinfer.kernels.cpu_fast.cpu_ops import PARALLEL_ROWS, specialize
@@ -51,6 +52,11 @@ class Int8Weight(NamedTuple):
     def nbytes(self) -> int:
         """The bytes one product streams."""
         return self.qs.nbytes + self.d.nbytes + (self.m[: self.qs.shape[0]].nbytes if self.kind == "u4" else 0)  # u4: not its pad rows
+
+
+def available() -> bool:
+    """Whether the int8 kernels run on this machine (VNNI or AVX2, and llvmlite compiles for it)."""
+    return int8_ir.available()
 
 
 def _as_f16_if_exact(*arrays: np.ndarray) -> tuple[bool, list[np.ndarray]]:
@@ -128,7 +134,7 @@ _OUTER_ROWS = 8 * int8_ir_outer.GROUPS  # weight rows per pass of the outer prod
 assert ROWS_PER_TASK % _OUTER_ROWS == 0
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@cached_njit(parallel=True, nogil=True)
 def _run(jobs, A, S, N, C, nsteps, nchunks, out):
     """Each job's product [T, rows] into its block of the flat buffer out, by tasks of
     ROWS_PER_TASK weight rows x ROWS_PER_BLOCK activation rows; jobs [n, JOB_COLUMNS] int64
@@ -262,7 +268,7 @@ _product_plain, _product_u4, _product_u6, _product_k4, _product_u5 = (
 PRODUCTS = dict(zip(ORDERS, (_product_plain, _product_u4, _product_u6, _product_k4, _product_u5)))
 
 
-@njit(cache=True, nogil=True)
+@cached_njit(nogil=True)
 def _product(jobs, x, order, group, nsteps, nchunks, out):
     """PRODUCTS[order] for an activation `order` known only at run time (the decode tape's)."""
     if order == U5_ORDER:
