@@ -45,11 +45,15 @@ class ForwardBatch:
 
         The block table must cover first_position + len(token_ids) tokens.
         """
-        ids, pos, slots, seqs, rows = [], [], [], [], []
+        ids: list[np.ndarray] = []
+        pos: list[np.ndarray] = []
+        slots: list[np.ndarray] = []
+        seqs: list[SeqChunk] = []
+        rows: list[int] = []
         start = 0
-        for tokens, first, table, wants_logits in chunks:
+        for tokens, first, block_table, wants_logits in chunks:
             n = len(tokens)
-            table = np.asarray(table, dtype=np.int32)
+            table = np.asarray(block_table, dtype=np.int32)  # [n_blocks]
             end = first + n
             if len(table) * block_size < end:
                 raise ValueError(f"block table of {len(table)} blocks cannot hold {end} tokens")

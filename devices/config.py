@@ -14,19 +14,20 @@ import msgspec
 
 
 class _Options(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind"):
-    """Common base: frozen, unknown fields refused, tagged by device kind."""
+    """Common base: frozen, unknown fields refused, tagged by device kind. Each subclass
+    restates frozen=True, which msgspec inherits but mypy's reading of it does not."""
 
-    def changed(self) -> dict:
+    def changed(self) -> dict[str, object]:
         """The fields set away from their defaults, {name: value} (for error messages)."""
         defaults = type(self)()
         return {f: getattr(self, f) for f in self.__struct_fields__ if getattr(self, f) != getattr(defaults, f)}
 
 
-class CpuConfig(_Options, tag="cpu"):
+class CpuConfig(_Options, tag="cpu", frozen=True):
     """The numpy oracle (devices/cpu.py): float32 everywhere, nothing to choose."""
 
 
-class CpuLlamaConfig(_Options, tag="cpu-llama"):
+class CpuLlamaConfig(_Options, tag="cpu-llama", frozen=True):
     """numpy with llama.cpp's CPU arithmetic (devices/cpu_llama.py, LlamaCpuDevice).
 
     repack: multiply the weights llama.cpp repacks on an x86 AVX2/AVX-512 host (Q4_K ...)
@@ -36,7 +37,7 @@ class CpuLlamaConfig(_Options, tag="cpu-llama"):
     repack: bool = True
 
 
-class CpuFastConfig(_Options, tag="cpu-fast"):
+class CpuFastConfig(_Options, tag="cpu-fast", frozen=True):
     """The numba device (devices/cpu_fast.py).
 
     threads: numba threads, 0 for every core. int8: the int8 kernels (None: wherever
@@ -53,14 +54,14 @@ class CpuFastConfig(_Options, tag="cpu-fast"):
     f32_cache_mib: int = 1024
     decode_graphs: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0 (0: every core), not {self.threads}")
         if self.f32_cache_mib < 0:
             raise ValueError(f"f32_cache_mib must be >= 0, not {self.f32_cache_mib}")
 
 
-class CudaConfig(_Options, tag="cuda"):
+class CudaConfig(_Options, tag="cuda", frozen=True):
     """The CUDA device (devices/cuda.py).
 
     matvec_max_tokens: rounds up to this many rows use the fused dequantizing matvec
@@ -75,7 +76,7 @@ class CudaConfig(_Options, tag="cuda"):
     graph_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     graph_max_context: int = 8192
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.gemm_dtype not in ("f32", "f16"):
             raise ValueError(f"gemm_dtype must be 'f32' or 'f16', not {self.gemm_dtype!r}")
         if self.matvec_max_tokens < 1:
@@ -90,7 +91,12 @@ class CudaConfig(_Options, tag="cuda"):
 
 DeviceConfig = Union[CpuConfig, CpuLlamaConfig, CpuFastConfig, CudaConfig]
 
-CONFIG_FOR_KIND: dict[str, type] = {"cpu": CpuConfig, "cpu-llama": CpuLlamaConfig, "cpu-fast": CpuFastConfig, "cuda": CudaConfig}
+CONFIG_FOR_KIND: dict[str, type[DeviceConfig]] = {
+    "cpu": CpuConfig,
+    "cpu-llama": CpuLlamaConfig,
+    "cpu-fast": CpuFastConfig,
+    "cuda": CudaConfig,
+}
 DEVICE_NAMES = ("auto", "cpu", "numpy", "cpu-llama", "cpu-fast", "cuda", "cuda:N")
 
 

@@ -10,11 +10,11 @@ larger ones, else (types without a packed kernel) f32 through BLAS.
 
 Attention: one numba kernel over every short row of the round (decode, small appends),
 and for a sequence's long chunk a blocked kernel over the causal triangle
-(kernels/cpu_prefill_attention.py). Neither uses BLAS.
+(kernels/cpu_fast/cpu_prefill_attention.py). Neither uses BLAS.
 
 Threads: OpenBLAS's workers spin for a while after each call, and numba's parallel
-kernels then fight them for the same cores (measured: 16 streams decoded 10x slower).
-So in a round whose linears go through BLAS, the numba kernels run on one thread;
+kernels then fight them for the same cores. So in a round whose linears go through BLAS,
+the numba kernels run on one thread;
 every other round uses every core and no BLAS, unless its shape ran faster on one
 thread lately: when other processes take cores, a team waits at every parallel region
 for the thread that lost its core (devices/cpu_team.py times the rounds and chooses).
@@ -37,17 +37,17 @@ from gguf import GGMLQuantizationType as QT
 from zinfer.devices.base import DeviceBase, Layers
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.cpu import CpuKV
-from zinfer.devices.cpu_fast_linears import SMALL_BATCH, SMALL_BATCH_NO_COPY, F32Budget, F32Linear, FastWeight, linear_for  # noqa: F401 (re-exported)
+from zinfer.devices.cpu_fast_linears import SMALL_BATCH, F32Budget, F32Linear, FastWeight, linear_for
 from zinfer.devices.cpu_fast_round import FastRoundCtx
 from zinfer.devices.cpu_graph import DecodeGraphs, GraphKV, ReplayCompile
 from zinfer.devices.cpu_team import ThreadGovernor
 from zinfer.devices.fallback import F32Fallbacks
-from zinfer.devices.tensor import TensorData
 from zinfer.kernels.cpu_fast.int8 import products as ci
 from zinfer.kernels.cpu_fast import compile_cache
 from zinfer.kernels.cpu_fast import cpu_ops as ops
 from zinfer.kernels.cpu_fast import cpu_prefill_attention as prefill
 from zinfer.kernels.cpu_fast import gemm_ir
+from zinfer.kernels.tensor import TensorData
 from zinfer.kernels.oracle.quants import dequantize
 from zinfer.kernels.oracle.rope import RopeScaling
 
@@ -60,12 +60,13 @@ class FastCpuDevice(DeviceBase):
     streams those are as many as the weights), else f32 as the oracle does;
     `decode_graphs`: each pool alloc_kv makes records and replays its decode rounds
     (devices/cpu_graph.py; off here, the engine's CpuFastConfig turns it on);
-    `adaptive_threads`: each round shape runs on 1 thread instead of all while that is faster (devices/cpu_team.py), else always on all."""
+    `adaptive_threads`: each round shape runs on 1 thread instead of all while that is
+    faster (devices/cpu_team.py), else always on all."""
 
     name = "cpu-fast"
 
-    def __init__(self, threads: int | None = None, f32_cache_bytes: int = 1 << 30, int8: bool | None = None, kv_f16: bool = True,
-                 decode_graphs: bool = False, adaptive_threads: bool = True):
+    def __init__(self, threads: int | None = None, f32_cache_bytes: int = 1 << 30, int8: bool | None = None,
+                 kv_f16: bool = True, decode_graphs: bool = False, adaptive_threads: bool = True) -> None:
         if threads is not None:
             numba.set_num_threads(threads)
         self.threads = numba.get_num_threads()
@@ -77,24 +78,26 @@ class FastCpuDevice(DeviceBase):
         self.int8 = ci.available() if int8 is None else int8 and ci.available()
         gemm_ir.address()  # compiled here, on the constructing thread, not in the first prefill
         self.kv_dtype = np.float16 if kv_f16 else np.float32
-        self._jobs: dict[tuple[int, ...], tuple] = {}  # id(matrices) -> (matrices, their int8 groups)
+        self._jobs: dict[tuple[int, ...], tuple[tuple[FastWeight, ...], list[Int8Group]]] = {}  # ids -> (ws, groups)
         self.decode_graphs = decode_graphs
         self.replay_compile = ReplayCompile()  # started by the first eager decode round on a GraphKV
         self.last_round_replayed = False  # whether the last run_round replayed a graph (traces/kernels.py)
 
     # ---- weights and KV ----
 
-    def upload(self, name: str, tensor: TensorData):
+    def upload(self, name: str, tensor: TensorData) -> np.ndarray | FastWeight:
         """Vectors (and tensors of other ranks) as f32 arrays; matrices as a FastWeight
         carrying the kernel chosen for it here (devices/cpu_fast_linears.py). A type with
-        no packed kernel becomes f32, warned once per type; one kernels.quants cannot
+        no packed kernel becomes f32, warned once per type; one kernels.oracle.quants cannot
         read raises UnsupportedTensorType (the loader adds the tensor's name)."""
         qt = QT(tensor.qtype)
         if len(tensor.shape) != 2:
             return np.ascontiguousarray(dequantize(tensor.data, qt, tensor.shape), dtype=np.float32)
         w = linear_for(qt, tensor.data, (int(tensor.shape[0]), int(tensor.shape[1])), self.int8, self.f32_budget)
         if isinstance(w, F32Linear) and qt != QT.F32:
-            self.fallbacks.note(name, qt.name, w.f32.size, np.asarray(tensor.data).nbytes, "no packed cpu-fast kernel for this type")
+            values = tensor.shape[0] * tensor.shape[1]
+            why = "no packed cpu-fast kernel for this type"
+            self.fallbacks.note(name, qt.name, values, np.asarray(tensor.data).nbytes, why)
         return w
 
     def alloc_kv(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int) -> CpuKV:
@@ -105,26 +108,26 @@ class FastCpuDevice(DeviceBase):
 
     # ---- rounds ----
 
-    def run_round(self, layers: Layers, batch: ForwardBatch, kv: CpuKV):
+    def run_round(self, layers: Layers[CpuKV, FastRoundCtx], batch: ForwardBatch, kv: CpuKV) -> np.ndarray:
         """layers(self, ctx) -> logits [S, vocab]; on a GraphKV, a decode round replays the
         graph that pool recorded for its bucket (recording it the first time, with layers on
         a GraphRecorder). Until the replay kernel is compiled (on a thread, after the first
         eager decode round) rounds run eagerly. The round runs on the thread count
         self.team chooses for its shape, and its time is reported back to it."""
-        graphs: DecodeGraphs | None = kv.graphs if isinstance(kv, GraphKV) else None
+        graphs = kv.graphs if isinstance(kv, GraphKV) else None
         eligible = graphs is not None and graphs.eligible(batch)
-        replay = eligible and self.replay_compile.ready
-        if replay:
-            key: tuple = ("graph", DecodeGraphs.bucket(len(batch.seqs)))
+        replay = graphs if eligible and self.replay_compile.ready else None
+        if replay is not None:
+            key: tuple[object, ...] = ("graph", DecodeGraphs.bucket(len(batch.seqs)))
         else:
             key = ("eager", batch.n_tokens.bit_length(), len(batch.seqs) == batch.n_tokens)
         self.round_threads = self.team.choose(key) if self.team.threads > 1 else self.threads
         self.last_round_replayed = False
         start = time.perf_counter()
-        if replay:
+        if replay is not None:
             self._threads_for(batch.n_tokens)
-            out = graphs.run(self, layers, batch)
-            self.last_round_replayed = graphs.last_replayed
+            out = replay.run(self, layers, batch)
+            self.last_round_replayed = replay.last_replayed
         else:
             out = layers(self, self.begin_round(batch))
             if eligible:
@@ -151,15 +154,17 @@ class FastCpuDevice(DeviceBase):
     def begin_round(self, batch: ForwardBatch) -> FastRoundCtx:
         """The round's ctx; sets numba's thread count for a round of this many rows."""
         self._threads_for(batch.n_tokens)
-        return FastRoundCtx(batch, *(np.ascontiguousarray(a, dtype=np.int64) for a in (batch.token_ids, batch.positions, batch.slots, batch.logits_rows)))
+        arrays = (batch.token_ids, batch.positions, batch.slots, batch.logits_rows)
+        return FastRoundCtx(batch, *(np.ascontiguousarray(a, dtype=np.int64) for a in arrays))
 
-    def embed(self, table, token_ids: np.ndarray) -> np.ndarray:
+    def embed(self, table: np.ndarray | FastWeight, token_ids: np.ndarray) -> np.ndarray:
         """Rows of table (an f32 array or a FastWeight) for token_ids [T] -> a new [T, d] array."""
         ids = np.ascontiguousarray(token_ids, dtype=np.int64)
-        if isinstance(table, np.ndarray):
-            return table[ids]
-        if table.f32 is not None:
-            return table.f32[ids]
+        f32 = table if isinstance(table, np.ndarray) else table.f32
+        if f32 is not None:
+            rows: np.ndarray = f32[ids]  # [T, d]
+            return rows
+        assert isinstance(table, FastWeight)
         out = np.empty((ids.shape[0], table.shape[1]), np.float32)  # [T, d]
         table.dequantize_rows(ids, out)  # packed blocks, or the int8 kernels' own layout (Q5_0, Q6_K)
         return out
@@ -169,33 +174,32 @@ class FastCpuDevice(DeviceBase):
         out = np.empty_like(x)
         n = x.shape[-1]
         rows = x.size // n
-        (ops.rms_norm if rows >= ops.PARALLEL_ROWS else ops.rms_norm_one)(x.reshape(rows, n), w, np.float32(eps), out.reshape(rows, n))
+        kernel = ops.rms_norm if rows >= ops.PARALLEL_ROWS else ops.rms_norm_one
+        kernel(x.reshape(rows, n), w, np.float32(eps), out.reshape(rows, n))
         return out
 
     def linear(self, x: np.ndarray, w: FastWeight, b: np.ndarray | None = None) -> np.ndarray:
         return self.linears(x, (w,), (b,))[0]
 
-    def linears(self, x: np.ndarray, ws: tuple, bs: tuple) -> list:
+    def linears(self, x: np.ndarray, ws: tuple[FastWeight, ...], bs: tuple[np.ndarray | None, ...]) -> list[np.ndarray]:
         """Each weight computes with its own kernel; Int8Linear matrices of one layout
         (q/k/v, gate/up) share one rounding of x and one launch."""
         x = np.ascontiguousarray(x, dtype=np.float32)  # [T, in]
-        outs: list = [None] * len(ws)
+        done: dict[int, np.ndarray] = {}  # index in ws -> its output [T, rows]
         for jobs, members in self.int8_jobs(ws):
-            for i, out in zip(members, ci.matmul_many(jobs, x)):
-                outs[i] = out
-        for i, (w, b) in enumerate(zip(ws, bs)):
-            if outs[i] is None:
-                outs[i] = w.compute(x)
+            done.update(zip(members, ci.matmul_many(jobs, x)))
+        outs = [done[i] if i in done else w.compute(x) for i, w in enumerate(ws)]
+        for out, b in zip(outs, bs):
             if b is not None:
-                outs[i] += b
+                out += b
         return outs
 
-    def int8_jobs(self, ws: tuple) -> list[tuple[ci.Jobs, list[int]]]:
+    def int8_jobs(self, ws: tuple[FastWeight, ...]) -> list[Int8Group]:
         """ws's int8 matrices grouped by activation layout: [(their jobs, their indices in ws)]."""
         key = tuple(map(id, ws))
         cached = self._jobs.get(key)
         if cached is None:
-            groups = [(ci.jobs_for([ws[i].int8 for i in idx]), idx) for idx in _int8_groups(ws)]
+            groups = [(ci.jobs_for([_int8_of(ws[i]) for i in idx]), idx) for idx in _int8_groups(ws)]
             self._jobs[key] = cached = (ws, groups)  # ws pinned: their ids stay theirs
         return cached[1]
 
@@ -213,7 +217,7 @@ class FastCpuDevice(DeviceBase):
             kv.k[layer][slots] = k
             kv.v[layer][slots] = v
             return
-        store = ops.store_f16 if k.shape[0] >= ops.PARALLEL_ROWS else ops.store_f16_one  # numpy's f16 cast: 17 ms per 512-token prefill
+        store = ops.store_f16 if k.shape[0] >= ops.PARALLEL_ROWS else ops.store_f16_one  # not numpy's f16 cast (slow)
         for pool, x in ((kv.k[layer], k), (kv.v[layer], v)):
             store(pool.view(np.uint16), slots, np.ascontiguousarray(x, dtype=np.float32))
 
@@ -225,48 +229,54 @@ class FastCpuDevice(DeviceBase):
         split = ctx.attention_split(prefill.supported(q.shape[2]))
         for s in split.long:
             rows = slice(s.start, s.start + s.n_tokens)
-            self._chunk_attention(q[rows], kp, vp, kv.block_size, s.block_table, ctx.positions[rows], scale, window, out[rows])
+            self._chunk_attention(q[rows], kp, vp, kv.block_size, s.block_table, ctx.positions[rows], scale, window,
+                                  out[rows])
         if split.short is not None:
-            rows, row_seq, tables = split.short
-            ops.paged_attention(q, kp, vp, rows, ctx.positions, row_seq, tables, kv.block_size, np.float32(scale), int(window), out)
+            short_rows, row_seq, tables = split.short
+            ops.paged_attention(q, kp, vp, short_rows, ctx.positions, row_seq, tables, kv.block_size, np.float32(scale),
+                                int(window), out)
         return out
 
     @staticmethod
-    def _chunk_attention(q, k_pool, v_pool, block_size, block_table, positions, scale, window, out) -> None:
+    def _chunk_attention(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, block_size: int,
+                         block_table: np.ndarray, positions: np.ndarray, scale: float, window: int,
+                         out: np.ndarray) -> None:
         """One sequence's chunk q, out [n, H, hd] at `positions` (increasing), its keys
-        gathered once from the pools into f32 scratch."""
+        gathered once from the pools (k_pool, v_pool [slots, Hkv, hd], f32 or f16 bits) into
+        f32 scratch."""
         positions = np.ascontiguousarray(positions, dtype=np.int64)
         k0 = max(0, int(positions[0]) - window + 1) if window else 0  # the first key any row sees
         n_keys = int(positions[-1]) + 1 - k0
         Hkv, hd = k_pool.shape[1], k_pool.shape[2]
-        kt = np.zeros((Hkv, hd, n_keys + prefill.GEMM_NR), np.float32)  # keys transposed, zero-padded
-        v = np.zeros((Hkv, n_keys + prefill.GEMM_NR, hd), np.float32)
+        kt = np.zeros((Hkv, hd, n_keys + gemm_ir.NR), np.float32)  # keys transposed, zero-padded
+        v = np.zeros((Hkv, n_keys + gemm_ir.NR, hd), np.float32)
         prefill.gather_keys_values(k_pool, v_pool, np.asarray(block_table, np.int32), block_size, k0, kt, v)
         prefill.chunk_attention(gemm_ir.address(), q, kt, v, positions, k0, np.float32(scale), int(window), out)
 
     def glu(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
-        gate = np.ascontiguousarray(gate, dtype=np.float32)  # strided rows would not vectorize (8x slower)
+        gate = np.ascontiguousarray(gate, dtype=np.float32)  # strided rows would not vectorize
         up = np.ascontiguousarray(up, dtype=np.float32)
         out = np.empty_like(gate)
         (ops.glu if gate.shape[0] >= ops.PARALLEL_ROWS else ops.glu_one)(gate, up, act != "silu", out)
         return out
 
-    def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        return x + y
-
-    def scale(self, x: np.ndarray, s: float) -> np.ndarray:
-        return x * np.float32(s)
-
-    def take_rows(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        return x[rows]
 
 
-def _int8_groups(ws: tuple) -> list[list[int]]:
+Int8Group = tuple[ci.Jobs, list[int]]  # one launch's jobs, and the indices of its matrices in the ws given
+
+
+def _int8_of(w: FastWeight) -> ci.Int8Weight:
+    if w.int8 is None:
+        raise ValueError(f"{type(w).__name__} has no int8 view")
+    return w.int8
+
+
+def _int8_groups(ws: tuple[FastWeight, ...]) -> list[list[int]]:
     """Indices of the matrices with int8 kernels, grouped by activation layout."""
     groups: list[list[int]] = []
     for i, w in enumerate(ws):
         if w.int8 is not None:
-            group = next((g for g in groups if ci.same_layout(ws[g[0]].int8, w.int8)), None)
+            group = next((g for g in groups if ci.same_layout(_int8_of(ws[g[0]]), w.int8)), None)
             if group is None:
                 groups.append([i])
             else:

@@ -2,18 +2,18 @@
 
 `linear_for` picks once per matrix, from its type and the device's options:
 
-- Int8Linear: a packed type with an int8 kernel (VNNI or AVX2) (kernels/cpu_int8.py), where the
-  CPU has one. Activations rounded to int8 per 32 values (K-quants per 256), as llama.cpp does; at 512 rows
-  this beats BLAS on f32 copies (SmolLM2: ~150 vs ~90 GMAC/s on 2 cores), so no copy.
+- Int8Linear: a packed type with an int8 kernel (VNNI or AVX2) (kernels/cpu_fast/int8/products.py), where the
+  CPU has one. Activations rounded to int8 per 32 values (K-quants per 256), as llama.cpp
+  does; even at 512 rows this beats BLAS on f32 copies, so no copy is kept.
   The device groups these by activation layout (one rounding of x, one launch). They
   keep only the int8 kernels' layout (no packed blocks next to it): Q5_0 and Q6_K at
   the file's width, Q8_0 and Q4_1 too, Q4_0 and Q4_K at 5 and 6 bits per weight.
 - QuantLinear: a packed type without int8 kernels (neither VNNI nor AVX2, int8 off, or a shape the
   int8 kernels do not take). Its kernel switches by batch size, the one place it does:
-  up to `small_rows` rows the float quantized kernel (kernels/cpu_quant.py), streaming
+  up to `small_rows` rows the float quantized kernel (kernels/cpu_fast/cpu_quant.py), streaming
   ~1/6 of the bytes of an f32 matrix; above, BLAS on an f32 copy kept at upload (while
   copies fit the device's f32 budget) or, without one, on tiles of rows dequantized on
-  the fly. The crossovers were measured on this project's 2-core host.
+  the fly (the crossovers: SMALL_BATCH, SMALL_BATCH_NO_COPY).
 - F32Linear: F32/F16/BF16 matrices and types with no packed kernel, as f32, through BLAS.
 
 Every class keeps `shape`, `packed` and `f32`; `dequantize_rows` reads rows from whichever
@@ -48,8 +48,12 @@ class FastWeight:
 
     @property
     def nbytes(self) -> int:
-        """The resident bytes: every array held (the int8 view's where it is not packed's own; not u4's few pad rows)."""
-        arrays = [*(self.packed or ()), *((self.int8.qs, self.int8.d, self.int8.m[: self.shape[0]] if self.int8.kind == "u4" else self.int8.m) if self.int8 else ()), self.f32]
+        """The resident bytes: every array held (the int8 view's where it is not packed's own;
+        not u4's few pad rows)."""
+        arrays: list[object] = [*(self.packed or ()), self.f32]
+        if self.int8 is not None:
+            w8 = self.int8
+            arrays += [w8.qs, w8.d, w8.m[: self.shape[0]] if w8.kind == "u4" else w8.m]
         unique = {id(a): a for a in arrays if isinstance(a, np.ndarray)}
         return sum(a.nbytes for a in unique.values())
 
@@ -60,6 +64,7 @@ class FastWeight:
         elif self.packed is not None:
             cq.dequantize_rows(self.packed, rows, out)
         else:
+            assert self.int8 is not None  # a FastWeight holds at least one form
             ci.dequantize_rows(self.int8, rows, out)
 
     def compute(self, x: np.ndarray) -> np.ndarray:
@@ -71,7 +76,9 @@ class F32Linear(FastWeight):
     """An f32 matrix (packed is None): BLAS at every batch size."""
 
     def compute(self, x: np.ndarray) -> np.ndarray:
-        return x @ self.f32.T
+        assert self.f32 is not None  # an F32Linear holds its f32
+        out: np.ndarray = x @ self.f32.T  # [T, rows]
+        return out
 
 
 class QuantLinear(FastWeight):
@@ -83,13 +90,15 @@ class QuantLinear(FastWeight):
         return SMALL_BATCH if self.f32 is not None else SMALL_BATCH_NO_COPY
 
     def compute(self, x: np.ndarray) -> np.ndarray:
+        assert self.packed is not None  # a QuantLinear holds its packed blocks
         T, (rows, cols) = x.shape[0], self.shape
         if T <= self.small_rows:
             out = np.empty((T, rows), np.float32)  # [T, rows]
             cq.matmul(self.packed, x, out)
             return out
         if self.f32 is not None:
-            return x @ self.f32.T
+            product: np.ndarray = x @ self.f32.T  # [T, rows]
+            return product
         out = np.empty((T, rows), np.float32)
         tile = np.empty((min(_TILE_ROWS, rows), cols), np.float32)  # [tile, cols]
         for a in range(0, rows, _TILE_ROWS):
@@ -104,6 +113,7 @@ class Int8Linear(FastWeight):
     The device computes these in groups (one rounding of x per layout); this is one alone."""
 
     def compute(self, x: np.ndarray) -> np.ndarray:
+        assert self.int8 is not None  # an Int8Linear holds its int8 view
         out = np.empty((x.shape[0], self.shape[0]), np.float32)  # [T, rows]
         ci.matmul(self.int8, x, out)
         return out
@@ -112,7 +122,7 @@ class Int8Linear(FastWeight):
 class F32Budget:
     """Bytes still allowed for f32 copies of quantized matrices; `take` spends them."""
 
-    def __init__(self, nbytes: int):
+    def __init__(self, nbytes: int) -> None:
         self.left = nbytes
 
     def take(self, nbytes: int) -> bool:
@@ -127,7 +137,7 @@ def linear_for(qt: QT, data: np.ndarray, shape: tuple[int, int], int8: bool, bud
     """The weight of type qt, raw GGUF bytes `data` and shape [rows, cols] with its kernel:
     Int8Linear when int8 (the host runs the int8 kernels) and the type and shape have one,
     else QuantLinear for a packed type (spending `budget` on an f32 copy where it fits),
-    else F32Linear. Raises what kernels.quants.dequantize raises for a type it cannot read."""
+    else F32Linear. Raises what kernels.oracle.quants.dequantize raises for a type it cannot read."""
     if qt not in PACKED_TYPES:
         return F32Linear(shape, None, _f32(data, qt, shape))
     own_width = ci.from_gguf(qt, data, shape) if int8 else None

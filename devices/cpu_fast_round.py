@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from zinfer.devices.batch import SeqChunk
 from zinfer.devices.round import RoundCtx
 from zinfer.kernels.cpu_fast import cpu_ops as ops
 from zinfer.kernels.oracle.rope import RopeScaling, inv_freq as rope_inv_freq
@@ -21,7 +22,7 @@ class AttentionSplit:
     (rows [n] of those sequences, row_seq [T] and their padded block tables [S', B]),
     or None when every sequence is long."""
 
-    long: list
+    long: list[SeqChunk]
     short: tuple[np.ndarray, np.ndarray, np.ndarray] | None
 
 
@@ -30,7 +31,7 @@ class FastRoundCtx(RoundCtx):
     """cpu-fast's round: positions and slots contiguous int64, RoPE tables from the numba
     kernel, and the attention split that every layer of the round shares."""
 
-    _splits: dict = field(default_factory=dict, init=False, repr=False)  # blockwise supported -> AttentionSplit
+    _splits: dict[bool, AttentionSplit] = field(default_factory=dict, init=False, repr=False)  # by `blockwise`
 
     def rope_table(self, base: float, rope_dim: int,
                    scaling: RopeScaling | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -57,7 +58,7 @@ class FastRoundCtx(RoundCtx):
         return split
 
 
-def _short_rows(T: int, seqs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _short_rows(T: int, seqs: list[SeqChunk]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """rows [n] of the given sequences, row_seq [T] and their padded block tables [S, B]."""
     width = max(len(s.block_table) for s in seqs)
     tables = np.zeros((len(seqs), width), np.int32)

@@ -3,7 +3,7 @@
 A decode round of up to 16 sequences is padded up to a bucket (1, 2, 3, 4, 6, 8, 12, 16
 rows; the padded rows cost little) and recorded the first time a bucket is seen: the
 forward runs as always, but on a GraphRecorder (devices/cpu_graph_recorder.py), whose
-ops append typed nodes to a Tape (kernels/cpu_tape.py) and run them, so its outputs come
+ops append typed nodes to a Tape (kernels/cpu_fast/cpu_tape.py) and run them, so its outputs come
 from arrays the tape owns. What changes between rounds lives in fixed buffers (token
 ids, positions, slots, block tables), refilled before each replay; the kernels read
 them, so every address in the tape stays valid.
@@ -31,12 +31,14 @@ import structlog
 from zinfer.devices.base import Layers
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.cpu import CpuKV
-from zinfer.devices.cpu_graph_recorder import GraphBuffers, GraphRecorder, NotRecordable, Tape
+from zinfer.devices.cpu_fast_round import FastRoundCtx
+from zinfer.devices.cpu_graph_recorder import GraphBuffers, GraphRecorder, NotRecordable, RecordedDevice, Tape
 from zinfer.kernels.cpu_fast import cpu_tape as ct
 
 log = structlog.get_logger("zinfer.devices")
 
-BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16)  # decode rounds are padded up to one of these sizes; each holds its logits [B, vocab]
+# decode rounds are padded up to one of these sizes; each graph holds its logits [B, vocab]
+BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
 class ReplayCompile:
@@ -100,7 +102,7 @@ class DecodeGraphs:
         """The bucket a decode round of S sequences is padded up to."""
         return next(b for b in BUCKETS if b >= S)
 
-    def run(self, dev: Any, layers: Layers, batch: ForwardBatch) -> np.ndarray:
+    def run(self, dev: RecordedDevice, layers: Layers[CpuKV, FastRoundCtx], batch: ForwardBatch) -> np.ndarray:
         """The logits [S, vocab] (a new array) that layers(dev, dev.begin_round(batch)) would
         give, on the pool these graphs belong to; dev: the FastCpuDevice."""
         S = len(batch.seqs)
@@ -110,13 +112,15 @@ class DecodeGraphs:
         if graph is None:
             graph = self._record(dev, layers, batch, B)  # computes this round's logits
             if graph is None:
-                return layers(dev, dev.begin_round(batch))
+                logits: np.ndarray = layers(dev, dev.begin_round(batch))  # [S, vocab]
+                return logits
         else:
             graph.buffers.fill(batch)
             graph.tape.run()
         return graph.output[:S].copy()
 
-    def _record(self, dev: Any, layers: Layers, batch: ForwardBatch, B: int) -> _Graph | None:
+    def _record(self, dev: RecordedDevice, layers: Layers[CpuKV, FastRoundCtx], batch: ForwardBatch,
+                B: int) -> _Graph | None:
         tape = Tape()
         buffers = GraphBuffers(B, self.trash_block + 1, self.trash_block, self.block_size)
         ctx = buffers.ctx(batch, tape)
@@ -146,7 +150,7 @@ class GraphKV(CpuKV):
 
     @staticmethod
     def allocate(n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int,
-                 dtype: Any) -> "GraphKV":
+                 dtype: type[np.floating[Any]]) -> "GraphKV":
         """num_blocks usable blocks and the trash block, zeroed, with no graph recorded yet."""
         pool = CpuKV.zeros(n_layers, n_kv_heads, head_dim, num_blocks + 1, block_size, dtype)
         return GraphKV(pool.k, pool.v, num_blocks, block_size, DecodeGraphs(num_blocks, block_size))

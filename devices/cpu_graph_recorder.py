@@ -1,7 +1,7 @@
 """Recording a cpu-fast decode round: the Tape, and the GraphRecorder the forward runs on.
 
 A GraphRecorder has the device ops of FastCpuDevice (devices/base.py's protocol), and
-each appends its typed node (kernels/cpu_tape.py) to the tape, runs it at once (the
+each appends its typed node (kernels/cpu_fast/cpu_tape.py) to the tape, runs it at once (the
 recording round computes as its replays will) and returns outputs the tape owns. It
 mirrors the eager ops for the rounds a graph takes: one token per sequence, every row
 short, so attention is the one paged kernel. The embedding (whose kernel depends on the
@@ -14,14 +14,16 @@ tape would freeze) raises NotRecordable, and the round runs eagerly instead.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from zinfer.devices.base import RoundOps
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.cpu import CpuKV
+from zinfer.devices.cpu_fast_linears import FastWeight
 from zinfer.devices.cpu_fast_round import FastRoundCtx
-from zinfer.devices.round import rope_key
+from zinfer.devices.round import RopeKey, rope_key
 from zinfer.kernels.cpu_fast.int8 import products as ci
 from zinfer.kernels.cpu_fast import cpu_tape as ct
 from zinfer.kernels.oracle.rope import RopeScaling, inv_freq as rope_inv_freq
@@ -29,6 +31,22 @@ from zinfer.kernels.oracle.rope import RopeScaling, inv_freq as rope_inv_freq
 
 class NotRecordable(Exception):
     """An op met something a tape cannot replay; the round runs eagerly instead."""
+
+
+Int8Group = tuple[ci.Jobs, list[int]]  # one launch's jobs, and the indices of its matrices in the ws given
+
+
+class RecordedDevice(RoundOps[CpuKV, FastRoundCtx], Protocol):
+    """What recording needs of the device whose round it records (devices/cpu_fast.py
+    FastCpuDevice): its ops, its round ctx, and its int8 matrices grouped per launch."""
+
+    name: str
+
+    def begin_round(self, batch: ForwardBatch) -> FastRoundCtx:
+        """The round's ctx, as for an eager round."""
+
+    def int8_jobs(self, ws: tuple[FastWeight, ...]) -> list[Int8Group]:
+        """ws's int8 matrices grouped by activation layout: [(their jobs, their indices in ws)]."""
 
 
 class Tape:
@@ -52,22 +70,22 @@ class Tape:
         """A new output array the tape owns."""
         return self.own(np.empty(shape, dtype))
 
-    def act(self, a: np.ndarray) -> int:
+    def act(self, a: np.ndarray) -> ct.Address:
         """The address of activation a: a C-contiguous view of an array this tape owns."""
         root = a
-        while root.base is not None:
+        while isinstance(root.base, np.ndarray):
             root = root.base
         if id(root) not in self._owned or not a.flags.c_contiguous:
             raise NotRecordable(f"an activation of shape {a.shape} was made outside the recorded ops")
-        return int(a.ctypes.data)
+        return ct.Address(int(a.ctypes.data))
 
-    def pin(self, a: Any) -> int:
+    def pin(self, a: np.ndarray) -> ct.Address:
         """The address of a constant (a weight, a KV pool, a job table), kept alive."""
         self._pins.append(a)
-        return int(a.ctypes.data)
+        return ct.Address(int(a.ctypes.data))
 
-    def node(self, node: tuple) -> None:
-        """Append a node (a kernels/cpu_tape.py record; TypeError for a wrongly typed field)
+    def node(self, node: tuple[object, ...]) -> None:
+        """Append a node (a kernels/cpu_fast/cpu_tape.py record; TypeError for a wrongly typed field)
         and run it now."""
         row = ct.pack(node)[None]  # [1, WIDTH]
         self._rows.append(row)
@@ -141,12 +159,12 @@ class GraphRecorder:
     (its embed and non-int8 products run as Python steps), `buffers` the ctx's arrays.
     One recorder records one round."""
 
-    def __init__(self, dev: Any, tape: Tape, buffers: GraphBuffers):
+    def __init__(self, dev: RecordedDevice, tape: Tape, buffers: GraphBuffers) -> None:
         self.dev, self.tape, self.buffers = dev, tape, buffers
         self.name = dev.name
-        self._rope: dict = {}  # rope_key -> (cos, sin) [T, rope_dim/2], nodes of this tape
+        self._rope: dict[RopeKey, tuple[np.ndarray, np.ndarray]] = {}  # -> cos, sin [T, rope_dim/2], tape nodes
 
-    def embed(self, table: Any, token_ids: np.ndarray) -> np.ndarray:
+    def embed(self, table: np.ndarray | FastWeight, token_ids: np.ndarray) -> np.ndarray:
         """A Python step: the rows of `table` for the ctx's token ids [T] -> [T, d]."""
         self.tape.act(token_ids)
         out = self.tape.out((token_ids.shape[0], table.shape[1]))
@@ -161,31 +179,39 @@ class GraphRecorder:
         tape.node(ct.RmsNorm(x=tape.act(x), w=tape.pin(w), out=tape.act(out), rows=x.size // n, n=n, eps=eps))
         return out
 
-    def linear(self, x: np.ndarray, w: Any, b: np.ndarray | None = None) -> np.ndarray:
+    def linear(self, x: np.ndarray, w: FastWeight, b: np.ndarray | None = None) -> np.ndarray:
         return self.linears(x, (w,), (b,))[0]
 
-    def linears(self, x: np.ndarray, ws: tuple, bs: tuple) -> list:
+    def linears(self, x: np.ndarray, ws: tuple[FastWeight, ...], bs: tuple[np.ndarray | None, ...]) -> list[np.ndarray]:
         """Each int8 group one Linears node (one rounding of x, one launch); other kernels a
         Python step into an owned output; biases a Bias node each."""
         tape = self.tape
         T, cols = x.shape
         x_at = tape.act(x)
-        outs: list = [None] * len(ws)
+        done: dict[int, np.ndarray] = {}  # index in ws -> its output [T, rows], a view of the group's
         for jobs, members in self.dev.int8_jobs(ws):
             w0 = jobs.weights[0]
             flat = tape.out((T * jobs.rows,))
             tape.node(ct.Linears(jobs=tape.pin(jobs.table), njobs=len(jobs.table), x=x_at, T=T, cols=cols,
                                  order=ci.activation_order(w0), group=ci.rounding_group(w0), nsteps=w0.nsteps,
                                  nchunks=w0.nchunks, out=tape.act(flat), out_floats=flat.size))
-            for i, (a, b) in zip(members, jobs.bounds):
-                outs[i] = flat[T * a : T * b].reshape(T, b - a)
+            for i, (lo, hi) in zip(members, jobs.bounds):
+                done[i] = flat[T * lo : T * hi].reshape(T, hi - lo)
+        outs: list[np.ndarray] = []
         for i, (w, b) in enumerate(zip(ws, bs)):
-            if outs[i] is None:
-                out = outs[i] = tape.out((T, w.shape[0]))
-                tape.python(lambda w=w, out=out: np.copyto(out, w.compute(x)))
+            out = done.get(i)
+            if out is None:
+                out = self._python_product(x, w)
             if b is not None:
-                tape.node(ct.Bias(out=tape.act(outs[i]), b=tape.pin(b), T=T, n=outs[i].shape[1]))
+                tape.node(ct.Bias(out=tape.act(out), b=tape.pin(b), T=T, n=out.shape[1]))
+            outs.append(out)
         return outs
+
+    def _python_product(self, x: np.ndarray, w: FastWeight) -> np.ndarray:
+        """A Python step: x [T, cols] @ w.T by w's own kernel, into a new owned output [T, rows]."""
+        out = self.tape.out((x.shape[0], w.shape[0]))
+        self.tape.python(lambda: np.copyto(out, w.compute(x)))
+        return out
 
     def rope(self, x: np.ndarray, ctx: FastRoundCtx, base: float, rope_dim: int, interleaved: bool,
              scaling: RopeScaling | None = None) -> np.ndarray:
@@ -197,7 +223,8 @@ class GraphRecorder:
                           interleaved=bool(interleaved), out=tape.act(out)))
         return out
 
-    def _rope_table(self, ctx: FastRoundCtx, base: float, rope_dim: int, scaling: RopeScaling | None) -> tuple:
+    def _rope_table(self, ctx: FastRoundCtx, base: float, rope_dim: int,
+                    scaling: RopeScaling | None) -> tuple[np.ndarray, np.ndarray]:
         """cos, sin [T, rope_dim/2] of the ctx's positions, one RopeTable node per key."""
         key = rope_key(base, rope_dim, scaling)
         table = self._rope.get(key)

@@ -1,15 +1,15 @@
 """cpu-llama: the numpy device computing as llama.cpp's CPU backend does.
 
 Activations are rounded to int8 blocks before quantized products, integer block
-products are summed in ggml's order (kernels/llama_numerics.py), and norms, RoPE,
+products are summed in ggml's order (kernels/llama_cpp/llama_numerics.py), and norms, RoPE,
 softmax, attention and activations follow the order of ggml's float kernels
-(kernels/llama_ops.py). Quantized products then equal llama.cpp's bit for bit, and
-greedy ids follow llama.cpp's through near-ties. About 8x slower than the oracle
-(devices/cpu.py), whose KV layout and round handling it shares.
+(kernels/llama_cpp/llama_ops.py). Quantized products then equal llama.cpp's bit for bit, and
+greedy ids follow llama.cpp's through near-ties. It shares the oracle's KV layout and
+round handling (devices/cpu.py NumpyDevice).
 
 repack=True (the default, as llama.cpp runs by default) multiplies the weights llama.cpp
 repacks on an x86 AVX2/AVX-512 host by its repacked kernels' arithmetic
-(kernels/llama_repack.py); repack=False as llama.cpp with use_extra_bufts=False. As
+(kernels/llama_cpp/llama_repack.py); repack=False as llama.cpp with use_extra_bufts=False. As
 llama.cpp (inp_out_ids), the last layer's feed-forward runs on the rows whose logits the
 round returns only; the other rows of its output are left zero.
 """
@@ -21,9 +21,9 @@ from typing import NamedTuple
 import numpy as np
 
 from zinfer.devices.batch import ForwardBatch
-from zinfer.devices.cpu import CpuDevice, CpuKV
+from zinfer.devices.cpu import CpuKV, NumpyDevice
 from zinfer.devices.round import RoundCtx
-from zinfer.devices.tensor import TensorData
+from zinfer.kernels.tensor import TensorData
 from zinfer.kernels.llama_cpp import llama_numerics as ln
 from zinfer.kernels.llama_cpp import llama_ops as lo
 from zinfer.kernels.llama_cpp import llama_repack as lr
@@ -43,15 +43,22 @@ class LlamaMatrix(NamedTuple):
     repacked: bool = False  # exact is multiplied by llama.cpp's repacked kernels
     ffn_layer: int | None = None  # blk.N.ffn_*: N
 
+    @property
+    def f32(self) -> np.ndarray:
+        """w, for the matrices that hold it (every one but exact's)."""
+        if self.w is None:
+            raise ValueError("this matrix is held as integer codes (exact) only")
+        return self.w
 
-class LlamaCpuDevice(CpuDevice):
-    """CpuDevice with llama.cpp's arithmetic: its matrices are LlamaMatrix, its norms,
-    RoPE and attention those of kernels/llama_ops.py."""
+
+class LlamaCpuDevice(NumpyDevice):
+    """The numpy device with llama.cpp's arithmetic: its matrices are LlamaMatrix, its
+    norms, RoPE and attention those of kernels/llama_cpp/llama_ops.py."""
 
     name = "cpu-llama"
     ops = lo
 
-    def __init__(self, repack: bool = True):
+    def __init__(self, repack: bool = True) -> None:
         self.repack = repack
         self._last_layer: int | None = None  # the last layer's index, while a round runs it
         self._out_rows: np.ndarray | None = None  # [S] that round's logits rows
@@ -64,7 +71,8 @@ class LlamaCpuDevice(CpuDevice):
         exact = lr.EXACT if repacked else ln.EXACT
         if kind in exact and len(tensor.shape) == 2 and name not in LM_HEAD:
             split = lr.split_weight if repacked else ln.split_weight
-            return LlamaMatrix(None, None, split(tensor.data, tensor.qtype, tensor.shape), repacked=repacked, ffn_layer=ffn_layer)
+            codes = split(tensor.data, tensor.qtype, tensor.shape)
+            return LlamaMatrix(None, None, codes, repacked=repacked, ffn_layer=ffn_layer)
         w = np.ascontiguousarray(dequantize(tensor.data, tensor.qtype, tensor.shape), dtype=np.float32)
         if len(tensor.shape) == 1:
             return w
@@ -74,7 +82,8 @@ class LlamaCpuDevice(CpuDevice):
         return LlamaMatrix(w, ln.ACTIVATION_TYPE.get(kind), ffn_layer=ffn_layer)
 
     def embed(self, table: LlamaMatrix, token_ids: np.ndarray) -> np.ndarray:
-        return table.w[token_ids]
+        rows: np.ndarray = table.f32[token_ids]  # [T, d]
+        return rows
 
     def begin_round(self, batch: ForwardBatch) -> RoundCtx:
         self._last_layer = self._out_rows = None
@@ -93,7 +102,7 @@ class LlamaCpuDevice(CpuDevice):
         picks llama.cpp's kernels; its other rows are zero."""
         rows = self._out_rows
         if w.ffn_layer is not None and w.ffn_layer == self._last_layer and rows is not None and len(rows) < len(x):
-            y = np.zeros((len(x), w.exact.d.shape[0] if w.exact is not None else w.w.shape[0]), np.float32)
+            y = np.zeros((len(x), w.exact.d.shape[0] if w.exact is not None else w.f32.shape[0]), np.float32)
             if len(rows):  # a prefill chunk that returns no logits computes none of these rows
                 y[rows] = self._product(x[rows], w, b)
             return y
@@ -105,10 +114,11 @@ class LlamaCpuDevice(CpuDevice):
         elif w.exact is not None:
             y = ln.matmul(x, w.exact)
         elif w.rounded is not None:
-            y = ln.matmul_rounded(x, w.w, w.rounded)
+            y = ln.matmul_rounded(x, w.f32, w.rounded)
         else:
-            return ref.linear(ln.round_activations(x, w.activation_type), w.w, b)
+            return ref.linear(ln.round_activations(x, w.activation_type), w.f32, b)
         return y if b is None else y + b
 
     def glu(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
-        return (lo.gelu_fp16(gate) if act == "gelu_tanh" else lo.silu(gate)) * up
+        out: np.ndarray = (lo.gelu_fp16(gate) if act == "gelu_tanh" else lo.silu(gate)) * up  # [T, d_ff]
+        return out

@@ -5,7 +5,7 @@ the last thread at the end of every parallel region, and libgomp's (numba's `omp
 threading layer) waiting threads spin for milliseconds before they sleep. When another
 process takes a core, one thread of the team keeps losing it, each of a decode round's
 ~150-250 regions waits for it, and the spinning of the others takes CPU from the thread
-that works: SmolLM2 decode at 2 threads fell to 1-12 tok/s where 1 thread kept 30-60.
+that works: the team can then run several times slower than one thread.
 
 So the device times every round and keeps, per round shape, an estimate of a round's
 seconds on the whole team and on one thread. A round runs on whichever is faster; the
@@ -91,7 +91,7 @@ class ThreadGovernor:
             self.start = self.threads
         faster = self.threads if team <= one else 1
         if faster != s.current:
-            if threads == s.current:  # the current count got slower than the other's last probe: switch, probe back soon
+            if threads == s.current:  # slower than the other's last probe: switch, and probe back soon
                 s.next_probe = self.clock() + MIN_PROBE_GAP_S
                 s.rounds = 0
             s.current = faster

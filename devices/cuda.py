@@ -27,12 +27,17 @@ from zinfer.devices.base import DeviceBase, Layers
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.config import CudaConfig  # defined there, importable without cupy
 from zinfer.devices.cuda_clock import CudaEventClock
-from zinfer.devices.cuda_graph import DecodeGraphs
+from zinfer.devices.cuda_graph import CudaKV, DecodeGraphs
 from zinfer.devices.cuda_round import CudaRoundCtx, RoundMeta
+from zinfer.devices.round import RopeKey
 from zinfer.devices.fallback import F32Fallbacks
 from zinfer.kernels.cuda import modules as km
 from zinfer.kernels.oracle.quants import dequantize
-from zinfer.kernels.oracle.rope import RopeScaling, angles as rope_angles, inv_freq as rope_inv_freq, rotate as rope_rotate
+from zinfer.kernels.oracle.rope import RopeScaling
+from zinfer.kernels.oracle.rope import angles as rope_angles
+from zinfer.kernels.oracle.rope import inv_freq as rope_inv_freq
+from zinfer.kernels.oracle.rope import rotate as rope_rotate
+from zinfer.kernels.tensor import TensorData
 
 F32, F16, BF16 = 0, 1, 30
 
@@ -52,28 +57,14 @@ class GpuMatrix:
         return int(self.data.nbytes)
 
 
-@dataclass(eq=False)
-class CudaKV:
-    """Per layer K and V pools, [(num_blocks + 1) * block_size, Hkv, hd] float32 (flat slots),
-    and the decode graphs captured over them (None: CudaConfig.cuda_graphs off).
-
-    Block `num_blocks` is the trash block: padded graph rows write there, nothing reads it."""
-
-    k: list
-    v: list
-    num_blocks: int
-    block_size: int
-    graphs: DecodeGraphs | None = None
-
-
 class CudaDevice(DeviceBase):
     """The Device protocol (devices/base.py) on one NVIDIA GPU.
 
     With config.cuda_graphs, each pool alloc_kv makes carries the decode graphs captured
     over it, and a decode round on that pool replays them."""
 
-    def __init__(self, index: int = 0, config: CudaConfig | None = None):
-        import cupy
+    def __init__(self, index: int = 0, config: CudaConfig | None = None) -> None:
+        import cupy  # optional: the cuda extra
 
         self.index = index
         self.name = f"cuda:{index}"
@@ -82,13 +73,15 @@ class CudaDevice(DeviceBase):
         cupy.cuda.Device(index).use()
         self.stream = cupy.cuda.Stream(non_blocking=False)  # blocking: ordered with the legacy stream
         self._eager_meta: RoundMeta | None = None  # eager rounds' metadata buffers, grown to the largest
-        self._scratch = None  # dequantized weight for the GEMM path, grown to the largest
-        self._rope_inv: dict = {}  # (base, rope_dim, scaling) -> (inv_freq [rope_dim/2] f32 on the device, mscale)
+        self._scratch: Any = None  # uint8 cupy array: a dequantized weight for the GEMM path, grown to the largest
+        self._rope_inv: dict[RopeKey, tuple[Any, float]] = {}  # -> (inv_freq [rope_dim/2] f32 on the device, mscale)
+        self._f32_fallbacks = F32Fallbacks(self.name)  # types without a kernel, warned once each
 
     # ---- weights and KV ----
 
-    def upload(self, name: str, tensor) -> Any:
-        """Weights stay in GGUF blocks; 1-D tensors (norms, biases) become f32 arrays."""
+    def upload(self, name: str, tensor: TensorData) -> Any:
+        """Matrices as a GpuMatrix, in GGUF blocks where a kernel reads the type; 1-D tensors
+        (norms, biases) as f32 cupy arrays."""
         cp = self.cupy
         qtype, shape = int(tensor.qtype), tuple(int(s) for s in tensor.shape)
         if len(shape) == 1:
@@ -100,8 +93,10 @@ class CudaDevice(DeviceBase):
         blocks = km.KERNEL_BLOCKS.get(qtype)
         if blocks is None or cols % blocks[0]:
             f32 = _host_f32(tensor.data, qtype, shape)  # UnsupportedTensorType where nothing reads the type
-            fallbacks = self.__dict__.setdefault("_f32_fallbacks", F32Fallbacks(self.name))  # warned once per type
-            fallbacks.note(name, _type_name(qtype), f32.size, raw.size, "no CUDA kernel for this type" if blocks is None else f"rows of {cols} values are not whole {blocks[0]}-value blocks")
+            why = "no CUDA kernel for this type"
+            if blocks is not None:
+                why = f"rows of {cols} values are not whole {blocks[0]}-value blocks"
+            self._f32_fallbacks.note(name, _type_name(qtype), f32.size, raw.size, why)
             return GpuMatrix(F32, rows, cols, cp.asarray(f32.reshape(rows, cols)))
         row_bytes = cols // blocks[0] * blocks[1]
         if raw.size != rows * row_bytes:
@@ -142,7 +137,7 @@ class CudaDevice(DeviceBase):
         T, S = batch.n_tokens, len(batch.logits_rows)
         return CudaRoundCtx(batch, meta.tok[:T], meta.pos[:T], meta.slots[:T], meta.rows[:S], meta)
 
-    def run_round(self, layers: Layers, batch: ForwardBatch, kv: CudaKV) -> Any:
+    def run_round(self, layers: Layers[CudaKV, CudaRoundCtx], batch: ForwardBatch, kv: CudaKV) -> Any:
         """layers(self, ctx) -> device logits [S, vocab]; with config.cuda_graphs, a decode
         round that fits a bucket replays the graph kv's graphs captured for it instead."""
         if kv.graphs is not None and kv.graphs.eligible(batch):
@@ -184,7 +179,8 @@ class CudaDevice(DeviceBase):
         y = cp.empty((T, w.rows), cp.float32)  # [T, out]
         if T <= self.config.matvec_max_tokens:
             for c in range(0, T, km.MV_MAX_COLS):
-                km.matvec(w.qtype, w.data, w.row_stride, w.cols, w.rows, x[c:c + km.MV_MAX_COLS], y[c:c + km.MV_MAX_COLS], b)
+                cols = slice(c, c + km.MV_MAX_COLS)
+                km.matvec(w.qtype, w.data, w.row_stride, w.cols, w.rows, x[cols], y[cols], b)
             return y
         dt = cp.float16 if self.config.gemm_dtype == "f16" else cp.float32
         wf = self._scratch_for(w.rows * w.cols, dt).reshape(w.rows, w.cols)
@@ -197,7 +193,8 @@ class CudaDevice(DeviceBase):
             y += b
         return y
 
-    def rope(self, x: Any, ctx: CudaRoundCtx, base: float, rope_dim: int, interleaved: bool, scaling: RopeScaling | None = None) -> Any:
+    def rope(self, x: Any, ctx: CudaRoundCtx, base: float, rope_dim: int, interleaved: bool,
+             scaling: RopeScaling | None = None) -> Any:
         cp = self.cupy
         x = cp.ascontiguousarray(x, dtype=cp.float32)  # [T, heads, hd]
         if scaling is not None and not scaling.is_identity:
@@ -206,7 +203,8 @@ class CudaDevice(DeviceBase):
         km.rope(x, ctx.positions, y, base, rope_dim, interleaved)  # positions: int64 [T] on the device
         return y
 
-    def _scaled_rope(self, x: Any, ctx: CudaRoundCtx, base: float, rope_dim: int, interleaved: bool, scaling: RopeScaling) -> Any:
+    def _scaled_rope(self, x: Any, ctx: CudaRoundCtx, base: float, rope_dim: int, interleaved: bool,
+                     scaling: RopeScaling) -> Any:
         """Linear/YaRN/frequency-factor RoPE in cupy array ops over the device positions.
 
         The tables are made on every call, not cached in the ctx: a captured graph's ctx
@@ -248,7 +246,8 @@ class CudaDevice(DeviceBase):
 
     def to_numpy(self, x: Any) -> np.ndarray:
         """Copy to the host (waits for the work that writes x)."""
-        return self.cupy.asnumpy(x)
+        host: np.ndarray = self.cupy.asnumpy(x)
+        return host
 
     def from_numpy(self, x: np.ndarray) -> Any:
         return self.cupy.asarray(x)
@@ -271,7 +270,8 @@ class CudaDevice(DeviceBase):
             km.topk_rows(x, k, ids, vals)
         return cp.asnumpy(ids), cp.asnumpy(vals)
 
-    def _scratch_for(self, n: int, dtype) -> Any:
+    def _scratch_for(self, n: int, dtype: Any) -> Any:
+        """A scratch array of n values of dtype (a cupy dtype), reusing one buffer."""
         cp = self.cupy
         itemsize = np.dtype(dtype).itemsize
         if self._scratch is None or self._scratch.nbytes < n * itemsize:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+KernelEvent = tuple[str, Any, Any]  # (name, start, end): cupy Events from now(), None where none was recorded
+
 
 class CudaEventClock:
     """Device time for CUDA ops: each clock read records a cupy Event on the current
@@ -21,7 +23,8 @@ class CudaEventClock:
         self._last: Any = None
         self._anchor = 0
 
-    def now(self):
+    def now(self) -> Any:
+        """A cupy Event recorded now on the current stream, or None while it is being captured."""
         stream = self._cupy.cuda.get_current_stream()
         try:
             if stream.is_capturing():
@@ -35,7 +38,9 @@ class CudaEventClock:
         self._last = ev
         return ev
 
-    def resolve(self, events: list) -> tuple[int, list]:
+    def resolve(self, events: list[KernelEvent]) -> tuple[int, list[tuple[str, int, int]]]:
+        """(host ns of the round's first event, [(name, start ns, end ns) since it]); waits
+        for the last event. Forgets the round's events."""
         events = [e for e in events if e[1] is not None and e[2] is not None]
         if not events or self._origin is None:
             self._origin = self._last = None

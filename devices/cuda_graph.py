@@ -17,11 +17,11 @@ The switch is CudaConfig.cuda_graphs; it can only be verified on a GPU.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from zinfer.devices.base import Layers
+from zinfer.devices.base import Layers, RoundOps
 from zinfer.devices.batch import ForwardBatch
-from zinfer.devices.cuda_round import RoundMeta
+from zinfer.devices.cuda_round import CudaRoundCtx, RoundMeta
 
 
 @dataclass
@@ -32,11 +32,36 @@ class _Captured:
     output: Any  # device logits [B, vocab] the graph writes
 
 
+@dataclass(eq=False)
+class CudaKV:
+    """Per layer K and V pools, [(num_blocks + 1) * block_size, Hkv, hd] float32 cupy arrays
+    (flat slots), and the decode graphs captured over them (None: CudaConfig.cuda_graphs off).
+
+    Block `num_blocks` is the trash block: padded graph rows write there, nothing reads it."""
+
+    k: list[Any]
+    v: list[Any]
+    num_blocks: int
+    block_size: int
+    graphs: DecodeGraphs | None = None
+
+
+class CapturingDevice(RoundOps[CudaKV, CudaRoundCtx], Protocol):
+    """What capturing needs of the device (devices/cuda.py CudaDevice): its ops, its cupy
+    module and stream, and a round ctx over given metadata buffers."""
+
+    cupy: Any
+    stream: Any  # a cupy Stream
+
+    def begin_round(self, batch: ForwardBatch, meta: RoundMeta | None = None) -> CudaRoundCtx:
+        """The round's ctx over the buffers of `meta` (None: the device's eager ones)."""
+
+
 class DecodeGraphs:
     """Captures and replays decode rounds of one KV pool (whose block `trash_block` no
     sequence owns), per bucket in `buckets`."""
 
-    def __init__(self, trash_block: int, block_size: int, buckets: tuple[int, ...], max_context: int):
+    def __init__(self, trash_block: int, block_size: int, buckets: tuple[int, ...], max_context: int) -> None:
         self.trash_block, self.block_size = trash_block, block_size
         self.buckets = tuple(sorted(buckets))
         self.width = -(-max_context // block_size)  # block-table width of every bucket
@@ -51,7 +76,7 @@ class DecodeGraphs:
             and all(len(s.block_table) <= self.width for s in batch.seqs)
         )
 
-    def run(self, dev: Any, layers: Layers, batch: ForwardBatch) -> Any:
+    def run(self, dev: CapturingDevice, layers: Layers[CudaKV, CudaRoundCtx], batch: ForwardBatch) -> Any:
         """Device logits [S, vocab] of batch.logits_rows, as layers(dev, dev.begin_round(batch))
         would return them; the first round of a bucket captures its graph. dev: the CudaDevice."""
         cp = dev.cupy
@@ -70,7 +95,8 @@ class DecodeGraphs:
             logits = cap.output[cp.asarray(batch.logits_rows)]
         return logits
 
-    def _capture(self, dev: Any, layers: Layers, padded: ForwardBatch, B: int) -> _Captured:
+    def _capture(self, dev: CapturingDevice, layers: Layers[CudaKV, CudaRoundCtx], padded: ForwardBatch,
+                 B: int) -> _Captured:
         cp = dev.cupy
         meta = RoundMeta(B, B, self.width)
         pool = cp.cuda.MemoryPool()

@@ -20,7 +20,7 @@ class RoundMeta:
     """Device copies of one round's metadata, in two buffers of fixed capacity (so a
     captured graph keeps reading the same addresses while `fill` changes the values)."""
 
-    def __init__(self, cap_tokens: int, cap_seqs: int, width: int):
+    def __init__(self, cap_tokens: int, cap_seqs: int, width: int) -> None:
         import cupy
 
         self.cap_t, self.cap_s, self.width = cap_tokens, cap_seqs, width

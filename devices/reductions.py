@@ -4,10 +4,8 @@ Each row asks for one of (actors/logits_need.py decides): 0 the full row, 1 the 
 k the top-k candidates. Only full rows leave the device whole; the others leave as K ids
 and values (K the largest k asked) plus the row's max, so a greedy round of 64 sequences
 ships 64 x 16 bytes instead of 64 full rows. The executor wraps them in the wire message.
-
-`numpy_topk` is the reference order every device's `topk` follows (CudaDevice's kernel
-in kernels/cuda/sampling.cu too): value descending, ties to the lower id, NaN never
-chosen (a row with fewer than k other entries pads with id -1, value -inf).
+The candidates come in the order of kernels/oracle/topk.py's numpy_topk, the reference every
+device's `topk` follows.
 """
 
 from __future__ import annotations
@@ -54,37 +52,3 @@ def reduce_rows(device: Any, logits: Any, needs: Sequence[int]) -> ReducedRows:
         full_rows = np.zeros((0, vocab), np.float32)
     return ReducedRows(full, full_rows, TopRows(reduced, ids, values, row_max))
 
-
-def numpy_topk(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k best (id, value) of each row of logits [R, V] (or one row [V]): ids int64
-    [R, k], values float32 [R, k], best first, ties to the lower id, NaN never chosen."""
-    x = np.asarray(logits, dtype=np.float32)
-    if x.ndim == 1:
-        x = x[None]
-    R, V = x.shape
-    if not 1 <= k <= V:
-        raise ValueError(f"k must be in 1..{V}, got {k}")
-    ids = np.full((R, k), -1, np.int64)
-    values = np.full((R, k), -np.inf, np.float32)
-    for r in range(R):
-        row_ids = _row_topk(x[r], k)  # [<= k]
-        ids[r, : row_ids.size] = row_ids
-        values[r, : row_ids.size] = x[r, row_ids]
-    return ids, values
-
-
-def _row_topk(row: np.ndarray, k: int) -> np.ndarray:
-    """Ids of the k best of row [V] in (-value, id) order; fewer when NaN leaves fewer."""
-    n = row.size
-    if k == 1:
-        ids = np.array([np.argmax(row)], np.int64)  # the first max: the lowest id (NaN wins argmax)
-    else:
-        ids = np.argpartition(row, n - k)[n - k :] if k < n else np.arange(n)  # NaN ranks last: in here
-        t = row[ids].min()
-        if not np.isnan(t) and np.count_nonzero(row == t) > np.count_nonzero(row[ids] == t):
-            above = np.flatnonzero(row > t)  # fewer than k: the rest are ties at t, lower ids first
-            ids = np.concatenate([above, np.flatnonzero(row == t)[: k - above.size]])
-    if np.isnan(row[ids]).any():  # NaN is never chosen: rank among the other entries
-        cols = np.flatnonzero(~np.isnan(row))  # [V'] the entries that may be chosen
-        return cols[_row_topk(row[cols], k)] if cols.size > k else cols[np.lexsort((cols, -row[cols]))]
-    return ids[np.lexsort((ids, -row[ids]))]

@@ -9,11 +9,17 @@ compile, else cpu; `resolve_device` says which and why not the others.
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
+import numpy as np
 import structlog
+from gguf import GGMLQuantizationType as QT
 
+from zinfer.devices.base import Device
 from zinfer.devices.config import CONFIG_FOR_KIND, CpuFastConfig, CpuLlamaConfig, CudaConfig, DeviceConfig, kind_of
+from zinfer.devices.cpu import CpuDevice
+from zinfer.devices.cpu_llama import LlamaCpuDevice
+from zinfer.kernels.oracle.quants import dequantize
 
 log = structlog.get_logger("zinfer.devices")
 
@@ -47,34 +53,30 @@ def cuda_problem() -> str | None:
 def cpu_fast_problem() -> str | None:
     """Why cpu-fast cannot run here, or None when it can (numba imports, its LLVM kernels
     compile for this CPU and a numba kernel computes a tiny product correctly)."""
-    try:
-        from gguf import GGMLQuantizationType as QT
-
+    try:  # numba and llvmlite: where they fail to import, the numpy devices still run
         from zinfer.kernels.cpu_fast import cpu_quant  # noqa: F401 (numba and the numba kernels import)
         from zinfer.kernels.cpu_fast import gemm_ir
-        from zinfer.kernels.oracle.quants import dequantize
     except Exception as exc:
         return f"no numba ({type(exc).__name__}: {exc})"
     try:
         if gemm_ir.address() is None:
             return "numba kernels failed to compile: llvmlite cannot compile the f32 GEMM kernel for this CPU"
-        if not _serial_q8_dot(QT, dequantize):
+        if not _serial_q8_dot():
             return "numba kernels compiled but a test product came out wrong"
     except Exception as exc:  # numba's compile errors have no common base beyond Exception
         return f"numba kernels failed to compile: {type(exc).__name__}: {exc}"
     return None
 
 
-def _serial_q8_dot(QT, dequantize) -> bool:
+def _serial_q8_dot() -> bool:
     """Whether numba computes one Q8_0 block's dot product right, through a serial kernel:
-    a parallel kernel launched here, on the thread that resolves the device, set up numba's
-    thread pool on that thread and halved every later round's speed on the executor's worker
-    thread (SmolLM2 batch-1 decode 61 -> 28 tok/s)."""
-    import numba
-    import numpy as np
+    a parallel kernel launched here, on the thread that resolves the device, would set up
+    numba's thread pool on that thread, and every later round on the executor's worker
+    thread would run at about half speed."""
+    import numba  # optional here: cpu_fast_problem's caller runs without it
 
-    @numba.njit(cache=True)  # from numba's cache (kernels/__init__.py's folder) after the first start
-    def dot(codes, scale, x):  # codes [32] int8, x [32] f32
+    @numba.njit(cache=True)  # from numba's cache after the first start
+    def dot(codes: np.ndarray, scale: np.float32, x: np.ndarray) -> np.float32:  # codes [32] int8, x [32] f32
         acc = np.float32(0)
         for i in range(codes.shape[0]):
             acc += np.float32(codes[i]) * x[i]
@@ -121,33 +123,35 @@ def check_options(name: str, options: DeviceConfig | None) -> None:
         raise ValueError(f"{type(options).__struct_config__.tag} options ({given}) do not apply to device {name}")
 
 
-def make_device(name: str, options: DeviceConfig | None = None) -> Any:
+def make_device(name: str, options: DeviceConfig | None = None) -> Device:
     """A Device (devices/base.py) by concrete name ("auto" is resolved first), built with
     its options (None: that device's defaults). ValueError for an unknown name or options
     of another device; ImportError for cuda without cupy."""
     name = resolve_device(name).name
-    check_options(name, options)
+    check_options(name, options)  # options is None or of the kind's config type
     kind = kind_of(name)
     if kind == "cpu":
-        from zinfer.devices.cpu import CpuDevice
-
         return CpuDevice()
     if kind == "cpu-llama":
-        from zinfer.devices.cpu_llama import LlamaCpuDevice
-
-        return LlamaCpuDevice(repack=(options or CpuLlamaConfig()).repack)
+        return LlamaCpuDevice(repack=(options if isinstance(options, CpuLlamaConfig) else CpuLlamaConfig()).repack)
     if kind == "cpu-fast":
-        from zinfer.devices.cpu_fast import FastCpuDevice
+        from zinfer.devices.cpu_fast import FastCpuDevice  # numba: cpu_fast_problem said it imports here
 
-        o = options or CpuFastConfig()
-        return FastCpuDevice(threads=o.threads or None, f32_cache_bytes=o.f32_cache_mib << 20, int8=o.int8, kv_f16=o.kv_f16, decode_graphs=o.decode_graphs)
-    from zinfer.devices.cuda import CudaDevice  # imports cupy; fails clearly without it
+        o = options if isinstance(options, CpuFastConfig) else CpuFastConfig()
+        return FastCpuDevice(
+            threads=o.threads or None,
+            f32_cache_bytes=o.f32_cache_mib << 20,
+            int8=o.int8,
+            kv_f16=o.kv_f16,
+            decode_graphs=o.decode_graphs,
+        )
+    from zinfer.devices.cuda import CudaDevice  # cupy: optional (the cuda extra)
 
-    return CudaDevice(int(name.partition(":")[2] or 0), options or CudaConfig())
+    return CudaDevice(int(name.partition(":")[2] or 0), options if isinstance(options, CudaConfig) else CudaConfig())
 
 
 def kv_value_bytes(name: str, options: DeviceConfig | None = None) -> int:
     """Bytes per K or V value the device `name` (concrete) keeps: cpu-fast f16 by default, else f32."""
     if kind_of(name) == "cpu-fast":
-        return 2 if (options or CpuFastConfig()).kv_f16 else 4
+        return 2 if (options if isinstance(options, CpuFastConfig) else CpuFastConfig()).kv_f16 else 4
     return 4

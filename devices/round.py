@@ -42,6 +42,9 @@ from zinfer.kernels.oracle import reference as ref
 from zinfer.kernels.oracle.rope import RopeScaling
 
 
+RopeKey = tuple[float, int, RopeScaling | None]  # (base, rope_dim, scaling) of a RoPE table
+
+
 @dataclass(frozen=True, eq=False)
 class RoundCtx:
     """What every op of one round shares. Arrays are the device's own (numpy on cpu).
@@ -55,7 +58,7 @@ class RoundCtx:
     positions: Any  # [T] int64
     slots: Any  # [T] int64: where each token's K/V goes in the pool
     logits_rows: Any  # [S] int64: rows of T whose logits the round returns
-    _rope: dict = field(default_factory=dict, init=False, repr=False)  # (base, rope_dim, scaling) -> (cos, sin)
+    _rope: dict[RopeKey, tuple[Any, Any]] = field(default_factory=dict, init=False, repr=False)  # key -> (cos, sin)
 
     @property
     def n_tokens(self) -> int:
@@ -63,7 +66,7 @@ class RoundCtx:
 
     def rope(self, base: float, rope_dim: int, scaling: RopeScaling | None = None) -> tuple[Any, Any]:
         """cos, sin [T, rope_dim/2] of this round's positions at this base and scaling
-        (kernels/rope.py; None: plain RoPE), made once."""
+        (kernels/oracle/rope.py; None: plain RoPE), made once."""
         key = rope_key(base, rope_dim, scaling)
         table = self._rope.get(key)
         if table is None:
@@ -75,7 +78,7 @@ class RoundCtx:
         return ref.rope_angles(np.asarray(self.batch.positions), base, rope_dim, scaling)
 
 
-def rope_key(base: float, rope_dim: int, scaling: RopeScaling | None) -> tuple[float, int, RopeScaling | None]:
+def rope_key(base: float, rope_dim: int, scaling: RopeScaling | None) -> RopeKey:
     """The (base, rope_dim, scaling) a round's RoPE table is made and kept under: an identity
     scaling is None (plain RoPE)."""
     return float(base), int(rope_dim), None if scaling is None or scaling.is_identity else scaling

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from zinfer.devices import cpu_fast
+from zinfer.devices import cpu_fast_linears
 from zinfer.devices.cpu import CpuDevice
 from zinfer.devices.cpu_fast import FastCpuDevice
 from zinfer.kernels.cpu_fast.int8 import products as ci
@@ -23,7 +23,7 @@ from zinfer.kernels.cpu_fast.int8 import ir as int8_ir
 from zinfer.kernels.oracle import reference as ref
 from zinfer.kernels.oracle.quants import BLOCK_SHAPES, dequantize
 from zinfer.devices.batch import ForwardBatch
-from zinfer.devices.tensor import TensorData
+from zinfer.kernels.tensor import TensorData
 from zinfer.models.gguf_file import GGUFFile
 
 FAST_TYPES = cq.U4_TYPES + cq.I8_TYPES
@@ -115,9 +115,9 @@ def test_linear_on_real_tensors(smollm2_path, gemma3_path):
     assert {QT(q) for q in seen} == {QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q5_0, QT.Q6_K}
 
 
-def cq_only(w: cpu_fast.FastWeight) -> cpu_fast.FastWeight:
+def cq_only(w: cpu_fast_linears.FastWeight) -> cpu_fast_linears.FastWeight:
     """w's quantized forms only (no f32 copy): embed reads the packed blocks, or the int8 view where it is all (Q5_0, Q6_K)."""
-    return cpu_fast.FastWeight(w.shape, w.packed, None, w.int8)
+    return cpu_fast_linears.FastWeight(w.shape, w.packed, None, w.int8)
 
 
 @pytest.mark.parametrize("shape", [(1, 64), (5, 576), (3, 4, 64)])
@@ -240,7 +240,7 @@ def test_each_weight_gets_its_kernel_at_upload_and_the_oracles_product(qt, int8,
     wf = dequantize(t.data, qt, t.shape).astype(np.float64)
     switch = getattr(w, "small_rows", 4)
     if type(w).__name__ == "QuantLinear":
-        assert (w.f32 is not None, switch) == ((True, cpu_fast.SMALL_BATCH) if cache else (False, cpu_fast.SMALL_BATCH_NO_COPY))
+        assert (w.f32 is not None, switch) == ((True, cpu_fast_linears.SMALL_BATCH) if cache else (False, cpu_fast_linears.SMALL_BATCH_NO_COPY))
     if type(w).__name__ == "Int8Linear":
         assert w.f32 is None and w.int8 is not None  # no f32 copy: the int8 kernels serve every T
     for T in (1, switch, switch + 1, 33):

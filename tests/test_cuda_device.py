@@ -23,7 +23,7 @@ from zinfer.devices.cuda import CudaConfig, CudaDevice  # noqa: E402
 from zinfer.kernels.oracle import reference as ref  # noqa: E402
 from zinfer.kernels.oracle.quants import BLOCK_SHAPES, dequantize  # noqa: E402
 from zinfer.devices.batch import ForwardBatch  # noqa: E402
-from zinfer.devices.tensor import TensorData  # noqa: E402
+from zinfer.kernels.tensor import TensorData  # noqa: E402
 
 # ggml type ids: the kernel types
 TYPES = {"F16": 1, "BF16": 30, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
