@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import functools
-
 import numpy as np
+from gguf import GGMLQuantizationType as QT
+from numba import njit
 
 from zinfer.kernels.llama_cpp.llama_ops import fma
 from zinfer.kernels.oracle.block_fields import k4_scales_mins
@@ -71,7 +71,7 @@ def _f16_at(blocks: np.ndarray, offset: int) -> np.ndarray:
     return blocks[:, offset : offset + 2].copy().view(np.float16)[:, 0].astype(np.float32)
 
 
-def split_weight(data: np.ndarray, qtype, shape: tuple[int, int]) -> LlamaMatrix:
+def split_weight(data: np.ndarray, qtype: QT | int, shape: tuple[int, int]) -> LlamaMatrix:
     """Decompose a quantized [out, n] weight into integer codes and float block scales, the
     codes in the lanes of ggml's vec_dot kernels: element i of a block in lane (i % 32) // 4,
     float32 where every lane's sum of products with int8 activations is exact in float32
@@ -80,12 +80,15 @@ def split_weight(data: np.ndarray, qtype, shape: tuple[int, int]) -> LlamaMatrix
     out, n = shape
     blocks = d.shape[1]
     per = n // blocks // 32  # 32-element groups per block
-    lanes = codes.reshape(out, blocks, per, _LANES, 4).transpose(1, 3, 2, 4, 0).reshape(blocks, _LANES, per * 4, out)
+    by_lane = codes.reshape(out, blocks, per, _LANES, 4).transpose(1, 3, 2, 4, 0)
+    lanes = by_lane.reshape(blocks, _LANES, per * 4, out)
     exact32 = int(np.abs(codes).max(initial=0)) * 127 * per * 4 < 1 << 24
     return LlamaMatrix(kind, np.ascontiguousarray(lanes, np.float32 if exact32 else np.float64), d, m, sub)
 
 
-def decompose(data: np.ndarray, qtype, shape: tuple[int, int]) -> tuple[str, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+def decompose(
+    data: np.ndarray, qtype: QT | int, shape: tuple[int, int]
+) -> tuple[str, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
     """A quantized [out, n] weight as (type name, integer codes [out, n] int16 with K-quant
     sub-block scales folded in, d, m, sub as in LlamaMatrix)."""
     qt = qtype_of(qtype)
@@ -161,21 +164,17 @@ def round_activations(x: np.ndarray, kind: str | None) -> np.ndarray:
     act = quantize_activations(np.ascontiguousarray(x, dtype=np.float32), kind)
     T, n = x.shape
     blocks = act.d.shape[1]
-    return (act.codes.reshape(T, blocks, n // blocks) * act.d[..., None]).astype(np.float32).reshape(T, n)
+    values: np.ndarray = (act.codes.reshape(T, blocks, n // blocks) * act.d[..., None]).astype(np.float32)
+    return values.reshape(T, n)
 
 
-@functools.cache
-def _chain_kernel():
-    """The compiled loop of fma_chain (numba, no fastmath: the same IEEE operations as llama_ops.fma)."""
-    import numba
-
-    @numba.njit(nogil=True)
-    def chain(a, c, acc):  # a, c [B, N] float32; acc [N] float32, updated
-        for b in range(a.shape[0]):
-            for i in range(a.shape[1]):
-                acc[i] = np.float32(np.float64(a[b, i]) * np.float64(c[b, i]) + np.float64(acc[i]))
-
-    return chain
+@njit(nogil=True)
+def _chain(a: np.ndarray, c: np.ndarray, acc: np.ndarray) -> None:
+    """The compiled loop of fma_chain (no fastmath: the same IEEE operations as llama_ops.fma):
+    a, c [B, N] float32; acc [N] float32, updated."""
+    for b in range(a.shape[0]):
+        for i in range(a.shape[1]):
+            acc[i] = np.float32(np.float64(a[b, i]) * np.float64(c[b, i]) + np.float64(acc[i]))
 
 
 def fma_chain(a: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -185,14 +184,15 @@ def fma_chain(a: np.ndarray, c: np.ndarray) -> np.ndarray:
     shape = np.broadcast_shapes(a.shape, c.shape)
     a2, c2 = (np.ascontiguousarray(np.broadcast_to(v, shape), np.float32).reshape(shape[0], -1) for v in (a, c))
     acc = np.zeros(a2.shape[1], np.float32)
-    _chain_kernel()(a2, c2, acc)
+    _chain(a2, c2, acc)
     return acc.reshape(shape[1:])
 
 
 def _hsum8(acc: np.ndarray) -> np.ndarray:
     """ggml's hsum_float_8 over the leading axis of acc [8, ...] float32."""
     r = acc[4:] + acc[:4]
-    return (r[0] + r[2]) + (r[1] + r[3])
+    total: np.ndarray = (r[0] + r[2]) + (r[1] + r[3])
+    return total
 
 
 def matmul(x: np.ndarray, w: LlamaMatrix) -> np.ndarray:
@@ -213,7 +213,8 @@ def matmul_rounded(x: np.ndarray, w: np.ndarray, kind: str) -> np.ndarray:
     w [out, n] by one float32 BLAS product: [T, out]. The products differ from
     llama.cpp's only by summation order (for the LM head, where that order feeds no
     further rounding and the exact kernel would cost seconds per token)."""
-    return round_activations(x, ACTIVATION_TYPE[kind]) @ w.T
+    product: np.ndarray = round_activations(x, ACTIVATION_TYPE[kind]) @ w.T
+    return product
 
 
 def _rows(act: Activations, w: LlamaMatrix, rows: slice, blocks: int) -> np.ndarray:
@@ -222,23 +223,27 @@ def _rows(act: Activations, w: LlamaMatrix, rows: slice, blocks: int) -> np.ndar
     c = w.codes[..., rows]  # [blocks, 8, per * 4, O]
     O = c.shape[-1]
     per = n // blocks // 32  # 32-element groups per block
-    a = act.codes.reshape(T, blocks, per, _LANES, 4).transpose(1, 3, 0, 2, 4).reshape(blocks, _LANES, T, per * 4).astype(c.dtype)
+    by_lane = act.codes.reshape(T, blocks, per, _LANES, 4).transpose(1, 3, 0, 2, 4)
+    a = by_lane.reshape(blocks, _LANES, T, per * 4).astype(c.dtype)
     lanes = a @ c  # [blocks, 8, T, O]: exact integers
     if T >= BATCHED.get(w.kind, T + 1):
         return _rows_batched(act, w, rows, lanes.astype(np.float64))
     if w.kind == "Q6_K":  # lane L -= 32 * (scale . bsums) over 16-element sub-blocks 2L, 2L+1
+        assert act.s is not None and w.sub is not None  # Q8_K's sums, Q6_K's scales
         corr = np.einsum("tbk,obk->btok", act.s, w.sub[rows]).reshape(blocks, T, O, _LANES, 2).sum(-1)
         lanes = lanes.astype(np.float64) - 32 * corr.transpose(0, 3, 1, 2)
     lanes = lanes.astype(np.float32)  # cvtepi32_ps
     dd = act.d.T[:, :, None] * w.d[rows].T[:, None, :]  # [blocks, T, O] float32
     total = _hsum8(fma_chain(dd[:, None], lanes))  # 8 lane accumulators [8, T, O]
     if w.kind == "Q4_1":  # summs += m * s, block by block
+        assert act.s is not None and w.m is not None  # Q8_1's sums, Q4_1's minima
         summs = np.zeros((T, O), np.float32)
         ms = act.s.T[:, :, None] * w.m[rows].T[:, None, :]  # [blocks, T, O]
         for b in range(blocks):
             summs = summs + ms[b]
         total = total + summs
     elif w.kind == "Q4_K":  # 4 lanes of dmin * (mins . sums of 32), pairs of sub-blocks
+        assert act.s is not None and w.m is not None and w.sub is not None  # Q8_K's sums, Q4_K's dmin and minima
         sums32 = act.s.reshape(T, blocks, 8, 2).sum(-1)
         prod = np.einsum("tbk,obk->btok", sums32, w.sub[rows]).reshape(blocks, T, O, 4, 2).sum(-1)
         dmin = -act.d.T[:, :, None] * w.m[rows].T[:, None, :]  # [blocks, T, O]
@@ -255,9 +260,11 @@ def _rows_batched(act: Activations, w: LlamaMatrix, rows: slice, lanes: np.ndarr
     blocks = lanes.shape[0]
     s1 = lanes.sum(axis=1)  # [blocks, T, O]: exact
     if w.kind == "Q6_K":  # scale * (q - 32): the 32 through the sums of 16
+        assert act.s is not None and w.sub is not None
         s1 -= 32 * np.einsum("tbk,obk->bto", act.s, w.sub[rows])
     r = s1.astype(np.float32) * w.d[rows].T[:, None, :]  # [blocks, T, O]: float(s1) * d_w
     if w.kind == "Q4_K":  # s2 = mins . sums of 32 activations, exact
+        assert act.s is not None and w.m is not None and w.sub is not None
         sums32 = act.s.reshape(T, blocks, 8, 2).sum(-1)
         s2 = np.einsum("tbk,obk->bto", sums32, w.sub[rows]).astype(np.float32)
         r = fma(-w.m[rows].T[:, None, :], s2, r)

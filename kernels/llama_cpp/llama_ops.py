@@ -29,16 +29,18 @@ from zinfer.kernels.oracle.rope import RopeScaling, yarn_corr_dims, yarn_mscale,
 f32 = np.float32
 
 
-def fma(a, b, c) -> np.ndarray:
+def fma(a: np.ndarray | np.float32, b: np.ndarray | np.float32, c: np.ndarray | np.float32) -> np.ndarray:
     """float32 a*b + c with one rounding (float64 holds a float32 product exactly)."""
-    return (np.asarray(a, np.float64) * b + c).astype(f32)
+    y: np.ndarray = (np.asarray(a, np.float64) * b + c).astype(f32)
+    return y
 
 
 def _reduce16(x: np.ndarray) -> np.ndarray:
     """_mm512_reduce_add_ps over the last axis (16 lanes), as GCC implements it."""
     t = x[..., 8:] + x[..., :8]
     t = t[..., 4:] + t[..., :4]
-    return (t[..., 0] + t[..., 2]) + (t[..., 1] + t[..., 3])
+    y: np.ndarray = (t[..., 0] + t[..., 2]) + (t[..., 1] + t[..., 3])
+    return y
 
 
 def vec_dot_f32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -47,7 +49,9 @@ def vec_dot_f32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     shape = np.broadcast_shapes(a.shape, b.shape)[:-1] + (4, 16)
     acc = np.zeros(shape, f32)
     for i in range(0, n, 64):
-        acc = fma(a[..., i : i + 64].reshape(a.shape[:-1] + (4, 16)), b[..., i : i + 64].reshape(b.shape[:-1] + (4, 16)), acc)
+        a_step = a[..., i : i + 64].reshape(a.shape[:-1] + (4, 16))
+        b_step = b[..., i : i + 64].reshape(b.shape[:-1] + (4, 16))
+        acc = fma(a_step, b_step, acc)
     x0 = acc[..., 0, :] + acc[..., 2, :]
     x1 = acc[..., 1, :] + acc[..., 3, :]
     return _reduce16(x0 + x1)
@@ -66,11 +70,12 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     ss = np.sum(np.square(x, dtype=f32), axis=-1, keepdims=True, dtype=np.float64)
     mean = (ss / x.shape[-1]).astype(f32)
     scale = f32(1.0) / np.sqrt(mean + f32(eps))
-    return (x * scale) * w
+    y: np.ndarray = (x * scale) * w
+    return y
 
 
 @functools.cache
-def _libm():
+def _libm() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("m")
     lib = ctypes.CDLL(name) if name else None
     if lib is not None:
@@ -96,7 +101,8 @@ def _rope_row(p: int, base: float, rope_dim: int, scaling: RopeScaling | None = 
     if lib is None:  # no C library to call: correctly rounded values (glibc's, nearly always)
         cos, sin = np.cos(theta.astype(np.float64)).astype(f32), np.sin(theta.astype(np.float64)).astype(f32)
     else:
-        cos, sin = np.array([lib.cosf(float(v)) for v in theta], f32), np.array([lib.sinf(float(v)) for v in theta], f32)
+        cos = np.array([lib.cosf(float(v)) for v in theta], f32)
+        sin = np.array([lib.sinf(float(v)) for v in theta], f32)
     return (cos, sin) if mscale == 1 else (cos * mscale, sin * mscale)
 
 
@@ -113,9 +119,16 @@ def _yarn_theta(theta: np.ndarray, base: float, rope_dim: int, s: RopeScaling) -
     return fma(interp, f32(1) - mix, extrap * mix), yarn_mscale(s)
 
 
-def rope(x: np.ndarray, positions: np.ndarray, base: float, rope_dim: int, interleaved: bool, scaling: RopeScaling | None = None) -> np.ndarray:
+def rope(
+    x: np.ndarray,
+    positions: np.ndarray,
+    base: float,
+    rope_dim: int,
+    interleaved: bool,
+    scaling: RopeScaling | None = None,
+) -> np.ndarray:
     """ggml_rope_ext (normal mode when interleaved, else NEOX) on x [T, heads, head_dim];
-    scaling: llama.cpp's freq_scale, YaRN and freq_factors (kernels/rope.py)."""
+    scaling: llama.cpp's freq_scale, YaRN and freq_factors (oracle/rope.py)."""
     rows = [_rope_row(int(p), float(base), rope_dim, scaling) for p in positions]
     cos = np.stack([r[0] for r in rows])[:, None, :]  # [T, 1, rope_dim/2]
     sin = np.stack([r[1] for r in rows])[:, None, :]
@@ -208,7 +221,8 @@ def _gelu_table() -> np.ndarray:
         else:
             t = np.array([lib.tanhf(float(a)) for a in arg], f32)
         g = (f32(0.5) * x) * (f32(1.0) + t)
-    return g.astype(np.float16).astype(f32)
+    y: np.ndarray = g.astype(np.float16).astype(f32)
+    return y
 
 
 def gelu_fp16(x: np.ndarray) -> np.ndarray:

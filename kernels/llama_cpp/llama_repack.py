@@ -26,6 +26,7 @@ is reproduced exactly (EXACT):
 from __future__ import annotations
 
 import numpy as np
+from gguf import GGMLQuantizationType as QT
 
 from zinfer.kernels.llama_cpp.llama_numerics import Activations, LlamaMatrix, decompose, fma_chain, quantize_activations
 
@@ -42,7 +43,7 @@ def repacks(kind: str, shape: tuple[int, ...]) -> bool:
     return len(shape) == 2 and kind in REPACKED and shape[0] % 8 == 0
 
 
-def split_weight(data: np.ndarray, qtype, shape: tuple[int, int]) -> LlamaMatrix:
+def split_weight(data: np.ndarray, qtype: QT | int, shape: tuple[int, int]) -> LlamaMatrix:
     """A Q4_K [out, n] weight for matmul: codes [n / 64, 64, out] float32 (scale * q, at
     most 945, so every 64-element sum of products with int8 activations is exact)."""
     kind, codes, d, m, sub = decompose(data, qtype, shape)
@@ -86,6 +87,7 @@ def _rows(act: Activations, w: LlamaMatrix, rows: slice, per: int) -> np.ndarray
     chunks, subs = n // per, per // 32  # chunks per row, 32-element sub-blocks per chunk
     a = act.codes.reshape(T, n // CHUNK, CHUNK).transpose(1, 0, 2).astype(np.float32)  # [n / 64, T, 64]
     dots = a @ c  # [n / 64, T, O]: exact integers
+    assert act.s is not None and w.m is not None and w.sub is not None  # Q8_K's sums, Q4_K's dmin and minima
     if per != CHUNK:  # sums of 256, exact in float64, then cvtepi32_ps
         dots = dots.astype(np.float64).reshape(chunks, per // CHUNK, T, O).sum(1).astype(np.float32)
     sums32 = act.s.reshape(T, chunks, subs, 2).sum(-1)  # [T, chunks, subs]: activation sums of 32
@@ -96,4 +98,5 @@ def _rows(act: Activations, w: LlamaMatrix, rows: slice, per: int) -> np.ndarray
     per_block = 256 // per
     acc = fma_chain(dots, np.repeat(dd, per_block, axis=0))
     acc_min = fma_chain(msum, np.repeat(dm, per_block, axis=0))
-    return acc - acc_min
+    out: np.ndarray = acc - acc_min
+    return out

@@ -50,7 +50,7 @@ _ACCEPTED = (QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_
 BLOCK_SHAPES: dict[QT, tuple[int, int]] = {qt: gguf.GGML_QUANT_SIZES[qt] for qt in _ACCEPTED}
 
 
-def qtype_of(qtype) -> QT:
+def qtype_of(qtype: QT | int) -> QT:
     """`qtype` (a QT or its number) as a QT; UnsupportedTensorType for an unknown number."""
     try:
         return QT(qtype)
@@ -58,7 +58,7 @@ def qtype_of(qtype) -> QT:
         raise UnsupportedTensorType(f"unknown ggml tensor type {qtype!r}") from None
 
 
-def block_layout(qtype) -> tuple[int, int]:
+def block_layout(qtype: QT | int) -> tuple[int, int]:
     """(elements_per_block, bytes_per_block) of `qtype`; UnsupportedTensorType if not accepted."""
     qt = qtype_of(qtype)
     if qt not in BLOCK_SHAPES:
@@ -104,7 +104,7 @@ def _dequantize_blocks(qt: QT, blocks: np.ndarray) -> np.ndarray:
     return out
 
 
-def dequantize(data: np.ndarray, qtype, shape: tuple[int, ...]) -> np.ndarray:
+def dequantize(data: np.ndarray, qtype: QT | int, shape: tuple[int, ...]) -> np.ndarray:
     """The float32 values of a ggml tensor of `qtype` and numpy `shape` stored in `data`.
 
     `data` is the tensor's raw bytes (any dtype, viewed as bytes; GGUFReader's
@@ -120,7 +120,7 @@ def dequantize(data: np.ndarray, qtype, shape: tuple[int, ...]) -> np.ndarray:
     return _dequantize_blocks(qt, blocks).reshape(shape)
 
 
-def dequantize_rows(data: np.ndarray, qtype, shape: tuple[int, ...], rows) -> np.ndarray:
+def dequantize_rows(data: np.ndarray, qtype: QT | int, shape: tuple[int, ...], rows: np.ndarray) -> np.ndarray:
     """The float32 values of selected rows of a ggml tensor, without touching the others.
 
     Rows index the tensor viewed as [n_rows, shape[-1]] (all leading dimensions

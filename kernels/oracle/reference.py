@@ -21,7 +21,8 @@ _GELU_C = math.sqrt(2.0 / math.pi)
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """x * w / sqrt(mean(x^2) + eps) over the last axis. x [..., d], w [d]."""
     ms = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True)
-    return x * (1.0 / np.sqrt(ms + np.float32(eps))) * w
+    y: np.ndarray = x * (1.0 / np.sqrt(ms + np.float32(eps))) * w
+    return y
 
 
 OUT_BLOCK = 256  # rows of w per matrix-vector product: a 256-row slice of w stays in cache over every token row
@@ -45,28 +46,43 @@ def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndar
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
+    y: np.ndarray = x / (1.0 + np.exp(-x))
+    return y
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     """GELU, tanh approximation (PyTorch's gelu_pytorch_tanh, ggml's gelu)."""
-    return 0.5 * x * (1.0 + np.tanh(np.float32(_GELU_C) * (x + np.float32(0.044715) * x * x * x)))
+    y: np.ndarray = 0.5 * x * (1.0 + np.tanh(np.float32(_GELU_C) * (x + np.float32(0.044715) * x * x * x)))
+    return y
 
 
 def glu(gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
     """act(gate) * up: SwiGLU for act='silu', GeGLU for act='gelu_tanh'. [tokens, d_ff]."""
     fn = silu if act == "silu" else gelu_tanh
-    return fn(gate) * up
+    y: np.ndarray = fn(gate) * up
+    return y
 
 
-def rope_angles(positions: np.ndarray, base: float, rope_dim: int, scaling: RopeScaling | None = None) -> tuple[np.ndarray, np.ndarray]:
+def rope_angles(
+    positions: np.ndarray,
+    base: float,
+    rope_dim: int,
+    scaling: RopeScaling | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin of pos * base^(-2i/rope_dim), each [tokens, rope_dim/2]; with `scaling`,
-    llama.cpp's scaled angles and magnitude (kernels/rope.py)."""
+    llama.cpp's scaled angles and magnitude (oracle/rope.py)."""
     inv_freq, mscale = rope_inv_freq(base, rope_dim, scaling)
     return rope_tables(np, positions, inv_freq, mscale)
 
 
-def rope(x: np.ndarray, positions: np.ndarray, base: float, rope_dim: int, interleaved: bool, scaling: RopeScaling | None = None) -> np.ndarray:
+def rope(
+    x: np.ndarray,
+    positions: np.ndarray,
+    base: float,
+    rope_dim: int,
+    interleaved: bool,
+    scaling: RopeScaling | None = None,
+) -> np.ndarray:
     """Rotate the first rope_dim dims of each head; x [tokens, heads, head_dim], new array.
 
     interleaved: pairs (2i, 2i+1) (llama.cpp normal mode on permuted GGUF llama Q/K);
@@ -90,7 +106,8 @@ def rope(x: np.ndarray, positions: np.ndarray, base: float, rope_dim: int, inter
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     m = np.max(x, axis=axis, keepdims=True)
     e = np.exp(x - m)
-    return e / np.sum(e, axis=axis, keepdims=True)
+    p: np.ndarray = e / np.sum(e, axis=axis, keepdims=True)
+    return p
 
 
 def attention(

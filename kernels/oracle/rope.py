@@ -23,6 +23,7 @@ import ctypes
 import ctypes.util
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -84,13 +85,14 @@ def fma(a: Any, b: Any, c: Any) -> np.float32:
 
 
 @functools.cache
-def _libm_logf():
+def _libm_logf() -> Callable[[float], float] | None:
     name = ctypes.util.find_library("m")
     if not name:
         return None
     fn = ctypes.CDLL(name).logf
     fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
-    return fn
+    logf: Callable[[float], float] = fn
+    return logf
 
 
 def logf(x: Any) -> np.float32:
@@ -104,7 +106,13 @@ def plain_inv_freq(base: float, rope_dim: int) -> np.ndarray:
     return (f32(base) ** (-np.arange(0, rope_dim, 2, dtype=f32) / f32(rope_dim))).astype(f32)
 
 
-def yarn_corr_dims(rope_dim: int, original_context: int, base: float, beta_fast: float, beta_slow: float) -> tuple[float, float]:
+def yarn_corr_dims(
+    rope_dim: int,
+    original_context: int,
+    base: float,
+    beta_fast: float,
+    beta_slow: float,
+) -> tuple[float, float]:
     """ggml_rope_yarn_corr_dims in float32: the first and last pair index of YaRN's ramp."""
 
     def corr_dim(n_rot: float) -> np.float32:
@@ -118,7 +126,8 @@ def yarn_corr_dims(rope_dim: int, original_context: int, base: float, beta_fast:
 def yarn_ramp(rope_dim: int, low: float, high: float) -> np.ndarray:
     """rope_yarn_ramp of every pair [rope_dim/2] float32: 1 where theta extrapolates, 0 where it interpolates."""
     y = (np.arange(rope_dim // 2, dtype=f32) - f32(low)) / max(f32(0.001), f32(high) - f32(low))
-    return (f32(1) - np.minimum(f32(1), np.maximum(f32(0), y))).astype(f32)
+    ramp: np.ndarray = (f32(1) - np.minimum(f32(1), np.maximum(f32(0), y))).astype(f32)
+    return ramp
 
 
 def inv_freq(base: float, rope_dim: int, scaling: RopeScaling | None) -> tuple[np.ndarray, np.float32]:
@@ -142,7 +151,7 @@ def yarn_mscale(scaling: RopeScaling) -> np.float32:
     return f32(f32(scaling.attn_factor) * fma(f32(0.1), logf(f32(1) / f32(scaling.freq_scale)), f32(1)))
 
 
-def angles(xp: Any, positions: Any, inv: Any, mscale: float) -> tuple[Any, Any]:
+def angles(xp: Any, positions: Any, inv: Any, mscale: float | np.float32) -> tuple[Any, Any]:
     """cos, sin [T, rope_dim/2] float32 of positions [T] (xp: numpy or cupy, arrays of it)."""
     theta = positions.astype(xp.float32)[:, None] * inv[None, :]
     cos, sin = xp.cos(theta), xp.sin(theta)
@@ -158,7 +167,10 @@ def rotate(xp: Any, x: Any, cos: Any, sin: Any, interleaved: bool) -> Any:
     rope_dim = 2 * cos.shape[1]
     c, s = cos[:, None, :], sin[:, None, :]  # [T, 1, rope_dim/2]
     out = x.copy()
-    lo, hi = (slice(0, rope_dim, 2), slice(1, rope_dim, 2)) if interleaved else (slice(0, rope_dim // 2), slice(rope_dim // 2, rope_dim))
+    if interleaved:
+        lo, hi = slice(0, rope_dim, 2), slice(1, rope_dim, 2)
+    else:
+        lo, hi = slice(0, rope_dim // 2), slice(rope_dim // 2, rope_dim)
     a, b = x[..., lo], x[..., hi]
     out[..., lo] = a * c - b * s
     out[..., hi] = a * s + b * c
