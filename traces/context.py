@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags
 
 
 def format_traceparent(ctx: SpanContext) -> str:
@@ -45,7 +45,7 @@ def traceparent_ids(value: str | None) -> tuple[str, str, bool] | None:
     return (f"{f[0]:032x}", f"{f[1]:016x}", bool(f[2] & 1)) if f else None
 
 
-def parent_context(parent) -> Context:
+def parent_context(parent: Span | str | None) -> Context:
     """The OTel Context to start a child in: parent is a Span, a traceparent string or
     None (a new trace; never the ambient context, which the engine does not use)."""
     if parent is None:

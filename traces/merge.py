@@ -21,10 +21,13 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 from zinfer.traces.config import REQUEST, REQUEST_SCOPED, SCHEDULE
-from zinfer.traces.parts import part_files, read_records
+from zinfer.traces.parts import Record, part_files, read_records
+
+TraceDoc = dict[str, Any]
+"""A Chrome JSON trace: {"traceEvents": [...], "displayTimeUnit", "otherData": {"epoch_ns", ...}}."""
 
 
 @dataclass
@@ -34,15 +37,17 @@ class Slice:
     start: int  # epoch ns
     end: int
     cat: str
-    args: dict | None = None
+    args: dict[str, Any] | None = None
     tid: int = 0
     flows_out: list[int] = field(default_factory=list)
     flows_in: list[int] = field(default_factory=list)
 
 
-def merge_records(records: Iterable[dict]) -> dict:
+def merge_records(records: Iterable[Record]) -> TraceDoc:
     """A Chrome JSON trace (as a dict) of every span and kernel record given."""
-    spans, kernels, roles = [], [], {}
+    spans: list[Record] = []
+    kernels: list[Record] = []
+    roles: dict[int, str] = {}  # pid -> role
     for r in records:
         roles[r["pid"]] = r["role"]
         (spans if r["k"] == "span" else kernels).append(r)
@@ -64,11 +69,12 @@ def merge_records(records: Iterable[dict]) -> dict:
     return _emit(slices, flows, roles)
 
 
-def merge_parts(paths: Iterable[str | os.PathLike]) -> dict:
+def merge_parts(paths: Iterable[str | os.PathLike[str]]) -> TraceDoc:
+    """The Chrome JSON trace of every record in these part files."""
     return merge_records(read_records(paths))
 
 
-def write_trace(directory: str | os.PathLike, out_path: str | os.PathLike) -> int:
+def write_trace(directory: str | os.PathLike[str], out_path: str | os.PathLike[str]) -> int:
     """Merge every part file in directory into out_path; returns the number of slices."""
     doc = merge_parts(part_files(directory))
     with open(out_path, "w") as f:
@@ -78,13 +84,14 @@ def write_trace(directory: str | os.PathLike, out_path: str | os.PathLike) -> in
 
 # ---- placing spans -------------------------------------------------------------------
 
-def _request_of(s: dict, by_id: dict) -> dict | None:
+def _request_of(s: Record | None, by_id: dict[str, Record]) -> Record | None:
+    """The request span s lies under (s itself if it is one), or None."""
     while s is not None and s["name"] != REQUEST:
         s = by_id.get(s["parent"])
     return s
 
 
-def _track(s: dict, by_id: dict) -> tuple[int, str]:
+def _track(s: Record, by_id: dict[str, Record]) -> tuple[int, str]:
     if s["name"] in REQUEST_SCOPED:
         req = _request_of(s, by_id)
         if req is not None:
@@ -93,24 +100,29 @@ def _track(s: dict, by_id: dict) -> tuple[int, str]:
     return s["pid"], s["attrs"].get("zinfer.actor") or s["role"]
 
 
-def _category(s: dict) -> str:
+def _category(s: Record) -> str:
     if s["name"] in REQUEST_SCOPED:
-        return s["name"]
+        return str(s["name"])
     if s["name"] == SCHEDULE:
         return "schedule"
     return "round" if "round_id" in s["attrs"] else "span"
 
 
-def _flows(spans: list[dict], by_id: dict, span_slice: dict, slices: list[Slice]) -> list[tuple[Slice, Slice]]:
+def _flows(
+    spans: list[Record],
+    by_id: dict[str, Record],
+    span_slice: dict[str, Slice],
+    slices: list[Slice],
+) -> list[tuple[Slice, Slice]]:
     """Request track round slices (added to slices) and every (source, target) flow."""
-    flows = []
-    rounds = {}
+    flows: list[tuple[Slice, Slice]] = []
+    rounds: dict[int, Slice] = {}  # round_id -> the executor's round slice
     for s in spans:
         target = span_slice[s["span"]]
         if target.cat != "round":
             continue
         rounds[s["attrs"]["round_id"]] = target
-        seen = set()
+        seen: set[str] = set()
         for _, span_id in s["links"]:
             req = _request_of(by_id.get(span_id), by_id)
             if req is None or req["span"] in seen:
@@ -126,12 +138,13 @@ def _flows(spans: list[dict], by_id: dict, span_slice: dict, slices: list[Slice]
     return flows
 
 
-def _layout(slices: list[Slice]) -> dict[tuple[int, str], int]:
-    """Give every slice a tid so that slices on one tid nest; returns (pid, name) per tid."""
+def _layout(slices: list[Slice]) -> dict[tuple[int, int], str]:
+    """Give every slice a tid so that slices on one tid nest; returns the name of each (pid, tid)."""
     groups: dict[tuple[int, str], list[Slice]] = {}
     for sl in slices:
         groups.setdefault(sl.track, []).append(sl)
-    names, next_tid = {}, {}
+    names: dict[tuple[int, int], str] = {}  # (pid, tid) -> track name
+    next_tid: dict[int, int] = {}  # pid -> the last tid given
     for (pid, name), group in sorted(groups.items()):
         group.sort(key=lambda sl: (sl.start, -sl.end))
         lanes: list[tuple[int, list[int]]] = []  # (tid, stack of open end times)
@@ -151,28 +164,34 @@ def _layout(slices: list[Slice]) -> dict[tuple[int, str], int]:
     return names
 
 
-def _emit(slices: list[Slice], flows: list[tuple[Slice, Slice]], roles: dict[int, str]) -> dict:
+def _emit(slices: list[Slice], flows: list[tuple[Slice, Slice]], roles: dict[int, str]) -> TraceDoc:
     names = _layout(slices)
     t0 = min((sl.start for sl in slices), default=0)
 
     def us(ns: int) -> float:
         return round((ns - t0) / 1000, 3)
 
-    events = []
+    events: list[dict[str, Any]] = []
     for pid, role in sorted(roles.items()):
-        events.append({"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": {"name": f"zinfer {role} ({pid})"}})
+        process_name = {"name": f"zinfer {role} ({pid})"}
+        events.append({"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": process_name})
     for (pid, tid), name in sorted(names.items()):
         events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}})
         events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
-    timed = []
+    timed: list[tuple[int, int, int, dict[str, Any]]] = []  # (sort keys..., event)
     for sl in slices:
-        e = {"ph": "X", "pid": sl.track[0], "tid": sl.tid, "name": sl.name, "cat": sl.cat, "ts": us(sl.start), "dur": round((sl.end - sl.start) / 1000, 3)}
+        e = {
+            "ph": "X", "pid": sl.track[0], "tid": sl.tid, "name": sl.name, "cat": sl.cat,
+            "ts": us(sl.start), "dur": round((sl.end - sl.start) / 1000, 3),
+        }
         if sl.args:
             e["args"] = sl.args
         timed.append((sl.start, -(sl.end - sl.start), 0, e))
     for i, (src, dst) in enumerate(flows, 1):
-        timed.append((src.start, 1, 1, {"ph": "s", "pid": src.track[0], "tid": src.tid, "name": "round", "cat": "flow", "id": i, "ts": us(src.start)}))
-        timed.append((dst.start, 1, 1, {"ph": "f", "bp": "e", "pid": dst.track[0], "tid": dst.tid, "name": "round", "cat": "flow", "id": i, "ts": us(dst.start)}))
+        flow = {"name": "round", "cat": "flow", "id": i}
+        start = {"ph": "s", "pid": src.track[0], "tid": src.tid, **flow, "ts": us(src.start)}
+        end = {"ph": "f", "bp": "e", "pid": dst.track[0], "tid": dst.tid, **flow, "ts": us(dst.start)}
+        timed += [(src.start, 1, 1, start), (dst.start, 1, 1, end)]
     timed.sort(key=lambda t: t[:3])
     events += [t[3] for t in timed]
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"epoch_ns": t0, "generator": "zinfer"}}

@@ -19,12 +19,15 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import IO, Any, Iterable, Iterator, Sequence
 
 import msgspec
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 _encode = msgspec.json.Encoder().encode
+
+Record = dict[str, Any]
+"""One line of a part file, a "span" or a "kernels" record (fields in the module docstring)."""
 
 
 class PartWriter:
@@ -35,14 +38,14 @@ class PartWriter:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.role, self.pid, self.window_s = role, os.getpid(), window_s
         self._lock = threading.Lock()
-        self._file = None
-        self._window = None
+        self._file: IO[bytes] | None = None
+        self._window: int | None = None
 
     def _path(self, window: int | None) -> Path:
         stem = f"{self.role}-{self.pid}" if window is None else f"{window}-{self.role}-{self.pid}"
         return self.dir / f"{stem}.jsonl"
 
-    def write(self, *records: dict) -> None:
+    def write(self, *records: Record) -> None:
         """Append records, one line each, in one write; flush them to the OS."""
         lines = b"".join([_encode(r) + b"\n" for r in records])
         with self._lock:
@@ -55,12 +58,12 @@ class PartWriter:
             self._file.flush()
 
     def span_record(self, name: str, trace: str, span: str, parent: str | None, start: int, end: int,
-                    attrs: dict, links: list) -> dict:
+                    attrs: dict[str, Any], links: Sequence[Sequence[str]]) -> Record:
         """A "span" line of this process (ids as hex strings, times as epoch ns)."""
         return {"k": "span", "name": name, "trace": trace, "span": span, "parent": parent, "start": start,
                 "end": end, "attrs": attrs, "links": links, "pid": self.pid, "role": self.role}
 
-    def kernels_record(self, trace: str, parent: str, offset: int, events: list) -> dict:
+    def kernels_record(self, trace: str, parent: str, offset: int, events: list[tuple[str, int, int]]) -> Record:
         """A "kernels" line: a round's events under its span `parent`."""
         return {"k": "kernels", "trace": trace, "parent": parent, "pid": self.pid, "role": self.role,
                 "offset": offset, "events": events}
@@ -85,8 +88,8 @@ class PartSpanProcessor(SpanProcessor):
             f"{ctx.trace_id:032x}",
             f"{ctx.span_id:016x}",
             f"{span.parent.span_id:016x}" if span.parent else None,
-            span.start_time,
-            span.end_time,
+            span.start_time or 0,  # set: the span has started and ended
+            span.end_time or 0,
             {k: (list(v) if isinstance(v, tuple) else v) for k, v in (span.attributes or {}).items()},
             [[f"{l.context.trace_id:032x}", f"{l.context.span_id:016x}"] for l in span.links],
         ))
@@ -98,11 +101,12 @@ class PartSpanProcessor(SpanProcessor):
         return True
 
 
-def part_files(directory: str | os.PathLike) -> list[Path]:
+def part_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """The part files in directory, in name order."""
     return sorted(Path(directory).glob("*.jsonl"))
 
 
-def read_records(paths: Iterable[str | os.PathLike]) -> Iterator[dict]:
+def read_records(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Record]:
     """Every record in these part files; a torn last line (a killed writer) is skipped."""
     decode = msgspec.json.Decoder().decode
     for path in paths:

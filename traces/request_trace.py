@@ -21,21 +21,22 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
-from zinfer.traces.merge import Slice, _emit, merge_parts
+from zinfer.traces.merge import Slice, TraceDoc, _emit, merge_parts
 from zinfer.traces.windows import parts_dir
 
 
-def is_request(args: dict, request_id: str) -> bool:
+def is_request(args: dict[str, Any], request_id: str) -> bool:
     """Whether a request slice's args name request_id: the id itself, or a gateway's
     prefixed form of it (the websocket sends `ws<N>.<id>` to the engine)."""
     rid = str(args.get("request_id", ""))
     return rid == request_id or rid.endswith("." + request_id)
 
 
-def window_files(trace_dir: str | os.PathLike) -> list[tuple[float, Path]]:
+def window_files(trace_dir: str | os.PathLike[str]) -> list[tuple[float, Path]]:
     """(window start in epoch seconds, file) of each merged trace file, newest first."""
-    out = []
+    out: list[tuple[float, Path]] = []
     for p in Path(trace_dir).glob("zinfer-*.json"):
         try:
             out.append((calendar.timegm(time.strptime(p.stem[len("zinfer-"):], "%Y%m%d-%H%M%S")), p))
@@ -44,11 +45,13 @@ def window_files(trace_dir: str | os.PathLike) -> list[tuple[float, Path]]:
     return sorted(out, reverse=True)
 
 
-def _slices(doc: dict) -> tuple[list[Slice], dict[int, str]]:
+def _slices(doc: TraceDoc) -> tuple[list[Slice], dict[int, str]]:
     """The X events of a Chrome JSON trace made by merge.py back into Slices (epoch ns), and
     each pid's role."""
     epoch = doc.get("otherData", {}).get("epoch_ns", 0)
-    roles, threads, out = {}, {}, []
+    roles: dict[int, str] = {}  # pid -> role
+    threads: dict[tuple[int, int], str] = {}  # (pid, tid) -> track name
+    out: list[Slice] = []
     for e in doc["traceEvents"]:
         if e["ph"] == "M" and e["name"] == "process_name":
             roles[e["pid"]] = e["args"]["name"].removeprefix("zinfer ").rsplit(" (", 1)[0]
@@ -57,9 +60,11 @@ def _slices(doc: dict) -> tuple[list[Slice], dict[int, str]]:
     for e in doc["traceEvents"]:
         if e["ph"] == "X":
             track = threads.get((e["pid"], e["tid"]), "")
-            track = track.rsplit(" (", 1)[0] if track.endswith(")") and " (" in track else track  # a lane: "request x (2)"
+            if track.endswith(")") and " (" in track:  # a lane: "request x (2)"
+                track = track.rsplit(" (", 1)[0]
             start = epoch + round(e["ts"] * 1000)
-            out.append(Slice((e["pid"], track), e["name"], start, start + round(e["dur"] * 1000), e.get("cat", ""), e.get("args")))
+            end = start + round(e["dur"] * 1000)
+            out.append(Slice((e["pid"], track), e["name"], start, end, e.get("cat", ""), e.get("args")))
     return out, roles
 
 
@@ -67,13 +72,20 @@ def _flows(slices: list[Slice]) -> list[tuple[Slice, Slice]]:
     """merge.py's flows again: each request's round slice to the executor's round, each
     schedule slice to the round it planned."""
     rounds = {sl.args["span_id"]: sl for sl in slices if sl.cat == "round" and sl.args}
-    by_round_id = {sl.args.get("round_id"): sl for sl in rounds.values()}
-    flows = [(sl, rounds[sl.args["round_span_id"]]) for sl in slices if sl.cat == "request.round" and sl.args.get("round_span_id") in rounds]
-    flows += [(sl, by_round_id[sl.args["round_id"]]) for sl in slices if sl.cat == "schedule" and sl.args and sl.args.get("round_id") in by_round_id]
+    by_round_id = {sl.args.get("round_id"): sl for sl in rounds.values() if sl.args}
+    flows: list[tuple[Slice, Slice]] = []
+    for sl in slices:
+        if not sl.args:
+            continue
+        if sl.cat == "request.round" and sl.args.get("round_span_id") in rounds:
+            flows.append((sl, rounds[sl.args["round_span_id"]]))
+    for sl in slices:
+        if sl.args and sl.cat == "schedule" and sl.args.get("round_id") in by_round_id:
+            flows.append((sl, by_round_id[sl.args["round_id"]]))
     return flows
 
 
-def request_trace(trace_dir: str | os.PathLike, request_id: str, window_s: float) -> dict | None:
+def request_trace(trace_dir: str | os.PathLike[str], request_id: str, window_s: float) -> TraceDoc | None:
     """The Chrome JSON trace (Perfetto opens it) of request_id's time in the server's trace
     under trace_dir (window_s: its --trace-window); None when no file there has the
     request's finished request span."""
@@ -99,7 +111,8 @@ def request_trace(trace_dir: str | os.PathLike, request_id: str, window_s: float
         return None
     s, e = found.start, found.end
     docs = [current, *(load(path) for start, path in windows if start * 1e9 < e and (start + window_s) * 1e9 > s)]
-    slices, roles = [], {}
+    slices: list[Slice] = []
+    roles: dict[int, str] = {}
     for doc_slices, doc_roles in docs:
         slices += [sl for sl in doc_slices if sl.start < e and sl.end > s]
         roles.update(doc_roles)
@@ -110,7 +123,7 @@ def request_trace(trace_dir: str | os.PathLike, request_id: str, window_s: float
 def _onto_request_track(slices: list[Slice], request: Slice) -> None:
     """Put back on the request's track what a window without its request span left off it:
     its tokenize and queue slices, and a round slice for each round it led (adds those)."""
-    trace = request.args.get("trace_id")
+    trace = (request.args or {}).get("trace_id")
     mirrored = {sl.args.get("round_span_id") for sl in slices if sl.cat == "request.round" and sl.args}
     for sl in list(slices):
         if not sl.args or sl.args.get("trace_id") != trace:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from zinfer.traces.kernels import KernelClock
 from zinfer.traces.setup import Tracing
 
 
@@ -19,13 +20,13 @@ class RoundTracer:
     device, or it wrapped in a kernel timer when kernels are traced. `clock`: the
     device's kernel_clock() (None: host time)."""
 
-    def __init__(self, tracing: Tracing, device: Any, clock: Any = None):
+    def __init__(self, tracing: Tracing, device: Any, clock: KernelClock | None = None):
         self.tracing = tracing
         self.recorder = tracing.kernel_recorder(clock)
         self.device = self.recorder.wrap(device) if self.recorder else device
         self._span_ns = (0, 0)
 
-    def run(self, round_fn: Callable, *args: Any) -> Any:
+    def run(self, round_fn: Callable[..., Any], *args: Any) -> Any:
         """round_fn(*args, marks=recorder) between the round's start and end marks; call
         it where the round runs (the worker thread)."""
         t0 = time.perf_counter_ns()
@@ -34,7 +35,7 @@ class RoundTracer:
         finally:
             self._span_ns = (t0, time.perf_counter_ns())
 
-    def finish(self, name: str, attributes: dict, traceparents: list[str]) -> None:
+    def finish(self, name: str, attributes: dict[str, Any], traceparents: list[str]) -> None:
         """Emit the span of the round just run: child of its first request, linked to all."""
         attributes["zinfer.actor"] = "executor"
         host_offset = time.time_ns() - time.perf_counter_ns()

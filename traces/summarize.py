@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -11,16 +12,16 @@ class RoundTimes:
     """One executor round as the trace shows it (times in µs)."""
 
     name: str
-    args: dict
+    args: dict[str, Any]  # the round span's attributes (round_id, batch_size, tokens, ...)
     dur: float
     layers: int = 0
     kernel_us: float = 0.0
     kernels: dict[str, list[float]] = field(default_factory=dict)  # name -> durations
 
 
-def rounds_of(doc: dict) -> list[RoundTimes]:
+def rounds_of(doc: dict[str, Any]) -> list[RoundTimes]:
     """Every round slice with the layer and kernel slices inside it, in time order."""
-    by_track: dict[tuple, list[dict]] = {}
+    by_track: dict[tuple[int, int], list[dict[str, Any]]] = {}  # (pid, tid) -> its X events
     for e in doc["traceEvents"]:
         if e.get("ph") == "X" and e.get("cat") in ("round", "layer", "kernel"):
             by_track.setdefault((e["pid"], e["tid"]), []).append(e)
@@ -40,14 +41,17 @@ def rounds_of(doc: dict) -> list[RoundTimes]:
     return [r for _, r in sorted(rounds, key=lambda t: t[0])]
 
 
-def summarize(doc: dict) -> str:
+def summarize(doc: dict[str, Any]) -> str:
     """The two tables as text: rounds (kind, batch, tokens, time, kernel coverage) and
     kernels (calls, total, mean, share of round time)."""
     rounds = rounds_of(doc)
-    lines = [f"{'round':>5} {'kind':<16} {'batch':>5} {'tokens':>6} {'ms':>9} {'kernels ms':>10} {'cover':>6} {'layers':>6}"]
+    lines = [
+        f"{'round':>5} {'kind':<16} {'batch':>5} {'tokens':>6} {'ms':>9} {'kernels ms':>10} {'cover':>6} {'layers':>6}"
+    ]
     for r in rounds:
         cover = 100 * r.kernel_us / r.dur if r.dur else 0.0
-        lines.append(f"{r.args.get('round_id', '?'):>5} {r.name:<16} {r.args.get('batch_size', ''):>5} {r.args.get('tokens', ''):>6} "
+        round_id, batch, tokens = r.args.get("round_id", "?"), r.args.get("batch_size", ""), r.args.get("tokens", "")
+        lines.append(f"{round_id:>5} {r.name:<16} {batch:>5} {tokens:>6} "
                      f"{r.dur / 1000:9.3f} {r.kernel_us / 1000:10.3f} {cover:5.1f}% {r.layers:>6}")
     total_round = sum(r.dur for r in rounds)
     lines.append(f"{len(rounds)} rounds, {total_round / 1000:.3f} ms")
@@ -65,5 +69,6 @@ def summarize(doc: dict) -> str:
 
 
 def summarize_file(path: str) -> str:
+    """summarize() of the trace file at path (OSError, ValueError: unreadable or not JSON)."""
     with open(path) as f:
         return summarize(json.load(f))

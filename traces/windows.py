@@ -17,12 +17,17 @@ from zinfer.traces.merge import merge_parts
 GRACE_S = 2.0  # wait this long past a window's end for its last spans
 
 
-def parts_dir(trace_dir: str | os.PathLike) -> Path:
+def parts_dir(trace_dir: str | os.PathLike[str]) -> Path:
     """Where the engine's processes write their part files under a --trace-dir."""
     return Path(trace_dir) / "parts"
 
 
-def merge_windows(trace_dir: str | os.PathLike, window_s: float, now: float | None = None, final: bool = False) -> list[Path]:
+def merge_windows(
+    trace_dir: str | os.PathLike[str],
+    window_s: float,
+    now: float | None = None,
+    final: bool = False,
+) -> list[Path]:
     """Merge every finished window's part files (all of them if final) into a trace file
     in trace_dir, then delete those parts; returns the files written."""
     now = time.time() if now is None else now
