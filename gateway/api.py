@@ -14,11 +14,13 @@ From a plain script:
 from __future__ import annotations
 
 import threading
+from typing import Any, Sequence
 
 import trio
+import zmq
 
 from zinfer.actors.engine import Engine, EngineConfig, open_engine
-from zinfer.gateway.client import AsyncClient, Client, EngineError
+from zinfer.gateway.client import AsyncClient, Client, EngineError, MessageIn
 from zinfer.messages.client import Delta, Failed, Finished, Rejected
 from zinfer.messages.params import SamplingParams
 
@@ -65,21 +67,27 @@ class EngineThread:
             self._ready.set()
             await self._stop.wait()
 
+    def _started(self) -> Engine:
+        if self.engine is None:
+            raise RuntimeError("the engine is not running: call start() first")
+        return self.engine
+
     @property
-    def ctx(self):
-        return self.engine.ctx
+    def ctx(self) -> zmq.Context[zmq.Socket[bytes]]:
+        return self._started().ctx
 
     @property
     def address(self) -> str:
-        return self.engine.addrs.frontend
+        return self._started().addrs.frontend
 
     def client(self) -> Client:
         """A blocking client; use one per thread."""
         return Client(self.address, ctx=self.ctx)
 
-    def complete(self, prompt: str | None = None, *, messages=None, **params) -> str:
-        """Generate and return the whole text (raises EngineError on rejected/failed)."""
-        text = []
+    def complete(self, prompt: str | None = None, *, messages: Sequence[MessageIn] | None = None, **params: Any) -> str:
+        """Generate and return the whole text (raises EngineError on rejected/failed);
+        params: SamplingParams fields."""
+        text: list[str] = []
         with self.client() as c:
             for event in c.generate(prompt, messages=messages, params=SamplingParams(**params)):
                 if isinstance(event, Delta):
@@ -91,7 +99,7 @@ class EngineThread:
         return "".join(text)
 
     def stop(self) -> None:
-        if self._token is not None and self._thread.is_alive():
+        if self._token is not None and self._stop is not None and self._thread.is_alive():
             trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
         self._thread.join()
         if self.error is not None:
@@ -100,5 +108,5 @@ class EngineThread:
     def __enter__(self) -> "EngineThread":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

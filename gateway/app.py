@@ -35,7 +35,7 @@ def build_app(state: GatewayState) -> Starlette:
 
     async def metrics(request: Request) -> Response:
         stats = None
-        if state.ready:
+        if state.client is not None:  # ready
             with trio.move_on_after(2.0):
                 try:
                     stats = await state.client.stats()
@@ -51,8 +51,10 @@ def build_app(state: GatewayState) -> Starlette:
     keyed = [Middleware(ApiKeyMiddleware, api_key=state.api_key)] if state.api_key else []
     middleware = [Middleware(BrowserGuard, policy=state.origins), *keyed, Middleware(JsonBodiesOnly)]
     operational = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]
+    api = [*openai_api.routes(state), *openai_responses.routes(state), *websocket.routes(state), *page.routes(state)]
     return Starlette(
-        routes=[*operational, *openai_api.routes(state), *openai_responses.routes(state), *websocket.routes(state), *page.routes(state)],
+        routes=[*operational, *api],
         middleware=middleware,
-        exception_handlers={HTTPException: http_error},
+        # Starlette types a handler as taking any Exception; it calls this one with HTTPExceptions only
+        exception_handlers={HTTPException: http_error},  # type: ignore[dict-item]
     )

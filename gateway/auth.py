@@ -36,7 +36,8 @@ def authorized(key: str | None, authorization: str | None, query_key: str | None
     if not key:
         return True
     scheme, _, token = (authorization or "").partition(" ")
-    by_header = key_matches(token.strip().encode("latin-1", "replace"), key) & (scheme.lower() == "bearer")  # headers are latin-1
+    bearer = token.strip().encode("latin-1", "replace")  # headers are latin-1
+    by_header = key_matches(bearer, key) & (scheme.lower() == "bearer")
     by_query = key_matches(query_key, key) & (query_key is not None)
     return by_header | by_query
 
@@ -50,10 +51,16 @@ class ApiKeyMiddleware:
         self.api_key = api_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS or scope["path"].startswith(OPEN_PREFIX) or self._authorized(scope):
+        if (
+            scope["type"] not in ("http", "websocket")
+            or scope["path"] in OPEN_PATHS
+            or scope["path"].startswith(OPEN_PREFIX)
+            or self._authorized(scope)
+        ):
             return await self.app(scope, receive, send)
         how = "send 'Authorization: Bearer <key>'" + (" or add ?api_key=<key>" if scope["path"] in KEY_IN_QUERY else "")
-        await refuse(ApiError(401, f"invalid or missing API key: {how}", type="authentication_error", code="invalid_api_key"), scope, receive, send)
+        error = ApiError(401, f"invalid or missing API key: {how}", type="authentication_error", code="invalid_api_key")
+        await refuse(error, scope, receive, send)
 
     def _authorized(self, scope: Scope) -> bool:
         query_key = QueryParams(scope["query_string"]).get("api_key") if scope["path"] in KEY_IN_QUERY else None

@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import time
+from typing import Any
 
 import msgspec
 import trio
@@ -60,12 +61,13 @@ async def _group(client: AsyncClient, prompts: list[list[int]], max_tokens: int)
     return start, streams
 
 
-async def bench_engine(config: EngineConfig, plan: Plan) -> dict:
+async def bench_engine(config: EngineConfig, plan: Plan) -> dict[str, Any]:
     """Every workload on zinfer; its figures by workload key, plus the model's bytes."""
     async with open_engine(config) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
         vocab = engine.source.spec.vocab_size
         prompts = workload_prompts(plan, vocab)
-        warm = synthetic_prompts(3, plan.prompt_len, vocab, seed=0)  # warm-up: kernels compile or load from cache on first use,
+        # warm-up: kernels compile or load from cache on first use,
+        warm = synthetic_prompts(3, plan.prompt_len, vocab, seed=0)
         await _group(client, warm[:1], 3)  # alone (prefill, batch-1 decode)
         await _group(client, warm[1:], 3)  # and together (decode of several rows)
         executor = engine.actors.get("executor")
@@ -74,21 +76,24 @@ async def bench_engine(config: EngineConfig, plan: Plan) -> dict:
         busy0, rounds0, t0 = getattr(executor, "busy_seconds", 0.0), (await client.stats()).rounds, time.perf_counter()
         say("zinfer: prefill")
         one_at_a_time = [await _group(client, [ids], 1) for ids in prompts["prefill"]]
-        result: dict = {"prefill": {"prefill_tok_s": plan.prefill_requests * plan.prefill_len / sum(s[0][-1] - t for t, s in one_at_a_time)}}
+        prefill_s = sum(s[0][-1] - t for t, s in one_at_a_time)
+        result: dict[str, Any] = {"prefill": {"prefill_tok_s": plan.prefill_requests * plan.prefill_len / prefill_s}}
         say("zinfer: decode, batch 1")
         result["decode_b1"] = summarize([await _group(client, [ids], plan.output_len) for ids in prompts["decode_b1"]])
         for n in plan.streams:
             say(f"zinfer: {n} streams")
             result[f"streams_{n}"] = summarize([await _group(client, prompts[f"streams_{n}"], plan.output_len)])
         spec = engine.source.spec
-        result["model"], result["device"] = engine.source.name, engine.config.device  # the resolved device (auto -> ...)
+        result["model"] = engine.source.name
+        result["device"] = engine.config.device  # the resolved device (auto -> ...)
         result["weight_file_bytes"] = file_weight_bytes(engine.source)
         result["kv_context"] = plan.prompt_len + plan.output_len // 2  # the mean context of the batch-1 decode steps
         result["kv_bytes_per_token_f16"] = kv_bytes_per_token(spec, result["kv_context"], 2)  # llama.cpp's default KV
         if executor is not None:  # in this process (the inproc topology): what the device holds
             rounds = (await client.stats()).rounds - rounds0  # the scheduler's count as of its last round
             result["rounds"] = rounds
-            result["bus_overhead_ms_per_round"] = 1000 * (time.perf_counter() - t0 - (executor.busy_seconds - busy0)) / max(rounds, 1)
+            outside_s = time.perf_counter() - t0 - (executor.busy_seconds - busy0)
+            result["bus_overhead_ms_per_round"] = 1000 * outside_s / max(rounds, 1)
             result["weight_resident_bytes"] = resident_weight_bytes(executor.weights)
             result["kv_bytes_per_token"] = kv_bytes_per_token(spec, result["kv_context"], kv_itemsize(executor.kv, 4))
         return result

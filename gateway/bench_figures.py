@@ -20,6 +20,7 @@ Groups add up: tokens over the sum of the groups' seconds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,7 @@ def group_figures(start: float, streams: list[Stream]) -> GroupFigures:
     )
 
 
-def summarize(start_and_streams: list[tuple[float, list[Stream]]]) -> dict:
+def summarize(start_and_streams: list[tuple[float, list[Stream]]]) -> dict[str, Any]:
     """Figures over several groups: e2e_tok_s and decode_tok_s (None where no time passed
     or nothing decoded), their counts and seconds, the slowest group's first completion
     and last first token (seconds after arrival), and TTFT/ITL percentiles."""
@@ -81,4 +82,4 @@ def percentiles(xs: list[float]) -> dict[str, float]:
     if not xs:
         return {}
     a = np.asarray(xs) * 1000
-    return {"p50_ms": float(np.percentile(a, 50)), "p90_ms": float(np.percentile(a, 90)), "p99_ms": float(np.percentile(a, 99))}
+    return {f"p{q}_ms": float(np.percentile(a, q)) for q in (50, 90, 99)}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import time
+from typing import Any
 
 import numpy as np
 
@@ -83,8 +84,8 @@ class LlamaContext:
 
     def argmax(self, i: int) -> int:
         """The greedy token of the last decode's batch entry i."""
-        ptr = self.L.llama_get_logits_ith(self.ctx, i)
-        return int(np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,)).argmax())
+        ptr = ctypes.cast(self.L.llama_get_logits_ith(self.ctx, i), ctypes.POINTER(ctypes.c_float))
+        return int(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).argmax())  # logits [n_vocab]
 
     def generate(self, prompts: list[list[int]], output_len: int) -> tuple[float, list[Stream]]:
         """Greedy decode of a group of prompts arriving together, from an empty KV:
@@ -107,12 +108,14 @@ class LlamaContext:
             self.decode([(last[s], len(prompts[s]) + step, s, True) for s in range(len(prompts))])
             last = [self.argmax(s) for s in range(len(prompts))]
             now = time.perf_counter()
-            for s in streams:
-                s.append(now)
+            for stream in streams:
+                stream.append(now)
         return start, streams
 
 
-def bench_llama_cpp(path: str, plan: Plan, threads: int, unified_pool: bool) -> tuple[dict, dict | None]:
+def bench_llama_cpp(
+    path: str, plan: Plan, threads: int, unified_pool: bool
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Every workload of the plan on llama.cpp, in separate KV streams: figures by workload
     key as bench_engine's; and (unified_pool) the largest stream count in one unified pool."""
     model = LlamaModel(path)
@@ -120,8 +123,11 @@ def bench_llama_cpp(path: str, plan: Plan, threads: int, unified_pool: bool) -> 
         prompts = workload_prompts(plan, model.n_vocab)
         seq_len = plan.prompt_len + plan.output_len
 
-        def run(n_seq: int, length: int, unified: bool, groups: list[list[list[int]]], output_len: int) -> list[tuple[float, list[Stream]]]:
-            say(f"llama.cpp: {len(groups)} x {len(groups[0])} sequences of up to {length} tokens" + (", unified KV" if unified else ""))
+        def run(
+            n_seq: int, length: int, unified: bool, groups: list[list[list[int]]], output_len: int
+        ) -> list[tuple[float, list[Stream]]]:
+            kv = ", unified KV" if unified else ""
+            say(f"llama.cpp: {len(groups)} x {len(groups[0])} sequences of up to {length} tokens{kv}")
             ctx = LlamaContext(model, n_seq, length, threads, unified)
             try:
                 ctx.generate(groups[0][:1], 2)  # warm-up: the first decode of a context sets its buffers up
@@ -130,7 +136,8 @@ def bench_llama_cpp(path: str, plan: Plan, threads: int, unified_pool: bool) -> 
                 ctx.close()
 
         pre = run(1, plan.prefill_len + 1, False, [[p] for p in prompts["prefill"]], 1)
-        ours: dict = {"prefill": {"prefill_tok_s": plan.prefill_requests * plan.prefill_len / sum(s[0][-1] - t for t, s in pre)}}
+        prefill_s = sum(s[0][-1] - t for t, s in pre)
+        ours: dict[str, Any] = {"prefill": {"prefill_tok_s": plan.prefill_requests * plan.prefill_len / prefill_s}}
         ours["decode_b1"] = summarize(run(1, seq_len, False, [[p] for p in prompts["decode_b1"]], plan.output_len))
         for n in plan.streams:
             ours[f"streams_{n}"] = summarize(run(n, seq_len, False, [prompts[f"streams_{n}"]], plan.output_len))

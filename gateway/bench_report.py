@@ -9,15 +9,19 @@ machine's measured read bandwidth.
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import Any
 
 from zinfer.gateway.bench_plan import Plan
+
+Figures = dict[str, Any]
+"""An engine's bench figures by workload key (bench_engine, bench_llama_cpp), or a report's parts."""
 
 
 def _gb_s(bytes_per_token: int | None, tok_s: float | None) -> float | None:
     return bytes_per_token * tok_s / 1e9 if bytes_per_token and tok_s else None
 
 
-def roofline(ours: dict, theirs: dict | None, peak: float | None) -> dict:
+def roofline(ours: Figures, theirs: Figures | None, peak: float | None) -> Figures:
     """Batch-1 bytes per token and GB/s: zinfer's from the bytes its device holds (and from
     the file's, for comparison), llama.cpp's from the file's with f16 KV; % of peak."""
     tok_s = ours["decode_b1"]["decode_tok_s"]
@@ -40,9 +44,10 @@ def roofline(ours: dict, theirs: dict | None, peak: float | None) -> dict:
     return out
 
 
-def rows(plan: Plan, ours: dict, theirs: dict | None, unified: dict | None, roof: dict) -> list[dict]:
+def rows(plan: Plan, ours: Figures, theirs: Figures | None, unified: Figures | None, roof: Figures) -> list[Figures]:
     """The table's rows: label, unit, zinfer, llama_cpp, ratio (None where absent)."""
     theirs = theirs or {}
+    # (workload key, metric, label, the other engine's figures)
     spec = [("prefill", "prefill_tok_s", f"prefill, {plan.prefill_len}-token prompts", theirs)]
     spec.append(("decode_b1", "decode_tok_s", f"decode, batch 1, {plan.prompt_len}-token prompts", theirs))
     for n in plan.streams:
@@ -55,15 +60,24 @@ def rows(plan: Plan, ours: dict, theirs: dict | None, unified: dict | None, roof
     out = []
     for key, metric, label, other in spec:
         a, b = ours[key][metric], other.get(key, {}).get(metric)
-        out.append({"label": label, "unit": "tok/s", "workload": key, "metric": metric, "zinfer": a, "llama_cpp": b, "ratio": a / b if a and b else None})
+        out.append(_row(label, "tok/s", key, metric, a, b, a / b if a and b else None))
     a, b = roof["zinfer_gb_s"], roof["llama_cpp_gb_s"]
-    out.append({"label": "decode, batch 1, GB/s read", "unit": "GB/s", "workload": "decode_b1", "metric": "gb_s", "zinfer": a, "llama_cpp": b, "ratio": a / b if a and b else None})
+    out.append(_row("decode, batch 1, GB/s read", "GB/s", "decode_b1", "gb_s", a, b, a / b if a and b else None))
     a, b = roof["zinfer_peak_pct"], roof["llama_cpp_peak_pct"]
-    out.append({"label": "decode, batch 1, % of read bandwidth", "unit": "%", "workload": "decode_b1", "metric": "peak_pct", "zinfer": a, "llama_cpp": b, "ratio": None})
+    out.append(_row("decode, batch 1, % of read bandwidth", "%", "decode_b1", "peak_pct", a, b, None))
     return out
 
 
-def report_of(plan: Plan, threads: int, ours: dict, theirs: dict | None, unified: dict | None, peak: float | None) -> dict:
+def _row(
+    label: str, unit: str, workload: str, metric: str, ours: float | None, theirs: float | None, ratio: float | None
+) -> Figures:
+    return {"label": label, "unit": unit, "workload": workload, "metric": metric, "zinfer": ours, "llama_cpp": theirs,
+            "ratio": ratio}
+
+
+def report_of(
+    plan: Plan, threads: int, ours: Figures, theirs: Figures | None, unified: Figures | None, peak: float | None
+) -> Figures:
     """Every number of the run as one JSON-ready dict (see the module docstring)."""
     roof = roofline(ours, theirs, peak)
     return {
@@ -83,7 +97,7 @@ def _cell(x: float | None, width: int, digits: int = 1) -> str:
     return f"{x:{width}.{digits}f}" if x is not None else f"{'-':>{width}}"
 
 
-def print_table(report: dict) -> None:
+def print_table(report: Figures) -> None:
     p, ours, roof = report["plan"], report["zinfer"], report["roofline"]
     print(f"model {report['model']}  device {report['device']}  threads {report['threads']}  "
           f"decode/stream prompts {p['prompt_len']} tokens, {p['output_len']} out")
@@ -95,9 +109,11 @@ def print_table(report: dict) -> None:
     mb = 1e6
     resident = roof["weight_resident_bytes"]
     kv = roof["kv_bytes_per_token"] if roof["kv_bytes_per_token"] is not None else roof["kv_bytes_per_token_f16"]
+    held = f"{resident / mb:.1f} MB" if resident else "unknown"
+    kv16 = roof["kv_bytes_per_token_f16"] / mb
     print(f"batch-1 bytes per token: weights {roof['weight_file_bytes'] / mb:.1f} MB in the file, "
-          + (f"{resident / mb:.1f} MB as the device holds them" if resident else "unknown as the device holds them")
-          + f"; KV {kv / mb:.2f} MB at context {roof['kv_context']} (llama.cpp f16: {roof['kv_bytes_per_token_f16'] / mb:.2f} MB)")
+          f"{held} as the device holds them; KV {kv / mb:.2f} MB at context {roof['kv_context']} "
+          f"(llama.cpp f16: {kv16:.2f} MB)")
     if roof["zinfer_gb_s_file_bytes"] is not None:
         print(f"zinfer batch-1 GB/s counting the file's bytes: {roof['zinfer_gb_s_file_bytes']:.1f}")
     if roof["peak_read_gb_s"]:
@@ -105,8 +121,10 @@ def print_table(report: dict) -> None:
     for n in p["streams"]:
         s = ours[f"streams_{n}"]
         if s["ttft"]:
-            print(f"zinfer {n} streams: ttft p50/p99 {s['ttft']['p50_ms']:.0f}/{s['ttft']['p99_ms']:.0f} ms, "
-                  f"itl p50/p99 {s['itl']['p50_ms']:.1f}/{s['itl']['p99_ms']:.1f} ms, first completion {s['first_completion_s']:.2f} s, "
-                  f"last first token {s['last_first_token_s']:.2f} s")
+            ttft, itl = s["ttft"], s["itl"]
+            print(f"zinfer {n} streams: ttft p50/p99 {ttft['p50_ms']:.0f}/{ttft['p99_ms']:.0f} ms, "
+                  f"itl p50/p99 {itl['p50_ms']:.1f}/{itl['p99_ms']:.1f} ms, "
+                  f"first completion {s['first_completion_s']:.2f} s, last first token {s['last_first_token_s']:.2f} s")
     if "rounds" in ours:
-        print(f"zinfer rounds {ours['rounds']}, time outside the forward {ours['bus_overhead_ms_per_round']:.2f} ms/round")
+        outside = ours["bus_overhead_ms_per_round"]
+        print(f"zinfer rounds {ours['rounds']}, time outside the forward {outside:.2f} ms/round")

@@ -22,13 +22,15 @@ from zinfer.models.weights import ModelWeights
 def file_weight_bytes(source: ModelSource) -> int:
     """Bytes of every tensor the forward reads per token, as the file stores them."""
     tied = "output.weight" not in source.tensors
-    return sum(int(np.asarray(t.data).nbytes) for name, t in source.tensors.items() if name != "token_embd.weight" or tied)
+    read = [t for name, t in source.tensors.items() if name != "token_embd.weight" or tied]
+    return sum(int(np.asarray(t.data).nbytes) for t in read)
 
 
 def resident_weight_bytes(weights: ModelWeights) -> int | None:
     """The same bytes as the device holds the weights (cpu-fast may hold more than the
     file, e.g. a type widened to int8); None for a form this cannot size."""
-    parts = [weights.out_norm, weights.output] + [w for layer in weights.layers for w in vars(layer).values() if w is not None]
+    layers = [w for layer in weights.layers for w in vars(layer).values() if w is not None]
+    parts = [weights.out_norm, weights.output, *layers]
     try:
         return sum(_read_bytes(w) for w in parts)
     except (AttributeError, TypeError):
@@ -75,7 +77,8 @@ def _sum_rows(a: np.ndarray) -> np.ndarray:
 def read_bandwidth(threads: int, nbytes: int = 1 << 30, repeats: int = 5) -> float:
     """GB/s of a parallel sum over an nbytes float32 array on `threads` numba threads, the
     best of `repeats` passes (the first compiles). Sets numba's thread count."""
-    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    most = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # numba.config sets its options at import
+    numba.set_num_threads(max(1, min(threads, most)))
     rows = max(1, min(256, nbytes // (1 << 20)))
     a = np.ones((rows, max(1, nbytes // 4 // rows)), np.float32)  # [rows, n], pages touched here
     _sum_rows(a[:1, :16])

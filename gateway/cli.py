@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import os
 
-# OpenBLAS's idle workers spin for a second or two after each call (its default timeout,
-# measured here), and the numba threads of the next rounds share the cores with them:
-# 16-stream decode right after a BLAS prefill took 48 ms per round instead of 36.
-# 2^20 cycles (~0.3 ms) still bridges the gaps between the BLAS calls of one prefill
-# round (512-token prefill unchanged). cpu-fast on AVX512-VNNI calls no BLAS; this is
-# for the oracle and for cpu-fast elsewhere. OpenBLAS reads it when numpy loads:
-# before any import below.
+# OpenBLAS's idle workers spin for a second or two after each call (its default timeout),
+# beside the numba threads of the next rounds (BENCHMARKS.md, gateway/cli.py). 2^20 cycles
+# (~0.3 ms) still bridges the gaps between the BLAS calls of one prefill round. cpu-fast on
+# AVX512-VNNI calls no BLAS; this is for the oracle and for cpu-fast elsewhere. OpenBLAS
+# reads it when numpy loads: before any import below.
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
 
 import argparse  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 from importlib.metadata import PackageNotFoundError, version  # noqa: E402
+from typing import Any  # noqa: E402
 
 import msgspec  # noqa: E402
 import structlog  # noqa: E402
@@ -53,16 +52,17 @@ class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        unsaid = all(action.default is not v for v in (None, argparse.SUPPRESS, False)) and action.option_strings and "default" not in text
+        has_default = all(action.default is not v for v in (None, argparse.SUPPRESS, False))
+        unsaid = has_default and action.option_strings and "default" not in text
         return (text + " " if text else "") + "(default: %(default)s)" if unsaid else text
 
 
 class CommandParser(argparse.ArgumentParser):
     """A subcommand's parser: its --help names the defaults (DefaultsFormatter)."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", DefaultsFormatter)
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        super().__init__(*args, **kwargs)
 
 
 def sampling_args(p: argparse.ArgumentParser) -> None:
@@ -72,29 +72,47 @@ def sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0, help="0 is off")
     p.add_argument("--top-p", type=float, default=0.9, help="1.0 is off")
     p.add_argument("--min-p", type=float, default=0.0, help="0.0 is off")
-    p.add_argument("--repetition-penalty", type=float, default=None, help="1.0 is off (default: 1.1 when sampling, off when greedy)")
+    p.add_argument("--repetition-penalty", type=float, default=None,
+                   help="1.0 is off (default: 1.1 when sampling, off when greedy)")
     p.add_argument("--seed", type=int, default=None, help="the sampler's seed (default: a fresh one per run)")
     p.add_argument("--max-tokens", type=int, default=256, help="the most tokens to generate")
 
 
 def engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"a known name ({', '.join(KNOWN_MODELS)}), a .gguf file or an HF directory")
-    p.add_argument("--device", default="auto", help="auto (the default: cuda where a GPU works, else cpu-fast where its kernels compile, else cpu), cpu (the numpy float32 oracle), "
-                   "cpu-llama (numpy with llama.cpp's exact arithmetic), cpu-fast (numba and int8 kernels), cuda or cuda:N")
-    p.add_argument("--threads", type=int, default=None, help="cpu-fast: numba threads (default: every core); bench: llama.cpp's threads too")
-    p.add_argument("--no-int8", action="store_true", help="cpu-fast: float quantized kernels and BLAS instead of the int8 kernels (VNNI or AVX2)")
-    p.add_argument("--no-repack", action="store_true", help="cpu-llama: llama.cpp's plain kernels, as with use_extra_bufts=False (default: its repacked ones where llama.cpp repacks)")
-    p.add_argument("--kv-f32", action="store_true", help="cpu-fast: keep K and V in f32, as the oracle (default: f16, as llama.cpp)")
-    p.add_argument("--no-decode-graphs", action="store_true", help="cpu-fast: run decode rounds op by op (default: each shape recorded once, then replayed in one call)")
-    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None, help="cuda: capture decode rounds as CUDA graphs (default: off)")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"a known name ({', '.join(KNOWN_MODELS)}), a .gguf file or an HF directory")
+    p.add_argument("--device", default="auto",
+                   help="auto (the default: cuda where a GPU works, else cpu-fast where its kernels compile, "
+                   "else cpu), "
+                   "cpu (the numpy float32 oracle), cpu-llama (numpy with llama.cpp's exact arithmetic), "
+                   "cpu-fast (numba and int8 kernels), cuda or cuda:N")
+    p.add_argument("--threads", type=int, default=None,
+                   help="cpu-fast: numba threads (default: every core); bench: llama.cpp's threads too")
+    p.add_argument("--no-int8", action="store_true",
+                   help="cpu-fast: float quantized kernels and BLAS instead of the int8 kernels (VNNI or AVX2)")
+    p.add_argument("--no-repack", action="store_true",
+                   help="cpu-llama: llama.cpp's plain kernels, as with use_extra_bufts=False "
+                   "(default: its repacked ones where llama.cpp repacks)")
+    p.add_argument("--kv-f32", action="store_true",
+                   help="cpu-fast: keep K and V in f32, as the oracle (default: f16, as llama.cpp)")
+    p.add_argument("--no-decode-graphs", action="store_true",
+                   help="cpu-fast: run decode rounds op by op "
+                   "(default: each shape recorded once, then replayed in one call)")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="cuda: capture decode rounds as CUDA graphs (default: off)")
     p.add_argument("--max-model-len", type=int, default=0, help="context length in tokens (default: the model's own)")
     p.add_argument("--max-running", type=int, default=32, help="sequences decoded together")
-    p.add_argument("--topology", default="inproc", choices=("inproc", "ipc", "tcp"), help="inproc: all actors in this process; ipc/tcp: kv, sampler, executor and scheduler as processes")
-    p.add_argument("--max-waiting", type=int, default=256, help="queued requests before new ones are rejected (HTTP 429)")
-    p.add_argument("--num-blocks", type=int, default=0, help="KV blocks of 16 tokens (default: --max-running sequences of up to 1024 tokens, at least one of --max-model-len)")
+    p.add_argument("--topology", default="inproc", choices=("inproc", "ipc", "tcp"),
+                   help="inproc: all actors in this process; ipc/tcp: kv, sampler, executor and scheduler as processes")
+    p.add_argument("--max-waiting", type=int, default=256,
+                   help="queued requests before new ones are rejected (HTTP 429)")
+    p.add_argument("--num-blocks", type=int, default=0,
+                   help="KV blocks of 16 tokens (default: --max-running sequences of up to 1024 tokens, "
+                   "at least one of --max-model-len)")
     p.add_argument("--log-json", action="store_true", help="JSON log lines on stderr")
     p.add_argument("--log-level", default="warning", help="debug, info, warning or error")
-    p.add_argument("--otlp-endpoint", default=None, help="also export trace spans over OTLP/HTTP (needs opentelemetry-exporter-otlp-proto-http)")
+    p.add_argument("--otlp-endpoint", default=None,
+                   help="also export trace spans over OTLP/HTTP (needs opentelemetry-exporter-otlp-proto-http)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -118,7 +136,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("gguf")
     p.add_argument("out_dir")
 
-    for name, help_ in (("serve", "OpenAI-compatible HTTP, websocket chat and ZeroMQ endpoints"), ("stdio", "JSON lines on stdin/stdout, for embedding")):
+    for name, help_ in (
+        ("serve", "OpenAI-compatible HTTP, websocket chat and ZeroMQ endpoints"),
+        ("stdio", "JSON lines on stdin/stdout, for embedding"),
+    ):
         p = sub.add_parser(name, help=help_)
         engine_args(p)
     p = sub.add_parser("bench", help="throughput and latency, optionally side by side with llama.cpp")
@@ -129,16 +150,24 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
     serve.add_argument("--port", type=int, default=8080, help="the HTTP port")
     serve.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
-                       help="the model's name in the API (/v1/models, responses); requests may use it or any alias after it (default: --model)")
-    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all but /health; the chat page takes /?api_key=KEY)")
+                       help="the model's name in the API (/v1/models, responses); "
+                       "requests may use it or any alias after it (default: --model)")
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' (all but /health; the chat page takes /?api_key=KEY)")
     serve.add_argument("--allowed-origins", default=None,
-                       help="browser origins beyond same-origin and loopback that may call the API and /v1/ws, e.g. http://app.example:3000 (* allows every site: unsafe)")
+                       help="browser origins beyond same-origin and loopback that may call the API and /v1/ws, "
+                       "e.g. http://app.example:3000 (* allows every site: unsafe)")
     serve.add_argument("--allowed-hosts", default=None,
-                       help="Host header values served beyond localhost, 127.0.0.1 and [::1] (a DNS rebinding guard; on a non-loopback --host it applies only when given)")
+                       help="Host header values served beyond localhost, 127.0.0.1 and [::1] "
+                       "(a DNS rebinding guard; on a non-loopback --host it applies only when given)")
     serve.add_argument("--zmq", default=None, help="also serve the ZeroMQ protocol here, e.g. tcp://127.0.0.1:5555")
-    serve.add_argument("--zmq-curve-secret", default=None, help="the --zmq endpoint is a CURVE server with this key pair (a .key_secret file from `zinfer keygen`)")
-    serve.add_argument("--zmq-curve-clients", default=None, help="a directory of client public keys (*.key): the only ZeroMQ clients CURVE lets in")
-    serve.add_argument("--trace-dir", default=None, help="trace every round; write a Perfetto trace file here per --trace-window")
+    serve.add_argument("--zmq-curve-secret", default=None,
+                       help="the --zmq endpoint is a CURVE server with this key pair "
+                       "(a .key_secret file from `zinfer keygen`)")
+    serve.add_argument("--zmq-curve-clients", default=None,
+                       help="a directory of client public keys (*.key): the only ZeroMQ clients CURVE lets in")
+    serve.add_argument("--trace-dir", default=None,
+                       help="trace every round; write a Perfetto trace file here per --trace-window")
     serve.add_argument("--trace-window", type=float, default=60.0, help="seconds of trace per file under --trace-dir")
 
     p = sub.add_parser("keygen", help="write CURVE key pairs (server, client) for `serve --zmq-curve-*`")
@@ -164,7 +193,8 @@ def check_zmq_security(args: argparse.Namespace) -> None:
     if (secret or clients) and not args.zmq:
         raise UsageError("--zmq-curve-secret and --zmq-curve-clients need a --zmq endpoint")
     if bool(secret) != bool(clients):
-        raise UsageError("--zmq-curve-secret and --zmq-curve-clients go together (a CURVE server without a client list lets every client in)")
+        raise UsageError("--zmq-curve-secret and --zmq-curve-clients go together "
+                         "(a CURVE server without a client list lets every client in)")
     if secret:
         KeyPair.load(secret)
         load_public_keys(clients)
@@ -204,7 +234,7 @@ def engine_stopped(exc: BaseException) -> None:
     log.error("zinfer stopped", error="; ".join(dict.fromkeys(errors)))
 
 
-def _contains(exc: BaseException, kind: type) -> bool:
+def _contains(exc: BaseException, kind: type[BaseException]) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return any(_contains(e, kind) for e in exc.exceptions)
     return isinstance(exc, kind)

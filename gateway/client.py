@@ -14,7 +14,9 @@ event (EngineError from tokenize/detokenize/stats), Client raises EngineError.
 from __future__ import annotations
 
 import uuid
-from typing import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import Any, AsyncIterator, Iterator, Sequence, TypeVar, cast
 
 import msgspec
 import trio
@@ -31,20 +33,28 @@ from zinfer.messages.client import (
     Failed,
     GetStats,
     Generate,
+    Message,
     Rejected,
     Tokenize,
     TokenizeResult,
+    ToolFunction,
 )
 from zinfer.messages.codec import Codec
 from zinfer.messages.curve import ClientKeys
 from zinfer.messages.params import SamplingParams
+
+MessageIn = Message | dict[str, Any]
+"""A chat message: a Message, or a map of its fields (checked as the engine decodes it)."""
+ToolIn = ToolFunction | dict[str, Any]
+"""A function the chat template offers: a ToolFunction, or a map of its fields."""
+Reply = TypeVar("Reply", TokenizeResult, EngineStats)
 
 
 class EngineError(RuntimeError):
     """A request ended with rejected or failed where a result was expected."""
 
 
-def wire_frames(codec: Codec, request: ClientRequest) -> list:
+def wire_frames(codec: Codec[ClientRequest], request: ClientRequest) -> list[bytes | memoryview]:
     """The frames of request, checked first as the engine will decode it; EngineError names what is wrong."""
     try:
         msgspec.convert(msgspec.to_builtins(request), codec.type)  # the decoder's bounds, with the field's path
@@ -62,29 +72,32 @@ class AsyncClient:
     open gets a Failed event, so no stream waits forever.
     """
 
-    def __init__(self, ctx: zmq.Context, address: str, curve: ClientKeys | None = None):
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str, curve: ClientKeys | None = None):
         """curve: the keys for an engine whose endpoint is a CURVE server (`ClientKeys.load`)."""
         self.sock = AsyncSocket(ctx, zmq.DEALER)
         if curve is not None:
             curve.apply(self.sock.socket)
         self.sock.socket.connect(address)
-        self.requests_codec = Codec(ClientRequest)
-        self.events_codec = Codec(ClientEvent)
-        self.out_tx, self.out_rx = trio.open_memory_channel[list](float("inf"))  # encoded requests
-        self.streams: dict[str, trio.MemorySendChannel] = {}
+        self.requests_codec: Codec[ClientRequest] = Codec(ClientRequest)
+        self.events_codec: Codec[ClientEvent] = Codec(ClientEvent)
+        # encoded requests, each a list of frames
+        self.out_tx, self.out_rx = trio.open_memory_channel[list[bytes | memoryview]](float("inf"))
+        self.streams: dict[str, trio.MemorySendChannel[ClientEvent]] = {}
 
     async def __aenter__(self) -> "AsyncClient":
-        self._nursery_cm = trio.open_nursery()
+        self._nursery_cm: AbstractAsyncContextManager[trio.Nursery] = trio.open_nursery()
         nursery = await self._nursery_cm.__aenter__()
         nursery.start_soon(self._send_loop)
         nursery.start_soon(self._recv_loop)
         self._nursery = nursery
         return self
 
-    async def __aexit__(self, *exc) -> bool | None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
         self._nursery.cancel_scope.cancel()
         try:
-            return await self._nursery_cm.__aexit__(*exc)
+            return await self._nursery_cm.__aexit__(exc_type, exc, tb)
         finally:
             self._fail_open("the client closed")
             self.sock.close()
@@ -111,7 +124,9 @@ class AsyncClient:
             tx.send_nowait(Failed(rid, message))
         self.streams.clear()
 
-    def _open(self, request: ClientRequest) -> tuple[trio.MemorySendChannel, trio.MemoryReceiveChannel]:
+    def _open(
+        self, request: ClientRequest
+    ) -> tuple[trio.MemorySendChannel[ClientEvent], trio.MemoryReceiveChannel[ClientEvent]]:
         """Queue request for sending; its events arrive on the receive channel returned.
 
         A request the engine could not take, or whose id is already open on this
@@ -133,20 +148,29 @@ class AsyncClient:
         self,
         prompt: str | None = None,
         *,
-        messages: list[dict[str, str]] | None = None,
+        messages: Sequence[MessageIn] | None = None,
         prompt_ids: list[int] | None = None,
         params: SamplingParams | None = None,
         request_id: str | None = None,
         add_special: bool = True,
         traceparent: str | None = None,
-        tools: list | None = None,
+        tools: Sequence[ToolIn] | None = None,
     ) -> AsyncIterator[ClientEvent]:
         """Stream one request's events, ending with its terminal event. `tools`, with
         messages: ToolFunctions (or their maps) the chat template offers the model.
 
         Leaving the loop early (break, cancellation, an exception) cancels the request.
         """
-        req = Generate(request_id or uuid.uuid4().hex, prompt, messages, prompt_ids, params or SamplingParams(), add_special, traceparent, tools)
+        req = Generate(
+            request_id or uuid.uuid4().hex,
+            prompt,
+            _as_messages(messages),
+            prompt_ids,
+            params or SamplingParams(),
+            add_special,
+            traceparent,
+            _as_tools(tools),
+        )
         tx, rx = self._open(req)
         done = False
         try:
@@ -163,22 +187,30 @@ class AsyncClient:
         """Ask the engine to cancel a request; its stream then ends with Cancelled. EngineError: not a valid id."""
         self.out_tx.send_nowait(wire_frames(self.requests_codec, Cancel(request_id)))
 
-    async def tokenize(self, text: str | None = None, *, messages: list[dict[str, str]] | None = None, add_special: bool = True, tools: list | None = None) -> list[int]:
-        result = await self._one(Tokenize(uuid.uuid4().hex, text, messages, add_special, tools))
-        return result.token_ids
+    async def tokenize(
+        self,
+        text: str | None = None,
+        *,
+        messages: Sequence[MessageIn] | None = None,
+        add_special: bool = True,
+        tools: Sequence[ToolIn] | None = None,
+    ) -> list[int]:
+        request = Tokenize(uuid.uuid4().hex, text, _as_messages(messages), add_special, _as_tools(tools))
+        return (await self._one(request, TokenizeResult)).token_ids
 
     async def detokenize(self, token_ids: list[int]) -> str:
-        return (await self._one(Detokenize(uuid.uuid4().hex, list(token_ids)))).text
+        return (await self._one(Detokenize(uuid.uuid4().hex, list(token_ids)), TokenizeResult)).text
 
     async def stats(self) -> EngineStats:
         """Queue depth, running sequences and KV usage as of the last round."""
-        return await self._one(GetStats(uuid.uuid4().hex))
+        return await self._one(GetStats(uuid.uuid4().hex), EngineStats)
 
-    async def _one(self, request: ClientRequest):
+    async def _one(self, request: ClientRequest, reply: type[Reply]) -> Reply:
+        """The request's one reply; EngineError when it is refused or fails."""
         async for event in self._open(request)[1]:
             if isinstance(event, (Rejected, Failed)):
                 raise EngineError(event.message)
-            if isinstance(event, (TokenizeResult, EngineStats)):
+            if isinstance(event, reply):
                 return event
         raise EngineError("no reply")
 
@@ -186,7 +218,13 @@ class AsyncClient:
 class Client:
     """A blocking client for plain scripts: plain zmq, one request at a time per call."""
 
-    def __init__(self, address: str, ctx: zmq.Context | None = None, timeout_s: float = 300.0, curve: ClientKeys | None = None):
+    def __init__(
+        self,
+        address: str,
+        ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
+        timeout_s: float = 300.0,
+        curve: ClientKeys | None = None,
+    ):
         """curve: the keys for an engine whose endpoint is a CURVE server (`ClientKeys.load`).
         A server that refuses the handshake leaves no connection: a send or a receive then
         raises EngineError after timeout_s."""
@@ -198,15 +236,16 @@ class Client:
         if curve is not None:
             curve.apply(self.sock)
         self.sock.connect(address)
-        self.requests_codec = Codec(ClientRequest)
-        self.events_codec = Codec(ClientEvent)
+        self.requests_codec: Codec[ClientRequest] = Codec(ClientRequest)
+        self.events_codec: Codec[ClientEvent] = Codec(ClientEvent)
 
     def send(self, request: ClientRequest) -> None:
         """Send one request; EngineError (nothing sent) when the engine could not take it."""
         try:
             self.sock.send_multipart(wire_frames(self.requests_codec, request))
         except zmq.Again:
-            raise EngineError("no connection to the engine within the timeout (is it up, and does it accept this client's CURVE keys?)") from None
+            why = "is it up, and does it accept this client's CURVE keys?"
+            raise EngineError(f"no connection to the engine within the timeout ({why})") from None
 
     def events(self, request_id: str) -> Iterator[ClientEvent]:
         """Events of one request until its terminal (others' events are skipped)."""
@@ -221,8 +260,16 @@ class Client:
             if isinstance(event, TERMINAL_EVENTS):
                 return
 
-    def generate(self, prompt: str | None = None, *, messages=None, params: SamplingParams | None = None, request_id: str | None = None) -> Iterator[ClientEvent]:
-        req = Generate(request_id or uuid.uuid4().hex, prompt, messages, params=params or SamplingParams())
+    def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: Sequence[MessageIn] | None = None,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> Iterator[ClientEvent]:
+        rid = request_id or uuid.uuid4().hex
+        req = Generate(rid, prompt, _as_messages(messages), params=params or SamplingParams())
         self.send(req)
         done = False
         try:
@@ -252,5 +299,16 @@ class Client:
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _as_messages(messages: Sequence[MessageIn] | None) -> list[Message] | None:
+    """messages as Generate's field holds them: maps stay maps, which encode as Messages do
+    (wire_frames checks them as the engine decodes them)."""
+    return None if messages is None else cast(list[Message], list(messages))
+
+
+def _as_tools(tools: Sequence[ToolIn] | None) -> list[ToolFunction] | None:
+    """tools as Generate's field holds them (maps stay maps, as in _as_messages)."""
+    return None if tools is None else cast(list[ToolFunction], list(tools))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from typing import AsyncIterator
+from typing import AsyncGenerator
 
 from zinfer.messages.client import Cancelled, ClientEvent, Delta, EngineStats, Failed, Finished, Rejected, Started
 
@@ -67,20 +67,27 @@ class Metrics:
         def metric(name: str, kind: str, help_: str, lines: list[str]) -> None:
             out.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}", *lines])
 
-        metric("zinfer_requests_total", "counter", "Generation requests by how they ended.", [f'zinfer_requests_total{{outcome="{k}"}} {v}' for k, v in self.outcomes.items()])
-        metric("zinfer_requests_in_flight", "gauge", "Generation requests the gateway is serving now.", [f"zinfer_requests_in_flight {self.in_flight}"])
-        metric("zinfer_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", [f"zinfer_prompt_tokens_total {self.prompt_tokens}"])
-        metric("zinfer_generation_tokens_total", "counter", "Tokens generated and sent to clients.", [f"zinfer_generation_tokens_total {self.generation_tokens}"])
-        metric("zinfer_time_to_first_token_seconds", "histogram", "From request arrival to its first token.", self.ttft.lines("zinfer_time_to_first_token_seconds"))
-        metric("zinfer_inter_token_latency_seconds", "histogram", "Between successive tokens of one request.", self.itl.lines("zinfer_inter_token_latency_seconds"))
+        def counter(name: str, help_: str, value: int) -> None:
+            metric(name, "counter", help_, [f"{name} {value}"])
+
+        outcomes = [f'zinfer_requests_total{{outcome="{k}"}} {v}' for k, v in self.outcomes.items()]
+        metric("zinfer_requests_total", "counter", "Generation requests by how they ended.", outcomes)
+        metric("zinfer_requests_in_flight", "gauge", "Generation requests the gateway is serving now.",
+               [f"zinfer_requests_in_flight {self.in_flight}"])
+        counter("zinfer_prompt_tokens_total", "Prompt tokens of admitted requests.", self.prompt_tokens)
+        counter("zinfer_generation_tokens_total", "Tokens generated and sent to clients.", self.generation_tokens)
+        ttft, itl = "zinfer_time_to_first_token_seconds", "zinfer_inter_token_latency_seconds"
+        metric(ttft, "histogram", "From request arrival to its first token.", self.ttft.lines(ttft))
+        metric(itl, "histogram", "Between successive tokens of one request.", self.itl.lines(itl))
         if stats is not None:
-            gauges = [
+            usage = round(stats.kv_used_blocks / stats.kv_blocks, 6) if stats.kv_blocks else 0.0
+            gauges: list[tuple[str, str, float]] = [
                 ("zinfer_queue_depth", "Sequences waiting for admission.", stats.waiting),
                 ("zinfer_running_sequences", "Sequences running in rounds.", stats.running),
                 ("zinfer_kv_blocks", "KV cache blocks in the pool.", stats.kv_blocks),
                 ("zinfer_kv_used_blocks", "KV blocks held by sequences.", stats.kv_used_blocks),
                 ("zinfer_kv_cached_blocks", "Free KV blocks kept for prefix caching.", stats.kv_cached_blocks),
-                ("zinfer_kv_usage_ratio", "Fraction of KV blocks held by sequences.", round(stats.kv_used_blocks / stats.kv_blocks, 6) if stats.kv_blocks else 0.0),
+                ("zinfer_kv_usage_ratio", "Fraction of KV blocks held by sequences.", usage),
                 ("zinfer_engine_open_requests", "Requests open in the engine.", stats.open_requests),
             ]
             for name, help_, value in gauges:
@@ -109,7 +116,7 @@ class RequestRecord:
         """The gateway is done with the request: one that never ended was cancelled."""
         self.finish("cancelled")
 
-    async def observe(self, events: AsyncIterator[ClientEvent]) -> AsyncIterator[ClientEvent]:
+    async def observe(self, events: AsyncGenerator[ClientEvent, None]) -> AsyncGenerator[ClientEvent, None]:
         """Pass events through, recording tokens, latencies and the terminal outcome.
 
         Closing this generator closes `events` (so an engine stream cancels its request).

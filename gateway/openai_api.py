@@ -14,7 +14,7 @@ from __future__ import annotations
 import uuid
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 
 import msgspec
 import trio
@@ -40,8 +40,50 @@ from zinfer.gateway.openai_shaper import Shaper
 from zinfer.gateway.openai_tools import ToolPlan, tool_constraint, tool_plan
 from zinfer.gateway.sse import SSEResponse, until_disconnect
 from zinfer.gateway.state import GatewayState
-from zinfer.messages.client import Cancelled, ClientEvent, Delta, Failed, Finished, Rejected, Started, Text, TokenIds, Usage
+from zinfer.messages.client import (
+    Cancelled,
+    ClientEvent,
+    Delta,
+    Failed,
+    Finished,
+    Rejected,
+    Started,
+    Text,
+    TokenIds,
+    Usage,
+)
 from zinfer.messages.params import Constraint, SamplingParams
+
+Events = AsyncGenerator[ClientEvent, None]
+"""One HTTP request's engine events (engine_events); closing it cancels what is still running."""
+OpenEvents = Callable[[], AbstractAsyncContextManager[Events]]
+"""Opens a request's Events (engine_events bound to its prompts): the engine work starts on entry."""
+
+
+class ModelNamed(Protocol):
+    """A request body that may name the model it is for."""
+
+    model: str | None
+
+
+Body = TypeVar("Body", bound=ModelNamed)
+Parsed = TypeVar("Parsed")
+
+
+class ReplyShaper(Protocol):
+    """Turns one request's engine events into its reply (openai_shaper.Shaper for chat and
+    completions, openai_responses.ResponsesShaper for /v1/responses)."""
+
+    def error(self, event: Rejected | Failed | Cancelled) -> ApiError:
+        """The HTTP error for a request the engine refused or did not finish."""
+
+    async def collect(self, events: AsyncIterator[ClientEvent]) -> dict[str, Any] | ApiError:
+        """The whole reply of a non-streamed request, or the error it ended with."""
+
+    def stream(
+        self, first: ClientEvent, events: AsyncIterator[ClientEvent], usage: bool
+    ) -> AsyncGenerator[bytes, None]:
+        """The SSE frames of a streamed request from its first output on."""
 
 
 def routes(state: GatewayState) -> list[Route]:
@@ -75,13 +117,14 @@ def routes(state: GatewayState) -> list[Route]:
     ]
 
 
-def model_card(state: GatewayState) -> dict:
-    return {"id": state.model_name, "object": "model", "created": 0, "owned_by": "zinfer", "max_model_len": state.max_model_len,
-            "sampling_defaults": state.sampling.as_dict()}
+def model_card(state: GatewayState) -> dict[str, Any]:
+    return {"id": state.model_name, "object": "model", "created": 0, "owned_by": "zinfer",
+            "max_model_len": state.max_model_len, "sampling_defaults": state.sampling.as_dict()}
 
 
 def unknown_model(name: str) -> ApiError:
-    return ApiError(404, f"the model {name!r} does not exist; this server serves its own model only", param="model", code="model_not_found")
+    message = f"the model {name!r} does not exist; this server serves its own model only"
+    return ApiError(404, message, param="model", code="model_not_found")
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -99,7 +142,12 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def generate(state: GatewayState, request: Request, kind: type, answer: Callable[..., Awaitable[Response]] | None = None) -> Response:
+async def generate(
+    state: GatewayState,
+    request: Request,
+    kind: type[msgspec.Struct],
+    answer: Callable[..., Awaitable[Response]] | None = None,
+) -> Response:
     """Serve one generation request: `answer(state, request, kind, record)` (by default
     respond, for chat and text completions; /v1/responses brings its own) does the work.
 
@@ -109,7 +157,8 @@ async def generate(state: GatewayState, request: Request, kind: type, answer: Ca
     record = state.metrics.open()
     response: Response | None = None
     try:
-        response = await (answer or respond)(state, request, kind, record)
+        work: Callable[..., Awaitable[Response]] = answer or respond
+        response = await work(state, request, kind, record)
         return response
     except Exception:
         record.finish("failed")
@@ -119,10 +168,12 @@ async def generate(state: GatewayState, request: Request, kind: type, answer: Ca
             record.close()
 
 
-async def respond(state: GatewayState, request: Request, kind: type[ChatRequest] | type[CompletionRequest], record: RequestRecord) -> Response:
+async def respond(
+    state: GatewayState, request: Request, kind: type[ChatRequest] | type[CompletionRequest], record: RequestRecord
+) -> Response:
     """generate()'s work: validate, then answer whole, or hand back a LiveStream to send."""
     try:
-        req = await read_request(state, request, kind)
+        req: ChatRequest | CompletionRequest = await read_request(state, request, kind)
         params = sampling_params(req, state.max_model_len, state.sampling)
         plan = tool_plan(req, tool_syntax(state)) if isinstance(req, ChatRequest) else None
         params = constrained(params, constraint_from_request(req), plan)  # response_format, guided_*, ...
@@ -132,9 +183,11 @@ async def respond(state: GatewayState, request: Request, kind: type[ChatRequest]
         record.finish("rejected")
         return exc.response()
     rid = uuid.uuid4().hex
-    open_events = partial(engine_events, state.client, forms, params, rid, record)
-    field = "tools" if plan is not None and plan.forced else constraint_field(req)  # named when the engine refuses the grammar
-    return await answer(request, Shaper(state, isinstance(req, ChatRequest), rid, plan, field), open_events, req.stream, include_usage(req), record)
+    open_events = partial(engine_events, state.engine(), forms, params, rid, record)
+    # the field named when the engine refuses the grammar
+    field = "tools" if plan is not None and plan.forced else constraint_field(req)
+    shaper = Shaper(state, isinstance(req, ChatRequest), rid, plan, field)
+    return await answer(request, shaper, open_events, req.stream, include_usage(req), record)
 
 
 def check_sequences(state: GatewayState, prompts: int, n: int) -> None:
@@ -144,23 +197,23 @@ def check_sequences(state: GatewayState, prompts: int, n: int) -> None:
     if state.max_waiting and prompts * n > state.max_waiting:
         asked = f"{prompts} prompts x n={n}" if prompts > 1 else f"n={n}"
         limit = f"this server queues at most {state.max_waiting} at once (--max-waiting)"
-        raise ApiError(400, f"{asked} is {prompts * n} sequences; {limit}", param="prompt" if prompts > 1 else "n", code="too_many_sequences")
+        param = "prompt" if prompts > 1 else "n"
+        raise ApiError(400, f"{asked} is {prompts * n} sequences; {limit}", param=param, code="too_many_sequences")
 
 
-async def read_request(state: GatewayState, request: Request, kind: type) -> Any:
+async def read_request(state: GatewayState, request: Request, kind: type[Body]) -> Body:
     """The body parsed as `kind`, once the model is loaded and if the request names it;
     ApiError (503, 4xx) otherwise."""
-    if not state.ready:
-        raise ApiError(503, "the model is loading", type="unavailable_error", code="loading")
+    state.engine()  # ApiError 503 while the model loads
     req = parse(await read_body(request, state.max_body_bytes), kind)
-    if not state.serves(req.model):
+    if req.model is not None and not state.serves(req.model):
         raise unknown_model(req.model)
     return req
 
 
 def tool_syntax(state: GatewayState) -> str:
     """How the served model writes tool calls ("hermes" or "llama3"), read from its template at start."""
-    return state.extra.get("tool_syntax", "hermes")
+    return str(state.extra.get("tool_syntax", "hermes"))
 
 
 def constrained(params: SamplingParams, constraint: Constraint | None, plan: ToolPlan | None) -> SamplingParams:
@@ -172,7 +225,9 @@ def constrained(params: SamplingParams, constraint: Constraint | None, plan: Too
     return params if constraint is None else msgspec.structs.replace(params, constraint=constraint)
 
 
-async def answer(request: Request, shaper: Any, open_events: Callable[[], Any], stream: bool, usage: bool, record: RequestRecord) -> Response:
+async def answer(
+    request: Request, shaper: ReplyShaper, open_events: OpenEvents, stream: bool, usage: bool, record: RequestRecord
+) -> Response:
     """The generation's reply: a LiveStream to send (stream), else the shaper's whole
     answer once the engine finishes (499 when the client left first)."""
     if stream:
@@ -184,16 +239,18 @@ async def answer(request: Request, shaper: Any, open_events: Callable[[], Any], 
     return JSONResponse(result) if done else Response(status_code=499)
 
 
-def chat_form(req: ChatRequest, plan: ToolPlan | None) -> dict:
+def chat_form(req: ChatRequest, plan: ToolPlan | None) -> dict[str, Any]:
     """generate() keywords of a chat request: its messages, and the functions to offer."""
-    form: dict = {"messages": chat_messages(req)}
+    form: dict[str, Any] = {"messages": chat_messages(req)}
     if plan is not None:
         form["tools"] = plan.functions
     return form
 
 
 @asynccontextmanager
-async def engine_events(client: AsyncClient, forms: list[dict], params: SamplingParams, rid: str, record: RequestRecord) -> AsyncIterator[AsyncIterator[ClientEvent]]:
+async def engine_events(
+    client: AsyncClient, forms: list[dict[str, Any]], params: SamplingParams, rid: str, record: RequestRecord
+) -> AsyncIterator[Events]:
     """One HTTP request's events from one engine request per prompt (`forms`), run in a
     nursery of the caller's: Started per prompt, Deltas with choice j of prompt p at index
     p * n + j, then one Finished with every prompt's finish reasons and their usage summed.
@@ -205,14 +262,16 @@ async def engine_events(client: AsyncClient, forms: list[dict], params: Sampling
     """
     tx, rx = trio.open_memory_channel[tuple[int, ClientEvent]](float("inf"))
 
-    async def pump(p: int, form: dict, tx: trio.MemorySendChannel) -> None:
+    async def pump(p: int, form: dict[str, Any], tx: trio.MemorySendChannel[tuple[int, ClientEvent]]) -> None:
         async with tx:
             request_id = rid if len(forms) == 1 else f"{rid}-{p}"
             async for event in client.generate(**form, params=params, request_id=request_id):
                 tx.send_nowait((p, event))
 
-    async def merged() -> AsyncIterator[ClientEvent]:
-        waiting, held, finished = set(range(len(forms))), [], {}
+    async def merged() -> Events:
+        waiting = set(range(len(forms)))  # prompts without a first token or refusal yet
+        held: list[ClientEvent] = []  # events kept back until no prompt is waiting
+        finished: dict[int, Finished] = {}  # prompt -> its Finished
         async for p, event in rx:
             if isinstance(event, (Rejected, Failed, Cancelled)):
                 yield event
@@ -263,15 +322,18 @@ class LiveStream(Response):
     go out with the first token. The metrics record ends when it has been sent.
     """
 
-    def __init__(self, request: Request, open_events: Callable[[], AbstractAsyncContextManager], shaper: "Shaper", usage: bool, record: RequestRecord):
+    def __init__(
+        self, request: Request, open_events: OpenEvents, shaper: ReplyShaper, usage: bool, record: RequestRecord
+    ):
         super().__init__()
-        self.request, self.open_events, self.shaper, self.usage, self.record = request, open_events, shaper, usage, record
+        self.request, self.open_events, self.shaper = request, open_events, shaper
+        self.usage, self.record = usage, record
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             async with self.open_events() as events:
                 done, first = await until_disconnect(self.request, first_output, events)
-                if not done:
+                if not done or first is None:  # the client left
                     response: Response = Response(status_code=499)
                 elif isinstance(first, (Rejected, Failed, Cancelled)):
                     response = self.shaper.error(first).response()
@@ -305,7 +367,7 @@ class DetokenizeBody(msgspec.Struct):
 async def _tokenize(state: GatewayState, request: Request) -> Response:
     try:
         body = _decode(await read_body(request, state.max_body_bytes), TokenizeBody, state)
-        return JSONResponse({"tokens": await state.client.tokenize(body.content, add_special=body.add_special)})
+        return JSONResponse({"tokens": await state.engine().tokenize(body.content, add_special=body.add_special)})
     except ApiError as exc:
         return exc.response()
     except EngineError as exc:
@@ -315,14 +377,13 @@ async def _tokenize(state: GatewayState, request: Request) -> Response:
 async def _detokenize(state: GatewayState, request: Request) -> Response:
     try:
         body = _decode(await read_body(request, state.max_body_bytes), DetokenizeBody, state)
-        return JSONResponse({"content": await state.client.detokenize(body.tokens)})
+        return JSONResponse({"content": await state.engine().detokenize(body.tokens)})
     except ApiError as exc:
         return exc.response()
     except EngineError as exc:
         return ApiError(400, str(exc), param="tokens").response()
 
 
-def _decode(body: bytes, kind: type, state: GatewayState):
-    if not state.ready:
-        raise ApiError(503, "the model is loading", type="unavailable_error", code="loading")
+def _decode(body: bytes, kind: type[Parsed], state: GatewayState) -> Parsed:
+    state.engine()  # ApiError 503 while the model loads
     return parse(body, kind)

@@ -21,7 +21,7 @@ refusal (code "bad_constraint") the shaper answers as a 400 naming the same fiel
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from llguidance.gbnf_to_lark import is_lark_syntax
 
@@ -30,7 +30,10 @@ from zinfer.messages.json_schema import map_schemas
 from zinfer.messages.params import MAX_CONSTRAINT_BYTES, Constraint
 
 ANY_OBJECT = '{"type": "object"}'
-FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs", "json_schema", "grammar")
+FIELDS = (
+    "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+    "json_schema", "grammar",
+)
 """The request fields that ask for a constraint, in the order they are looked at."""
 STRUCTURED_OUTPUTS_KEYS = ("json", "regex", "choice", "grammar", "json_object")
 
@@ -48,7 +51,8 @@ def constraint_from_request(req: Any) -> Constraint | None:
             found.append((name, c))
     if len(found) > 1:
         names = ", ".join(n for n, _ in found)
-        raise ApiError(400, f"at most one structured-output constraint per request, got {names}", param=found[1][0], code="invalid_value")
+        raise ApiError(400, f"at most one structured-output constraint per request, got {names}",
+                       param=found[1][0], code="invalid_value")
     if not found:
         return None
     name, c = found[0]
@@ -63,7 +67,8 @@ def constraint_field(req: Any) -> str | None:
 def checked(c: Constraint, param: str) -> Constraint:
     """c, if its spec is within the size limit; else ApiError 400 naming param."""
     if len(c.spec.encode("utf-8", "surrogatepass")) > MAX_CONSTRAINT_BYTES:
-        raise ApiError(400, f"{param} is larger than {MAX_CONSTRAINT_BYTES >> 10} KiB", param=param, code="invalid_value")
+        raise ApiError(400, f"{param} is larger than {MAX_CONSTRAINT_BYTES >> 10} KiB",
+                       param=param, code="invalid_value")
     return c
 
 
@@ -81,14 +86,16 @@ def response_format_constraint(fmt: Any, param: str = "response_format") -> Cons
     if kind == "json_schema":
         inner = fmt.get("json_schema", fmt)
         if not isinstance(inner, Mapping):
-            raise ApiError(400, f"{param}.json_schema must be an object with name and schema", param=param, code="invalid_value")
+            raise ApiError(400, f"{param}.json_schema must be an object with name and schema",
+                           param=param, code="invalid_value")
         if "name" in inner and not isinstance(inner["name"], str):
             raise ApiError(400, f"{param}.json_schema.name must be a string", param=param, code="invalid_value")
         schema = inner.get("schema")
         if inner.get("strict") is True and isinstance(schema, Mapping):
             schema = closed_objects(schema)
         return Constraint("json_schema", ANY_OBJECT if schema is None else _schema_text(schema, param))
-    raise ApiError(400, f"{param}.type must be one of text, json_object, json_schema; got {_short(kind)}", param=param, code="invalid_value")
+    raise ApiError(400, f"{param}.type must be one of text, json_object, json_schema; got {_short(kind)}",
+                   param=param, code="invalid_value")
 
 
 def closed_objects(schema: Any) -> Any:
@@ -109,7 +116,8 @@ def _schema_text(schema: Any, param: str, text_ok: bool = False) -> str:
     if text_ok and isinstance(schema, str):
         return schema
     if not isinstance(schema, (Mapping, bool)):
-        raise ApiError(400, f"{param} must hold a JSON schema object, got {type(schema).__name__}", param=param, code="invalid_value")
+        raise ApiError(400, f"{param} must hold a JSON schema object, got {type(schema).__name__}",
+                       param=param, code="invalid_value")
     return json.dumps(schema)
 
 
@@ -137,10 +145,13 @@ def _structured_outputs(value: Any, param: str) -> Constraint | None:
         raise ApiError(400, f"{param} must be an object", param=param, code="invalid_value")
     unknown = [k for k in value if k not in STRUCTURED_OUTPUTS_KEYS]
     if unknown:
-        raise ApiError(400, f"{param} takes {', '.join(STRUCTURED_OUTPUTS_KEYS)}; {_short(unknown[0])} is not supported", param=param, code="invalid_value")
+        raise ApiError(400,
+                       f"{param} takes {', '.join(STRUCTURED_OUTPUTS_KEYS)}; {_short(unknown[0])} is not supported",
+                       param=param, code="invalid_value")
     given = [k for k in STRUCTURED_OUTPUTS_KEYS if value.get(k) not in (None, False)]
     if len(given) > 1:
-        raise ApiError(400, f"{param} takes one of {', '.join(STRUCTURED_OUTPUTS_KEYS)}, got {', '.join(given)}", param=param, code="invalid_value")
+        raise ApiError(400, f"{param} takes one of {', '.join(STRUCTURED_OUTPUTS_KEYS)}, got {', '.join(given)}",
+                       param=param, code="invalid_value")
     if not given:
         return None
     key = given[0]
@@ -156,7 +167,7 @@ def _structured_outputs(value: Any, param: str) -> Constraint | None:
     return _grammar(value[key], sub)
 
 
-_FIELD_READERS = {
+_FIELD_READERS: dict[str, Callable[[Any, str], Constraint | None]] = {  # field -> (value, param) -> its Constraint
     "response_format": response_format_constraint,
     "guided_json": lambda v, p: Constraint("json_schema", _schema_text(v, p, text_ok=True)),
     "guided_regex": lambda v, p: Constraint("regex", _string(v, p)),

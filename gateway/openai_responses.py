@@ -28,14 +28,22 @@ import time
 import uuid
 from functools import partial
 from itertools import count
-from typing import AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from zinfer.gateway.metrics import RequestRecord
-from zinfer.gateway.openai_api import answer, chat_form, constrained, engine_events, generate, read_request, tool_syntax
+from zinfer.gateway.openai_api import (
+    answer,
+    chat_form,
+    constrained,
+    engine_events,
+    generate,
+    read_request,
+    tool_syntax,
+)
 from zinfer.gateway.openai_responses_schema import ResponsesRequest, chat_request, echo, text_constraint
 from zinfer.gateway.openai_schema import ApiError, sampling_params
 from zinfer.gateway.openai_shaper import engine_error
@@ -45,7 +53,9 @@ from zinfer.gateway.sse import frame
 from zinfer.gateway.state import GatewayState
 from zinfer.messages.client import Cancelled, ClientEvent, Delta, Failed, Finished, Rejected, Usage
 
-CHAT_PARAMS = {"max_tokens": "max_output_tokens", "messages": "input"}  # a chat field named in an error -> the Responses field
+CHAT_PARAMS = {"max_tokens": "max_output_tokens", "messages": "input"}  # a chat field in an error -> the Responses one
+Body = dict[str, Any]
+"""A JSON object of the Responses API's shapes (a Response, an output item, a stream event)."""
 
 
 def routes(state: GatewayState) -> list[Route]:
@@ -58,32 +68,36 @@ def routes(state: GatewayState) -> list[Route]:
 def renamed(exc: ApiError) -> ApiError:
     """exc with a chat field in `param` renamed to the Responses field it came from
     (tools[i].function.parameters is tools[i].parameters here)."""
-    exc.param = CHAT_PARAMS.get(exc.param, exc.param)
     if exc.param:
+        exc.param = CHAT_PARAMS.get(exc.param, exc.param)
         exc.param = re.sub(r"^(tools\[\d+\])\.function\.", r"\1.", exc.param)
     return exc
 
 
-async def respond(state: GatewayState, request: Request, kind: type[ResponsesRequest], record: RequestRecord) -> Response:
+async def respond(
+    state: GatewayState, request: Request, kind: type[ResponsesRequest], record: RequestRecord
+) -> Response:
     """Validate, then answer whole, or hand back a LiveStream to send (as chat does)."""
     try:
         req = await read_request(state, request, kind)
         chat = chat_request(req)
         plan = tool_plan(chat, tool_syntax(state))
-        params = constrained(sampling_params(chat, state.max_model_len, state.sampling), text_constraint(req.text), plan)
+        params = sampling_params(chat, state.max_model_len, state.sampling)
+        params = constrained(params, text_constraint(req.text), plan)
         forms = [chat_form(chat, plan)]
     except ApiError as exc:
         record.finish("rejected")
         return renamed(exc).response()
     rid = uuid.uuid4().hex
-    shaper = ResponsesShaper(state, req, rid, plan.names if plan else None, "tools" if plan is not None and plan.forced else "text.format")
-    open_events = partial(engine_events, state.client, forms, params, rid, record)
+    constraint_param = "tools" if plan is not None and plan.forced else "text.format"
+    shaper = ResponsesShaper(state, req, rid, plan.names if plan else None, constraint_param)
+    open_events = partial(engine_events, state.engine(), forms, params, rid, record)
     return await answer(request, shaper, open_events, req.stream, True, record)
 
 
-def event_frame(event: dict) -> bytes:
+def event_frame(event: Body) -> bytes:
     """One SSE event with an `event:` line naming its type, as OpenAI sends them."""
-    return b"event: " + event["type"].encode() + b"\n" + frame(event)
+    return b"event: " + str(event["type"]).encode() + b"\n" + frame(event)
 
 
 class ResponsesShaper:
@@ -92,7 +106,14 @@ class ResponsesShaper:
     `tools`: the names of the functions offered, when the model may call them: its text is
     then parsed into function_call items (gateway/openai_tools.py)."""
 
-    def __init__(self, state: GatewayState, req: ResponsesRequest, rid: str, tools: set[str] | None, constraint_param: str | None = None):
+    def __init__(
+        self,
+        state: GatewayState,
+        req: ResponsesRequest,
+        rid: str,
+        tools: set[str] | None,
+        constraint_param: str | None = None,
+    ):
         self.state, self.settings, self.tools = state, echo(req), tools
         self.constraint_param = constraint_param  # the field a refused grammar came from
         self.id = "resp_" + rid
@@ -102,7 +123,7 @@ class ResponsesShaper:
         """The HTTP error for a request the engine refused or did not finish."""
         return renamed(engine_error(event, chat=True, constraint_param=self.constraint_param))
 
-    def response(self, status: str, output: list[dict], usage: Usage | None = None, error: dict | None = None) -> dict:
+    def response(self, status: str, output: list[Body], usage: Usage | None = None, error: Body | None = None) -> Body:
         """The Response object; status in_progress, completed, incomplete or failed."""
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
         return {
@@ -119,7 +140,7 @@ class ResponsesShaper:
             **self.settings,
         }
 
-    async def collect(self, events: AsyncIterator[ClientEvent]) -> dict | ApiError:
+    async def collect(self, events: AsyncIterator[ClientEvent]) -> Body | ApiError:
         """The whole Response of a non-streamed request, or the error it ended with."""
         output = OutputItems(self.tools)
         async for event in events:
@@ -133,15 +154,18 @@ class ResponsesShaper:
                 return self.error(event)
         return self.error(Failed("", "the engine stream ended early"))
 
-    async def stream(self, first: ClientEvent, events: AsyncIterator[ClientEvent], usage: bool) -> AsyncIterator[bytes]:
+    async def stream(
+        self, first: ClientEvent, events: AsyncIterator[ClientEvent], usage: bool
+    ) -> AsyncGenerator[bytes, None]:
         """The SSE events of a streamed request from its first output on (see the module
         docstring for their order); `usage` is unused: the final Response always has it."""
         seq, output, event = count(), OutputItems(self.tools), first
 
-        def frames(*bodies: dict) -> list[bytes]:
+        def frames(*bodies: Body) -> list[bytes]:
             return [event_frame({"type": b.pop("type"), "sequence_number": next(seq), **b}) for b in bodies]
 
-        for f in frames({"type": "response.created", "response": self.response("in_progress", [])}, {"type": "response.in_progress", "response": self.response("in_progress", [])}):
+        created = {"type": "response.created", "response": self.response("in_progress", [])}
+        for f in frames(created, {"type": "response.in_progress", "response": self.response("in_progress", [])}):
             yield f
         while True:
             if isinstance(event, Delta) and event.text:
@@ -151,12 +175,14 @@ class ResponsesShaper:
                 status = final_status(event)
                 done = output.finish(status)
                 terminal = "response.completed" if status == "completed" else "response.incomplete"
-                for f in frames(*done, {"type": terminal, "response": self.response(status, output.items, event.usage)}):
+                final = {"type": terminal, "response": self.response(status, output.items, event.usage)}
+                for f in frames(*done, final):
                     yield f
                 return
             elif isinstance(event, (Rejected, Failed, Cancelled)):
                 failure = {"code": "server_error", "message": self.error(event).message}
-                for f in frames({"type": "response.failed", "response": self.response("failed", output.items, error=failure)}):
+                failed = {"type": "response.failed", "response": self.response("failed", output.items, error=failure)}
+                for f in frames(failed):
                     yield f
                 return
             event = await events.__anext__()
@@ -170,15 +196,15 @@ class OutputItems:
     """
 
     def __init__(self, tools: set[str] | None):
-        self.items: list[dict] = []
+        self.items: list[Body] = []
         self.parser = ToolCallParser(tools) if tools else None
         self.text: list[str] | None = None  # the open message's text, while one is open
 
-    def feed(self, text: str) -> list[dict]:
+    def feed(self, text: str) -> list[Body]:
         pieces = self.parser.feed(text) if self.parser else [text]
         return [e for p in pieces for e in self.add(p)]
 
-    def finish(self, status: str) -> list[dict]:
+    def finish(self, status: str) -> list[Body]:
         """Events for what was held back and for closing the last item; a response that
         made no item gets an empty message."""
         events = [e for p in (self.parser.finish() if self.parser else []) for e in self.add(p)]
@@ -186,16 +212,18 @@ class OutputItems:
             events += self.open_message()
         return events + self.close_message("incomplete" if status == "incomplete" else "completed")
 
-    def add(self, piece: str | Call) -> list[dict]:
+    def add(self, piece: str | Call) -> list[Body]:
         """Events for a piece of content (appended to the open message, or a new one) or a call."""
         if piece == "":
             return []
         if isinstance(piece, str):
             events = self.open_message() if self.text is None else []
+            assert self.text is not None  # open_message opened one
             self.text.append(piece)
             return events + [{"type": "response.output_text.delta", **self.at(), "delta": piece, "logprobs": []}]
         events = self.close_message("completed")
-        item = {"id": "fc_" + uuid.uuid4().hex, "type": "function_call", "call_id": new_call_id(), "name": piece.name, "arguments": "", "status": "in_progress"}
+        item = {"id": "fc_" + uuid.uuid4().hex, "type": "function_call", "call_id": new_call_id(), "name": piece.name,
+                "arguments": "", "status": "in_progress"}
         self.items.append(item)
         events.append({"type": "response.output_item.added", "output_index": len(self.items) - 1, "item": dict(item)})
         at = {"item_id": item["id"], "output_index": len(self.items) - 1}
@@ -206,19 +234,20 @@ class OutputItems:
             {"type": "response.output_item.done", "output_index": at["output_index"], "item": dict(item)},
         ]
 
-    def at(self) -> dict:
+    def at(self) -> Body:
         return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1, "content_index": 0}
 
-    def open_message(self) -> list[dict]:
+    def open_message(self) -> list[Body]:
         self.text = []
-        item = {"id": "msg_" + uuid.uuid4().hex, "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+        item = {"id": "msg_" + uuid.uuid4().hex, "type": "message", "role": "assistant", "status": "in_progress",
+                "content": []}
         self.items.append(item)
         return [
             {"type": "response.output_item.added", "output_index": len(self.items) - 1, "item": dict(item, content=[])},
             {"type": "response.content_part.added", **self.at(), "part": output_text("")},
         ]
 
-    def close_message(self, status: str) -> list[dict]:
+    def close_message(self, status: str) -> list[Body]:
         if self.text is None:
             return []
         whole, self.text = "".join(self.text), None
@@ -231,7 +260,7 @@ class OutputItems:
         ]
 
 
-def output_text(text: str) -> dict:
+def output_text(text: str) -> Body:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
@@ -240,7 +269,7 @@ def final_status(event: Finished) -> str:
     return "incomplete" if event.finish_reasons and event.finish_reasons[0] == "length" else "completed"
 
 
-def usage_body(u: Usage) -> dict:
+def usage_body(u: Usage) -> Body:
     return {
         "input_tokens": u.prompt_tokens,
         "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0},

@@ -20,7 +20,7 @@ from zinfer.gateway.openai_schema import ApiError, ChatRequest, Count, Name
 from zinfer.messages.client import MAX_MESSAGES, CallId, Text, ToolName
 from zinfer.messages.params import Constraint
 
-ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}  # Responses role -> the template's
+ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}  # Responses -> template
 TEXT_PARTS = {"input_text", "output_text"}  # output_text: an earlier response's output sent back as input
 MAX_TOOLS = 128
 FORMATS = ("text", "json_object", "json_schema")
@@ -92,11 +92,13 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
 
 def check_stateless(req: ResponsesRequest) -> None:
     """ApiError 400 for what needs a stored response: zinfer keeps none."""
+    stateless = "zinfer is stateless and keeps no responses"
     if req.store:
-        raise ApiError(400, "store: true is not supported: zinfer is stateless and keeps no responses; send store: false (or leave it out)", param="store", code="invalid_value")
+        raise ApiError(400, f"store: true is not supported: {stateless}; send store: false (or leave it out)",
+                       param="store", code="invalid_value")
     if req.previous_response_id is not None:
-        raise ApiError(400, "previous_response_id is not supported: zinfer is stateless and keeps no responses; send the whole conversation as input items",
-                       param="previous_response_id", code="invalid_value")
+        message = f"previous_response_id is not supported: {stateless}; send the whole conversation as input items"
+        raise ApiError(400, message, param="previous_response_id", code="invalid_value")
 
 
 def chat_request(req: ResponsesRequest) -> ChatRequest:
@@ -105,7 +107,9 @@ def chat_request(req: ResponsesRequest) -> ChatRequest:
     in the chat API's shapes (text.format: text_constraint). Raises ApiError naming the
     Responses field at fault."""
     check_stateless(req)
-    messages = [{"role": "system", "content": req.instructions}] if req.instructions is not None else []
+    messages: list[dict[str, Any]] = []
+    if req.instructions is not None:
+        messages.append({"role": "system", "content": req.instructions})
     items = [InputItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
     messages += input_messages(items)
     body: dict[str, Any] = {
@@ -129,32 +133,40 @@ def input_messages(items: list[InputItem]) -> list[dict[str, Any]]:
     """Chat messages for the input items: function_calls become the tool_calls of an
     assistant message (the one just before, when the turn had text), a
     function_call_output a "tool" message answering an earlier call."""
-    out, calls = [], set()
+    out: list[dict[str, Any]] = []  # chat messages
+    calls: set[str | None] = set()  # the call_ids of the function_calls so far
     for i, item in enumerate(items):
         at = f"input[{i}]"
         if item.type == "message":
             role = ROLES.get(item.role or "")
             if role is None:
-                raise ApiError(400, f"unknown role {item.role!r}; a message's role is one of {', '.join(ROLES)}", param=f"{at}.role", code="invalid_value")
+                raise ApiError(400, f"unknown role {item.role!r}; a message's role is one of {', '.join(ROLES)}",
+                               param=f"{at}.role", code="invalid_value")
             out.append({"role": role, "content": text_of(item.content, f"{at}.content")})
         elif item.type == "function_call":
             for field in ("call_id", "name", "arguments"):
                 if getattr(item, field) is None:
-                    raise ApiError(400, f"a function_call item needs {field}", param=f"{at}.{field}", code="missing_required_parameter")
+                    raise ApiError(400, f"a function_call item needs {field}", param=f"{at}.{field}",
+                                   code="missing_required_parameter")
             calls.add(item.call_id)
-            call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
-            if out and out[-1]["role"] == "assistant":  # the calls of one turn, after its text: one assistant message
+            function = {"name": item.name, "arguments": item.arguments}
+            call = {"id": item.call_id, "type": "function", "function": function}
+            if out and out[-1]["role"] == "assistant":  # a turn's calls after its text: one assistant message
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif item.type == "function_call_output":
             if item.call_id not in calls:
-                raise ApiError(400, f"no function_call with call_id {item.call_id!r} comes before this function_call_output", param=f"{at}.call_id", code="invalid_value")
+                message = f"no function_call with call_id {item.call_id!r} comes before this function_call_output"
+                raise ApiError(400, message, param=f"{at}.call_id", code="invalid_value")
             if item.output is None:
-                raise ApiError(400, "a function_call_output item needs output", param=f"{at}.output", code="missing_required_parameter")
+                raise ApiError(400, "a function_call_output item needs output", param=f"{at}.output",
+                               code="missing_required_parameter")
             out.append({"role": "tool", "content": text_of(item.output, f"{at}.output"), "tool_call_id": item.call_id})
         else:
-            raise ApiError(400, f"input items of type {item.type!r} are not supported; use message, function_call or function_call_output", param=f"{at}.type", code="invalid_value")
+            kinds = "message, function_call or function_call_output"
+            message = f"input items of type {item.type!r} are not supported; use {kinds}"
+            raise ApiError(400, message, param=f"{at}.type", code="invalid_value")
     return out
 
 
@@ -164,8 +176,9 @@ def text_of(content: Content | None, at: str) -> str:
         return content or ""
     for j, part in enumerate(content):
         if part.type not in TEXT_PARTS or part.text is None:
-            raise ApiError(400, f"content parts of type {part.type!r} are not supported; zinfer takes input_text parts", param=f"{at}[{j}]", code="invalid_value")
-    return "".join(p.text for p in content)
+            message = f"content parts of type {part.type!r} are not supported; zinfer takes input_text parts"
+            raise ApiError(400, message, param=f"{at}[{j}]", code="invalid_value")
+    return "".join(p.text or "" for p in content)  # (every part has text: checked above)
 
 
 def text_constraint(text: TextConfig | None) -> Constraint | None:
@@ -175,12 +188,15 @@ def text_constraint(text: TextConfig | None) -> Constraint | None:
     if f is None or f.type == "text":
         return None
     if f.type not in FORMATS:
-        raise ApiError(400, f"unknown text.format type {f.type!r}; one of {', '.join(FORMATS)}", param="text.format.type", code="invalid_value")
+        raise ApiError(400, f"unknown text.format type {f.type!r}; one of {', '.join(FORMATS)}",
+                       param="text.format.type", code="invalid_value")
     if f.type == "json_schema":
         for field in ("name", "schema"):
             if getattr(f, field) is None:
-                raise ApiError(400, f"a json_schema text.format needs {field}", param=f"text.format.{field}", code="missing_required_parameter")
-    return checked(response_format_constraint(msgspec.to_builtins(f), "text.format"), "text.format")
+                raise ApiError(400, f"a json_schema text.format needs {field}", param=f"text.format.{field}",
+                               code="missing_required_parameter")
+    c = response_format_constraint(msgspec.to_builtins(f), "text.format")  # (None only for type "text")
+    return checked(c, "text.format") if c is not None else None
 
 
 def chat_tools(tools: list[FunctionTool] | None) -> list[dict[str, Any]] | None:
@@ -188,21 +204,24 @@ def chat_tools(tools: list[FunctionTool] | None) -> list[dict[str, Any]] | None:
     out = []
     for i, t in enumerate(tools or []):
         if t.type != "function":
-            raise ApiError(400, f"tools of type {t.type!r} are not supported; zinfer takes function tools", param=f"tools[{i}].type", code="invalid_value")
+            raise ApiError(400, f"tools of type {t.type!r} are not supported; zinfer takes function tools",
+                           param=f"tools[{i}].type", code="invalid_value")
         if t.name is None:
-            raise ApiError(400, "a function tool needs a name", param=f"tools[{i}].name", code="missing_required_parameter")
+            raise ApiError(400, "a function tool needs a name", param=f"tools[{i}].name",
+                           code="missing_required_parameter")
         fn = {"name": t.name, "description": t.description, "parameters": t.parameters, "strict": t.strict}
         out.append({"type": "function", "function": {k: v for k, v in fn.items() if v is not None}})
     return out or None
 
 
-def chat_tool_choice(choice: str | NamedToolChoice | None) -> str | dict | None:
+def chat_tool_choice(choice: str | NamedToolChoice | None) -> str | dict[str, Any] | None:
     """tool_choice in the chat API's shape: a mode, or {"type": "function", "function": {"name"}}
     (gateway/openai_tools.py checks it against the tools)."""
     if choice is None or isinstance(choice, str):
         return choice
     if choice.name is None:
-        raise ApiError(400, 'a named tool_choice is {"type": "function", "name": ...}', param="tool_choice", code="invalid_value")
+        raise ApiError(400, 'a named tool_choice is {"type": "function", "name": ...}', param="tool_choice",
+                       code="invalid_value")
     return {"type": choice.type, "function": {"name": choice.name}}
 
 

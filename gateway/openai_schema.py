@@ -14,7 +14,7 @@ gateway/openai_constraints.py.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from msgspec import Meta
@@ -22,19 +22,37 @@ from starlette.responses import JSONResponse
 
 from zinfer.messages.json_errors import validation_message
 from zinfer.messages.client import MAX_MESSAGES, MAX_PROMPT_IDS, MAX_TOOLS, CallId, ToolName
-from zinfer.messages.params import MAX_IDS, MAX_STOP_CHARS, MAX_STOPS, SEED_MAX, SEED_MIN, TOKEN_ID_LIMIT, SamplingParams
+from zinfer.messages.params import (
+    MAX_IDS,
+    MAX_STOP_CHARS,
+    MAX_STOPS,
+    SEED_MAX,
+    SEED_MIN,
+    TOKEN_ID_LIMIT,
+    SamplingParams,
+)
 from zinfer.models.sampling_defaults import SamplingDefaults
 
 
 class ApiError(Exception):
     """A request refused with an HTTP status and an OpenAI-shaped error body."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None, code: str | None = None, **extra: Any):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        **extra: Any,
+    ):
         super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code, self.extra = status, message, type, param, code, extra
+        self.status, self.message, self.type = status, message, type
+        self.param, self.code, self.extra = param, code, extra
 
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code, **self.extra}}
+    def body(self) -> dict[str, Any]:
+        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code, **self.extra}
+        return {"error": error}
 
     def response(self) -> JSONResponse:
         # 413 is sent before the body is read, so the server must drop the connection:
@@ -50,6 +68,7 @@ Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 Count = Annotated[int, Meta(ge=1, lt=TOKEN_ID_LIMIT)]
 Name = Annotated[str, Meta(max_length=256)]
 Stop = Annotated[str, Meta(max_length=MAX_STOP_CHARS)]
+Bias = Annotated[float, Meta(ge=-100.0, le=100.0)]
 
 
 class StreamOptions(msgspec.Struct):
@@ -117,7 +136,7 @@ class _Sampling(msgspec.Struct, kw_only=True):
     seed: int | None = None  # 64 bits, signed or not: checked in sampling_params (Meta stops at int64)
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    logit_bias: Annotated[dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]], Meta(max_length=MAX_IDS)] | None = None
+    logit_bias: Annotated[dict[str, Bias], Meta(max_length=MAX_IDS)] | None = None
     top_k: Annotated[int, Meta(ge=-1, lt=TOKEN_ID_LIMIT)] | None = None
     min_p: Unit | None = None
     repetition_penalty: Annotated[float, Meta(gt=0.0)] | None = None
@@ -136,7 +155,7 @@ class _Sampling(msgspec.Struct, kw_only=True):
 class ChatRequest(_Sampling, kw_only=True):
     messages: Annotated[list[ChatMessage], Meta(min_length=1, max_length=MAX_MESSAGES)]
     tools: Annotated[list[ToolDef], Meta(max_length=MAX_TOOLS)] | None = None
-    tool_choice: Name | NamedToolChoice | None = None  # "none", "auto", "required" or a function: gateway/openai_tools.py
+    tool_choice: Name | NamedToolChoice | None = None  # "none", "auto", "required" or a function (openai_tools.py)
     parallel_tool_calls: bool | None = None
     max_completion_tokens: Count | None = None
     logprobs: bool | None = None
@@ -154,7 +173,10 @@ COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
 
 
-def parse(body: bytes, kind: type[ChatRequest] | type[CompletionRequest]) -> ChatRequest | CompletionRequest:
+Body = TypeVar("Body")
+
+
+def parse(body: bytes, kind: type[Body]) -> Body:
     """Decode and type-check a request body; ApiError 400 names the bad field."""
     try:
         body.decode("utf-8")
@@ -166,14 +188,17 @@ def parse(body: bytes, kind: type[ChatRequest] | type[CompletionRequest]) -> Cha
         m = _PATH.search(str(exc))
         missing = re.search(r"missing required field `([^`]*)`", str(exc))
         param = m.group(1).replace("[...]", "") if m else missing.group(1) if missing else None
-        raise ApiError(400, f"invalid request: {validation_message(exc, body)}", param=param, code="invalid_value") from None
+        raise ApiError(400, f"invalid request: {validation_message(exc, body)}",
+                       param=param, code="invalid_value") from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
     except RecursionError:  # msgspec's decoder recurses per nesting level
         raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
 
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}  # OpenAI's role -> the template's
+ROLES = {  # OpenAI's role -> the template's
+    "system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool",
+}
 MAX_PROMPTS = 64  # prompts in one /v1/completions request
 
 
@@ -184,33 +209,42 @@ def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
 
     "developer" is OpenAI's newer name for "system" and is passed on as that.
     """
-    out = []
+    out: list[dict[str, Any]] = []
     for i, m in enumerate(req.messages):
         role = ROLES.get(m.role)
         if role is None:
-            raise ApiError(400, f"unknown role {m.role!r}; a message's role is one of {', '.join(ROLES)}", param=f"messages[{i}].role", code="invalid_value")
+            raise ApiError(400, f"unknown role {m.role!r}; a message's role is one of {', '.join(ROLES)}",
+                           param=f"messages[{i}].role", code="invalid_value")
         if isinstance(m.content, list):
             bad = [p.type for p in m.content if p.type != "text" or p.text is None]
             if bad:
-                raise ApiError(400, f"only text content parts are supported, got {bad[0]!r}", param=f"messages[{i}].content")
-            content = "".join(p.text for p in m.content)
+                raise ApiError(400, f"only text content parts are supported, got {bad[0]!r}",
+                               param=f"messages[{i}].content")
+            content = "".join(p.text or "" for p in m.content)  # (every part has text: checked above)
         else:
             content = m.content or ""
         turn: dict[str, Any] = {"role": role, "content": content}
         if role == "tool":
             if m.tool_call_id is None:
-                raise ApiError(400, "a tool message needs the tool_call_id of the call it answers", param=f"messages[{i}].tool_call_id", code="invalid_value")
+                raise ApiError(400, "a tool message needs the tool_call_id of the call it answers",
+                               param=f"messages[{i}].tool_call_id", code="invalid_value")
             turn["tool_call_id"] = m.tool_call_id
         if m.tool_calls and role == "assistant":
             bad = [c.type for c in m.tool_calls if c.type != "function"]
             if bad:
-                raise ApiError(400, f"only tool calls of type \"function\" are supported, got {bad[0]!r}", param=f"messages[{i}].tool_calls", code="invalid_value")
-            turn["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}} for c in m.tool_calls]
+                raise ApiError(400, f"only tool calls of type \"function\" are supported, got {bad[0]!r}",
+                               param=f"messages[{i}].tool_calls", code="invalid_value")
+            turn["tool_calls"] = [_tool_call(c) for c in m.tool_calls]
             turn["content"] = content or None
         if m.name is not None:
             turn["name"] = m.name
         out.append(turn)
     return out
+
+
+def _tool_call(c: ToolCallIn) -> dict[str, Any]:
+    """A history message's tool call as the engine takes it (messages/client.py ToolCall)."""
+    return {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
 
 
 def completion_prompts(req: CompletionRequest) -> list[dict[str, Any]]:
@@ -220,7 +254,8 @@ def completion_prompts(req: CompletionRequest) -> list[dict[str, Any]]:
     many = isinstance(p, list) and bool(p) and all(isinstance(x, (str, list)) for x in p)
     prompts = p if many else [p]
     if len(prompts) > MAX_PROMPTS:
-        raise ApiError(400, f"at most {MAX_PROMPTS} prompts in one request, got {len(prompts)}", param="prompt", code="invalid_value")
+        raise ApiError(400, f"at most {MAX_PROMPTS} prompts in one request, got {len(prompts)}",
+                       param="prompt", code="invalid_value")
     return [_one_prompt(x) for x in prompts]
 
 
@@ -229,7 +264,8 @@ def _one_prompt(p: Any) -> dict[str, Any]:
         return {"prompt": p}
     if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
         if len(p) > MAX_PROMPT_IDS or not all(0 <= t < TOKEN_ID_LIMIT for t in p):
-            raise ApiError(400, f"prompt token ids must be 0 to 2**31-1, at most {MAX_PROMPT_IDS} of them", param="prompt", code="invalid_value")
+            raise ApiError(400, f"prompt token ids must be 0 to 2**31-1, at most {MAX_PROMPT_IDS} of them",
+                           param="prompt", code="invalid_value")
         return {"prompt_ids": p}
     raise ApiError(400, "prompt must be a string, a list of token ids, or a list of those", param="prompt")
 
@@ -237,7 +273,9 @@ def _one_prompt(p: Any) -> dict[str, Any]:
 OPENAI_DEFAULTS = SamplingDefaults()
 
 
-def sampling_params(req: ChatRequest | CompletionRequest, max_model_len: int, defaults: SamplingDefaults = OPENAI_DEFAULTS) -> SamplingParams:
+def sampling_params(
+    req: ChatRequest | CompletionRequest, max_model_len: int, defaults: SamplingDefaults = OPENAI_DEFAULTS
+) -> SamplingParams:
     """SamplingParams with the server's defaults for unset fields: the model's recommended
     sampling where its files give one, else OpenAI's (temperature 1, top_p 1); max_tokens
     16 for completions and up to the context for chat."""
@@ -247,7 +285,7 @@ def sampling_params(req: ChatRequest | CompletionRequest, max_model_len: int, de
         # as vLLM's V1 engine: no extra choices ranked by log probability (ask for n with logprobs instead)
         message = f"best_of is not supported unless it equals n ({req.n or 1}), got {req.best_of}"
         raise ApiError(400, message, param="best_of", code="invalid_value")
-    bias = {}
+    bias: dict[int, float] = {}
     for key, value in (req.logit_bias or {}).items():
         try:
             bias[int(key)] = value
@@ -264,7 +302,8 @@ def sampling_params(req: ChatRequest | CompletionRequest, max_model_len: int, de
     if any(not s for s in stop):
         raise ApiError(400, "stop sequences must not be empty", param="stop")
     if req.seed is not None and not SEED_MIN <= req.seed <= SEED_MAX:
-        raise ApiError(400, f"invalid value for seed: an integer from -2**63 to 2**64-1, got one of {req.seed.bit_length()} bits", param="seed", code="invalid_value")
+        message = f"invalid value for seed: an integer from -2**63 to 2**64-1, got one of {req.seed.bit_length()} bits"
+        raise ApiError(400, message, param="seed", code="invalid_value")
     p = SamplingParams(
         temperature=defaults.temperature if req.temperature is None else req.temperature,
         top_k=defaults.top_k if req.top_k is None else max(req.top_k, 0),

@@ -36,7 +36,7 @@ class ToolPlan:
     functions: list[dict[str, Any]]
     choice: str
     parallel: bool = True
-    syntax: str = "hermes"  # how the model writes a call: "hermes" or "llama3" (models/tool_prompt.py call_syntax)
+    syntax: str = "hermes"  # how the model writes a call: "hermes" or "llama3" (models/tool_prompt.py)
 
     @property
     def names(self) -> set[str]:
@@ -53,30 +53,36 @@ def tool_plan(req: ChatRequest, syntax: str = "hermes") -> ToolPlan | None:
     choice = req.tool_choice if req.tool_choice is not None else ("auto" if req.tools else "none")
     if isinstance(choice, str):
         if choice not in CHOICES:
-            raise ApiError(400, f"invalid tool_choice {choice!r}: one of {', '.join(CHOICES)} or a named function", param="tool_choice", code="invalid_value")
-        wanted = None
+            raise ApiError(400, f"invalid tool_choice {choice!r}: one of {', '.join(CHOICES)} or a named function",
+                           param="tool_choice", code="invalid_value")
+        wanted, mode = None, choice
     else:
         if choice.type != "function":
-            raise ApiError(400, f"a named tool_choice has type \"function\", got {choice.type!r}", param="tool_choice.type", code="invalid_value")
-        wanted = choice.function.name
+            raise ApiError(400, f"a named tool_choice has type \"function\", got {choice.type!r}",
+                           param="tool_choice.type", code="invalid_value")
+        wanted = mode = choice.function.name
     if choice != "none" and not req.tools:
         raise ApiError(400, "tool_choice needs tools", param="tool_choice", code="invalid_value")
     if not req.tools or choice == "none":
         return None
-    functions = []
+    functions: list[dict[str, Any]] = []
     for i, tool in enumerate(req.tools):
         if tool.type != "function":
-            raise ApiError(400, f"only tools of type \"function\" are supported, got {tool.type!r}", param=f"tools[{i}].type", code="invalid_value")
+            raise ApiError(400, f"only tools of type \"function\" are supported, got {tool.type!r}",
+                           param=f"tools[{i}].type", code="invalid_value")
         f = tool.function
         if f.parameters is not None and len(json.dumps(f.parameters)) > MAX_SCHEMA_BYTES:
-            raise ApiError(400, f"a function's parameters schema is at most {MAX_SCHEMA_BYTES} bytes of JSON", param=f"tools[{i}].function.parameters", code="invalid_value")
-        functions.append({k: v for k, v in (("name", f.name), ("description", f.description), ("parameters", f.parameters), ("strict", f.strict)) if v is not None})
+            raise ApiError(400, f"a function's parameters schema is at most {MAX_SCHEMA_BYTES} bytes of JSON",
+                           param=f"tools[{i}].function.parameters", code="invalid_value")
+        fields = (("name", f.name), ("description", f.description), ("parameters", f.parameters), ("strict", f.strict))
+        functions.append({k: v for k, v in fields if v is not None})
     names = [f["name"] for f in functions]
     if len(set(names)) != len(names):
         raise ApiError(400, "tool function names must be unique", param="tools", code="invalid_value")
     if wanted is not None and wanted not in names:
-        raise ApiError(400, f"tool_choice names the function {wanted!r}, which is not among the tools", param="tool_choice", code="invalid_value")
-    return ToolPlan(functions, wanted or choice, req.parallel_tool_calls is not False, syntax)
+        raise ApiError(400, f"tool_choice names the function {wanted!r}, which is not among the tools",
+                       param="tool_choice", code="invalid_value")
+    return ToolPlan(functions, mode, req.parallel_tool_calls is not False, syntax)
 
 
 # ---- the grammar of a compulsory call ------------------------------------------------
@@ -91,7 +97,8 @@ def call_grammar(plan: ToolPlan) -> str:
     rules = []
     for i, f in enumerate(allowed):
         arguments = dict(f.get("parameters") or {"type": "object"})
-        defs = {k: arguments.pop(k) for k in ("$defs", "definitions") if k in arguments}  # "#/$defs/..." refs resolve from the root
+        # "#/$defs/..." refs resolve from the root
+        defs = {k: arguments.pop(k) for k in ("$defs", "definitions") if k in arguments}
         schema = {
             "type": "object",
             "properties": {"name": {"const": f["name"]}, key: arguments},
@@ -112,7 +119,9 @@ def tool_constraint(plan: ToolPlan, other: Constraint | None) -> Constraint:
     """The checked Constraint of a compulsory call (call_grammar); ApiError 400 when the
     request also asks for another structured output, or a schema does not compile."""
     if other is not None:
-        raise ApiError(400, "a compulsory tool call (tool_choice \"required\" or a named function) cannot be combined with a structured output", param="tool_choice", code="invalid_value")
+        forced = 'a compulsory tool call (tool_choice "required" or a named function)'
+        raise ApiError(400, f"{forced} cannot be combined with a structured output", param="tool_choice",
+                       code="invalid_value")
     return checked(Constraint("lark", call_grammar(plan)), "tools")
 
 
@@ -120,15 +129,16 @@ def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-def call_body(call: Call, call_id: str) -> dict:
+def call_body(call: Call, call_id: str) -> dict[str, Any]:
     """One call of a whole response's message.tool_calls."""
     return {"id": call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
-def call_deltas(call: Call, index: int, call_id: str) -> list[dict]:
+def call_deltas(call: Call, index: int, call_id: str) -> list[dict[str, Any]]:
     """A streamed call as OpenAI sends it: the id, type and name first, then the arguments."""
+    named = {"name": call.name, "arguments": ""}
     return [
-        {"tool_calls": [{"index": index, "id": call_id, "type": "function", "function": {"name": call.name, "arguments": ""}}]},
+        {"tool_calls": [{"index": index, "id": call_id, "type": "function", "function": named}]},
         {"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]},
     ]
 
@@ -147,11 +157,11 @@ class StreamedCalls:
         self.parsers: dict[int, ToolCallParser] = {}
         self.calls: dict[int, int] = {}  # choice -> calls sent
 
-    def deltas(self, index: int, text: str) -> list[dict]:
+    def deltas(self, index: int, text: str) -> list[dict[str, Any]]:
         """The deltas (content, or a call's) that choice `index`'s new text makes sendable."""
         return self._bodies(index, self._parser(index).feed(text))
 
-    def finish(self, index: int) -> list[dict]:
+    def finish(self, index: int) -> list[dict[str, Any]]:
         """The deltas of what choice `index` held back, once its text has ended."""
         return self._bodies(index, self._parser(index).finish())
 
@@ -161,8 +171,8 @@ class StreamedCalls:
     def _parser(self, index: int) -> ToolCallParser:
         return self.parsers.setdefault(index, ToolCallParser(set(self.names)))
 
-    def _bodies(self, index: int, pieces: list[str | Call]) -> list[dict]:
-        out: list[dict] = []
+    def _bodies(self, index: int, pieces: list[str | Call]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
         for p in pieces:
             if isinstance(p, str):
                 out.append({"content": p})
@@ -173,7 +183,7 @@ class StreamedCalls:
         return out
 
 
-def with_tool_calls(choice: dict, names: set[str]) -> None:
+def with_tool_calls(choice: dict[str, Any], names: set[str]) -> None:
     """Turn a whole response's chat choice into its parsed form: message.tool_calls, the
     content outside them (None when empty) and finish_reason "tool_calls"; no calls: unchanged."""
     content, calls = parse_tool_calls(choice["message"]["content"], names)

@@ -130,13 +130,16 @@ class BrowserGuard:
         headers = Headers(scope=scope)
         host, origin = headers.get("host"), headers.get("origin")
         if not self.policy.host_allowed(host):
-            message = f"Host {host!r} is not allowed (a DNS rebinding guard); start the server with --allowed-hosts to add it"
-            return await refuse(ApiError(403, message, type="permission_error", code="host_not_allowed"), scope, receive, send)
+            message = (f"Host {host!r} is not allowed (a DNS rebinding guard); "
+                       "start the server with --allowed-hosts to add it")
+            error = ApiError(403, message, type="permission_error", code="host_not_allowed")
+            return await refuse(error, scope, receive, send)
         if origin is None:
             return await self.app(scope, receive, send)
         if not self.policy.origin_allowed(origin, host):
             message = f"Origin {origin!r} is not allowed; start the server with --allowed-origins to add it"
-            return await refuse(ApiError(403, message, type="permission_error", code="origin_not_allowed"), scope, receive, send)
+            error = ApiError(403, message, type="permission_error", code="origin_not_allowed")
+            return await refuse(error, scope, receive, send)
         if scope["type"] == "http" and scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
             return await self.preflight(origin, headers)(scope, receive, send)
         await self.app(scope, receive, with_cors(send, origin))

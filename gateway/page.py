@@ -19,7 +19,7 @@ from pathlib import Path
 import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from zinfer.gateway.openai_schema import ApiError
 from zinfer.gateway.state import GatewayState
@@ -31,11 +31,12 @@ TYPES = {".js": "text/javascript", ".css": "text/css"}  # the rest (README, lice
 
 def static_files() -> dict[str, Path]:
     """URL path under /static/ -> file, for every file the page may load."""
-    files = [p for p in [*STATIC.iterdir(), *(STATIC / "vendor").iterdir()] if p.is_file() and p.name != "chat.html"]
+    listed = [*STATIC.iterdir(), *(STATIC / "vendor").iterdir()]
+    files = [p for p in listed if p.is_file() and p.name != "chat.html"]
     return {p.relative_to(STATIC).as_posix(): p for p in files}
 
 
-def routes(state: GatewayState) -> list:
+def routes(state: GatewayState) -> list[BaseRoute]:
     files = static_files()
 
     async def static(request: Request) -> Response:
@@ -43,7 +44,8 @@ def routes(state: GatewayState) -> list:
         if path is None:
             return ApiError(404, f"GET {request.url.path}: no such file", code="not_found").response()
         media = TYPES.get(path.suffix, "text/plain")
-        return Response(path.read_bytes(), media_type=f"{media}; charset=utf-8", headers={"Cache-Control": "no-cache"})
+        return Response(path.read_bytes(), media_type=f"{media}; charset=utf-8",
+                        headers={"Cache-Control": "no-cache"})
 
     async def tracing(request: Request) -> Response:
         return JSONResponse({"enabled": bool(state.extra.get("trace_dir"))})
@@ -55,7 +57,8 @@ def routes(state: GatewayState) -> list:
             return ApiError(404, "tracing is off: start zinfer serve with --trace-dir", code="not_found").response()
         doc = await trio.to_thread.run_sync(request_trace, trace_dir, rid, state.extra.get("trace_window") or 60.0)
         if doc is None:
-            return ApiError(404, f"no trace of request {rid!r} in {trace_dir} (unknown, or not finished)", code="not_found").response()
+            missing = f"no trace of request {rid!r} in {trace_dir} (unknown, or not finished)"
+            return ApiError(404, missing, code="not_found").response()
         name = "".join(c if c.isalnum() or c in "-_." else "_" for c in rid)[:80]
         return Response(json.dumps(doc, separators=(",", ":")), media_type="application/json",
                         headers={"Content-Disposition": f'attachment; filename="zinfer-trace-{name}.json"'})

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import tempfile
+from typing import Any
 
 import trio
 
@@ -26,12 +27,14 @@ def run(args: argparse.Namespace) -> int:
             return trio.run(_run, args, engine_config(args, trace_config(args, parts)), sampling_params(args))
         finally:
             slices = write_trace(parts, args.trace)
-            print(f"zinfer: wrote {slices} trace slices to {args.trace} (open it at https://ui.perfetto.dev)", file=sys.stderr)
+            print(f"zinfer: wrote {slices} trace slices to {args.trace} (open it at https://ui.perfetto.dev)",
+                  file=sys.stderr)
 
 
 async def _run(args: argparse.Namespace, config: EngineConfig, params: SamplingParams) -> int:
     async with open_engine(config) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
-        form = {"prompt": args.prompt} if args.raw else {"messages": [{"role": "user", "content": args.prompt}]}
+        chat = {"messages": [{"role": "user", "content": args.prompt}]}
+        form: dict[str, Any] = {"prompt": args.prompt} if args.raw else chat
         token_ids: list[int] = []
         text: list[str] = []
         async for event in client.generate(**form, params=params):
@@ -43,7 +46,8 @@ async def _run(args: argparse.Namespace, config: EngineConfig, params: SamplingP
                     sys.stdout.flush()
             elif isinstance(event, Finished):
                 if args.json:
-                    print(json.dumps({"prompt_ids": event.prompt_ids, "token_ids": token_ids, "text": "".join(text)}, ensure_ascii=False))
+                    out = {"prompt_ids": event.prompt_ids, "token_ids": token_ids, "text": "".join(text)}
+                    print(json.dumps(out, ensure_ascii=False))
                 else:
                     sys.stdout.write("\n")
                 return 0

@@ -24,7 +24,9 @@ log = structlog.get_logger("zinfer.serve")
 
 
 def serve(args: argparse.Namespace) -> int:
-    trace = trace_config(args, str(parts_dir(args.trace_dir)), args.trace_window) if getattr(args, "trace_dir", None) else None
+    trace = None
+    if getattr(args, "trace_dir", None):
+        trace = trace_config(args, str(parts_dir(args.trace_dir)), args.trace_window)
     try:
         trio.run(run_server, args, engine_config(args, trace))
     finally:
@@ -47,13 +49,15 @@ async def run_server(args: argparse.Namespace, config: EngineConfig) -> None:
         if getattr(args, "trace_dir", None) and config.trace.window_s:
             nursery.start_soon(_merge_trace_windows, args.trace_dir, config.trace.window_s)
         # HTTP first: /health answers 503 while the model loads
-        await nursery.start(partial(hypercorn.trio.serve, build_app(state), hc))
+        # hypercorn types an app as its own ASGI callable, which Starlette's signature does not match
+        await nursery.start(partial(hypercorn.trio.serve, build_app(state), hc))  # type: ignore[arg-type]
         async with open_engine(config) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
             state.max_model_len = engine.max_model_len
             state.max_waiting = config.max_waiting
             state.model_aliases = set(served[1:]) if served else {str(engine.source.path), engine.source.path.name}
             state.system_fingerprint = fingerprint(str(engine.source.path), engine.config.device)
-            state.extra["tool_syntax"] = call_syntax(source_chat_template(engine.source))  # what a compulsory tool call's grammar follows
+            # what a compulsory tool call's grammar follows
+            state.extra["tool_syntax"] = call_syntax(source_chat_template(engine.source))
             state.sampling = sampling_defaults(engine.source)
             state.client = client
             log.warning("serving", url=f"http://{args.host}:{args.port}", zmq=list(config.zmq_endpoints))

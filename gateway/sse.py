@@ -9,7 +9,7 @@ nursery itself: when http.disconnect arrives, the frames generator is cancelled.
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncGenerator, Awaitable, Callable, TypeVar
 
 import msgspec
 import trio
@@ -34,8 +34,10 @@ class SSEResponse(StreamingResponse):
     the frames generator never started and so cannot clean up after itself.
     """
 
-    def __init__(self, frames: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]]):
-        super().__init__(frames, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    def __init__(self, frames: AsyncGenerator[bytes, None], on_close: Callable[[], Awaitable[None]]):
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        super().__init__(frames, media_type="text/event-stream", headers=headers)
+        self.frames = frames  # the body_iterator itself, typed as the generator it is
         self.on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -51,7 +53,7 @@ class SSEResponse(StreamingResponse):
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
-                await self.body_iterator.aclose()
+                await self.frames.aclose()
                 await self.on_close()
 
 

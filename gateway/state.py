@@ -9,6 +9,7 @@ from typing import Any
 
 from zinfer.gateway.client import AsyncClient
 from zinfer.gateway.metrics import Metrics
+from zinfer.gateway.openai_schema import ApiError
 from zinfer.gateway.origins import OriginPolicy
 from zinfer.models.sampling_defaults import SamplingDefaults
 
@@ -20,8 +21,8 @@ class GatewayState:
     origins: OriginPolicy = field(default_factory=OriginPolicy)  # Host, Origin and CORS rules
     client: AsyncClient | None = None  # set once the engine is ready
     max_model_len: int = 0
-    max_waiting: int = 0  # sequences the engine queues at once (--max-waiting): a request for more is a 400; 0: unchecked
-    model_aliases: set[str] = field(default_factory=set)  # other names a request may use: the model's path, or --served-model-name's aliases
+    max_waiting: int = 0  # sequences the engine queues at once (--max-waiting): more is a 400; 0: unchecked
+    model_aliases: set[str] = field(default_factory=set)  # other names a request may use (path, --served-model-name)
     system_fingerprint: str = ""  # in every completion response and chunk: see fingerprint()
     max_body_bytes: int = 4 << 20  # larger request bodies get 413
     metrics: Metrics = field(default_factory=Metrics)
@@ -32,6 +33,12 @@ class GatewayState:
     @property
     def ready(self) -> bool:
         return self.client is not None
+
+    def engine(self) -> AsyncClient:
+        """The engine's client; ApiError 503 while the model loads."""
+        if self.client is None:
+            raise ApiError(503, "the model is loading", type="unavailable_error", code="loading")
+        return self.client
 
     def serves(self, model: str | None) -> bool:
         """Whether a request naming this model is for us (no model: yes)."""

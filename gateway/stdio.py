@@ -117,16 +117,16 @@ class StdioRelay:
     and not yet ended; at EOF the relay waits until it is empty.
     """
 
-    def __init__(self, ctx: zmq.Context, frontend: str, stdin_fd: int, stdout_fd: int):
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], frontend: str, stdin_fd: int, stdout_fd: int):
         self.sock = AsyncSocket(ctx, zmq.DEALER, connect=frontend)
         self.stdin = LineReader(stdin_fd)
         self.stdout_fd = stdout_fd
         self.json_requests = msgspec.json.Decoder(ClientRequest)
         self.json_encoder = msgspec.json.Encoder()
-        self.wire = Codec(ClientRequest)
-        self.events = Codec(ClientEvent)
+        self.wire: Codec[ClientRequest] = Codec(ClientRequest)
+        self.events: Codec[ClientEvent] = Codec(ClientEvent)
         self.out_tx, self.out_rx = trio.open_memory_channel[bytes](float("inf"))
-        self.req_tx, self.req_rx = trio.open_memory_channel[object](float("inf"))
+        self.req_tx, self.req_rx = trio.open_memory_channel[ClientRequest](float("inf"))
         self.open_ids: set[str] = set()
         self.stdin_closed = False
         self.all_done = trio.Event()  # set once stdin is closed and no request is open
@@ -222,7 +222,8 @@ class StdioRelay:
 
     async def _host_gone(self) -> None:
         """Our stdout was closed: cancel every open request, then end the relay."""
-        log.warning("stdout closed by the host: cancelling open requests and exiting", open_requests=len(self.open_ids))
+        log.warning("stdout closed by the host: cancelling open requests and exiting",
+                    open_requests=len(self.open_ids))
         for rid in self.open_ids:
             self.req_tx.send_nowait(Cancel(rid))
         self.req_tx.close()  # the sender sends the cancels, then returns

@@ -69,7 +69,8 @@ class ToolCallParser:
         """One move of the state machine; False when it needs more text."""
         if self.state == "start":
             head = self.buf.lstrip()
-            if not head or (self.names and PYTHON_TAG.startswith(head[: len(PYTHON_TAG)]) and len(head) < len(PYTHON_TAG)):
+            tag_so_far = len(head) < len(PYTHON_TAG) and PYTHON_TAG.startswith(head)  # may grow into the tag
+            if not head or (self.names and tag_so_far):
                 return False
             self.state = "json" if self.names and head.startswith(("{", "[", PYTHON_TAG)) else "text"
             return True
@@ -145,14 +146,14 @@ class ToolCallParser:
             self._content(out, rest)
         return out
 
-    def _content(self, out: list, text: str) -> None:
+    def _content(self, out: list[str | Call], text: str) -> None:
         if self.after_call:
             text = text.lstrip()
         if text:
             out.append(text)
             self.after_call = False
 
-    def _block(self, out: list, calls: list[Call] | None, as_written: str) -> None:
+    def _block(self, out: list[str | Call], calls: list[Call] | None, as_written: str) -> None:
         if calls:
             out.extend(calls)
             self.after_call = True
@@ -189,16 +190,18 @@ def _as_calls(text: str, names: set[str] | None) -> list[Call] | None:
     except ValueError:
         return None
     items = obj if isinstance(obj, list) and obj else [obj]
-    calls = [_as_call(item, names) for item in items]
-    return None if any(c is None for c in calls) else calls  # type: ignore[return-value]
+    calls = [c for item in items if (c := _as_call(item, names)) is not None]
+    return calls if len(calls) == len(items) else None
 
 
 def _as_call(obj: Any, names: set[str] | None) -> Call | None:
     if isinstance(obj, dict) and isinstance(obj.get("function"), dict) and "name" not in obj:
         obj = obj["function"]  # OpenAI's own shape
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or (names is not None and obj["name"] not in names):
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    args = next((obj[k] for k in ARGUMENT_KEYS if k in obj), {})
+    if names is not None and obj["name"] not in names:
+        return None
+    args: Any = next((obj[k] for k in ARGUMENT_KEYS if k in obj), {})
     if isinstance(args, str):
         return Call(obj["name"], args)
     if not isinstance(args, dict):

@@ -20,19 +20,20 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Callable, Coroutine
 
 import msgspec
 import structlog
 import trio
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.datastructures import Headers, QueryParams
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from zinfer.gateway.auth import authorized
 from zinfer.gateway.state import GatewayState
-from zinfer.gateway.client import EngineError
+from zinfer.gateway.client import AsyncClient, EngineError
 from zinfer.messages.json_errors import validation_message
 from zinfer.messages.client import MAX_REQUEST_ID, Cancelled, Delta, Failed, Finished, Rejected, Started
 from zinfer.messages.params import SamplingParams
@@ -45,6 +46,8 @@ SOCKET_NUMBERS = itertools.count(1)
 MAX_WS_ID = MAX_REQUEST_ID - 56
 """Characters in a client's id: with the engine's prefix "ws<N>." it stays within the engine's request id bound."""
 WsId = Annotated[str, msgspec.Meta(max_length=MAX_WS_ID)]
+ServerMessage = dict[str, Any]
+"""A message to the client: a JSON object with a "type" (gateway/PROTOCOL.md)."""
 
 
 class WsGenerate(msgspec.Struct, tag="generate", tag_field="type", forbid_unknown_fields=True):
@@ -92,7 +95,7 @@ class BadMessage(Exception):
         self.code, self.message, self.id = code, message, id
 
 
-def error(id: str | None, code: str, message: str) -> dict:
+def error(id: str | None, code: str, message: str) -> ServerMessage:
     return {"type": "error", "id": id, "code": code, "message": message}
 
 
@@ -112,11 +115,11 @@ class ChatSocket:
         self.prefix = f"ws{next(SOCKET_NUMBERS)}."
         self.decoder = msgspec.json.Decoder(WsRequest)
         self.encoder = msgspec.json.Encoder()
-        self.out_tx, self.out_rx = trio.open_memory_channel[dict](float("inf"))
+        self.out_tx, self.out_rx = trio.open_memory_channel[ServerMessage](float("inf"))
         self.running: dict[str, str] = {}
         self.unsent: set[str] = set()
 
-    def send(self, message: dict) -> None:
+    def send(self, message: ServerMessage) -> None:
         """Queue one message for the sender task."""
         self.out_tx.send_nowait(message)
 
@@ -131,7 +134,8 @@ class ChatSocket:
                         raise WebSocketDisconnect(message.get("code", 1000))
                     text = message.get("text")
                     if text is None:
-                        self.send(error(None, "bad_message", "binary frames are not supported: send each message as JSON text"))
+                        binary = "binary frames are not supported: send each message as JSON text"
+                        self.send(error(None, "bad_message", binary))
                         continue
                     try:
                         self.handle(nursery, self.parse(text))
@@ -166,9 +170,11 @@ class ChatSocket:
                 raise BadMessage("bad_json", f"not a JSON message: {bad}") from None
             kind, mid = _head(text)
             if kind not in ("generate", "cancel", "ping"):
-                raise BadMessage("bad_message", f"unknown message type {kind!r} (generate, cancel, ping)", mid) from None
+                unknown = f"unknown message type {kind!r} (generate, cancel, ping)"
+                raise BadMessage("bad_message", unknown, mid) from None
             # only a generate's id: an error naming a running generation's id would be read as its terminal
-            raise BadMessage("bad_message", validation_message(exc, text), mid if kind == "generate" else None) from None
+            generate_id = mid if kind == "generate" else None
+            raise BadMessage("bad_message", validation_message(exc, text), generate_id) from None
         except msgspec.DecodeError as exc:
             raise BadMessage("bad_json", f"not a JSON message: {exc}") from None
         if isinstance(msg, WsGenerate):
@@ -194,22 +200,27 @@ class ChatSocket:
                     raise BadMessage("bad_message", f"cannot cancel {msg.id!r}: {exc}") from None
         else:
             if msg.id in self.running:
-                raise BadMessage("id_in_use", f"a generation with id {msg.id!r} is still running")  # id null: not its terminal
+                # id null: not that generation's terminal
+                raise BadMessage("id_in_use", f"a generation with id {msg.id!r} is still running")
             if self.state.client is None:
                 raise BadMessage("loading", "the model is still loading", msg.id)
             self.running[msg.id] = self.prefix + msg.id
             self.unsent.add(msg.id)
-            nursery.start_soon(self.generate, msg)
+            nursery.start_soon(self.generate, self.state.client, msg)
 
-    async def generate(self, msg: WsGenerate) -> None:
+    async def generate(self, client: AsyncClient, msg: WsGenerate) -> None:
         """Stream one generation's events to the socket, ending with its one terminal."""
         try:
             if msg.id not in self.unsent:  # cancelled before it was sent
                 self.send({"type": "cancelled", "id": msg.id})
                 return
             self.unsent.discard(msg.id)  # the first step of the loop below sends it, with no checkpoint before
-            events = self.state.client.generate(
-                msg.prompt, messages=msg.messages, params=msg.params, request_id=self.running[msg.id], add_special=msg.add_special
+            events = client.generate(
+                msg.prompt,
+                messages=msg.messages,
+                params=msg.params,
+                request_id=self.running[msg.id],
+                add_special=msg.add_special,
             )
             async for ev in events:
                 if isinstance(ev, Delta):
@@ -219,26 +230,28 @@ class ChatSocket:
                     self.send({"type": "started", "id": msg.id, "prompt_tokens": ev.prompt_tokens})
                 elif isinstance(ev, Finished):
                     usage = msgspec.structs.asdict(ev.usage)
-                    self.send({"type": "done", "id": msg.id, "finish_reason": ev.finish_reasons[0], "finish_reasons": ev.finish_reasons, "usage": usage})
+                    self.send({"type": "done", "id": msg.id, "finish_reason": ev.finish_reasons[0],
+                               "finish_reasons": ev.finish_reasons, "usage": usage})
                 elif isinstance(ev, Cancelled):
                     self.send({"type": "cancelled", "id": msg.id})
                 elif isinstance(ev, Rejected):
                     self.send(error(msg.id, ev.code, ev.message))
                 elif isinstance(ev, Failed):
-                    self.send(error(msg.id, "bad_constraint" if ev.code == "bad_constraint" else "failed", ev.message))
+                    code = "bad_constraint" if ev.code == "bad_constraint" else "failed"
+                    self.send(error(msg.id, code, ev.message))
         finally:
             self.running.pop(msg.id, None)
             self.unsent.discard(msg.id)
 
 
-def _authorized(state: GatewayState, headers, query) -> bool:
-    """With an API key set: 'Authorization: Bearer KEY', or ?api_key=KEY (browsers cannot set websocket headers).
+def _authorized(state: GatewayState, headers: Headers, query: QueryParams) -> bool:
+    """With an API key set: 'Authorization: Bearer KEY', or ?api_key=KEY (browsers set no websocket headers).
 
     ApiKeyMiddleware checks this first; kept here so these routes stay guarded on their own."""
     return authorized(state.api_key, headers.get("authorization"), query.get("api_key"))
 
 
-def routes(state: GatewayState) -> list:
+def routes(state: GatewayState) -> list[BaseRoute]:
     """The websocket route /v1/ws, the chat page / and its script and style under /static/."""
 
     async def chat_socket(ws: WebSocket) -> None:
@@ -248,13 +261,14 @@ def routes(state: GatewayState) -> list:
         await ws.accept()
         await ChatSocket(ws, state).run()
 
-    def asset(name: str, gated: bool = False):
+    def asset(name: str, gated: bool = False) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         async def endpoint(request: Request) -> Response:
             if gated and not _authorized(state, request.headers, request.query_params):
                 return PlainTextResponse("missing or wrong API key: add ?api_key=KEY", status_code=401)
             # a few KiB read per request (Starlette's FileResponse needs anyio threads, which
             # this trio version lacks); editing the page needs no restart
-            return Response((STATIC / name).read_bytes(), media_type=f"{ASSETS[name]}; charset=utf-8", headers={"Cache-Control": "no-cache"})
+            return Response((STATIC / name).read_bytes(), media_type=f"{ASSETS[name]}; charset=utf-8",
+                            headers={"Cache-Control": "no-cache"})
 
         return endpoint
 
