@@ -20,12 +20,14 @@ from safetensors.numpy import save_file
 from zinfer.kernels.oracle.quants import UnsupportedTensorType, dequantize
 from zinfer.kernels.tensor import TensorData
 from zinfer.models.gguf_file import GGUFFile
+from zinfer.models.gguf_vocab import specials_from_gguf, tokenizer_json_from_gguf
 from zinfer.models.hf_layout import HF_CLASS, HF_MODEL_TYPE, hf_name, is_norm_weight, unpermute_qk
-from zinfer.models.spec import ModelError, ModelSpec, spec_from_gguf
+from zinfer.models.spec import ModelError, ModelSpec
+from zinfer.models.spec_readers import spec_from_gguf
 
 
 
-def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+def convert_gguf_to_hf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> Path:
     """Write the HF directory equivalent to the GGUF model at `gguf_path`; returns `out_dir`.
 
     Refuses (ModelError) when out_dir exists and is not empty, and for any file, type or
@@ -37,7 +39,8 @@ def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike)
     f = GGUFFile(gguf_path)
     spec = spec_from_gguf(f.metadata, tensors=f.tensors)
     if spec.rope_scaling is not None or spec.rope_scaling_swa is not None:
-        raise ModelError(f"{Path(gguf_path).name}: RoPE scaling ({spec.rope_scaling or spec.rope_scaling_swa}) is not converted to config.json yet")
+        scaling = spec.rope_scaling or spec.rope_scaling_swa
+        raise ModelError(f"{Path(gguf_path).name}: RoPE scaling ({scaling}) is not converted to config.json yet")
     tied = "output.weight" not in f.tensors
     tensors = hf_tensors(spec, f.tensors)
     out.mkdir(parents=True, exist_ok=True)
@@ -71,7 +74,8 @@ def hf_config(spec: ModelSpec, meta: Mapping[str, Any], tied: bool) -> dict[str,
     }
     if spec.rope_dim != spec.head_dim:
         config["partial_rotary_factor"] = spec.rope_dim / spec.head_dim
-    for key, gguf_key in (("bos_token_id", "tokenizer.ggml.bos_token_id"), ("eos_token_id", "tokenizer.ggml.eos_token_id")):
+    for key in ("bos_token_id", "eos_token_id"):
+        gguf_key = f"tokenizer.ggml.{key}"
         if gguf_key in meta:
             config[key] = int(meta[gguf_key])
     if spec.arch in ("llama", "mistral", "qwen2", "qwen3"):
@@ -120,8 +124,6 @@ def hf_tensors(spec: ModelSpec, tensors: Mapping[str, TensorData]) -> dict[str, 
 
 def tokenizer_files(meta: Mapping[str, Any], spec: ModelSpec) -> tuple[str, dict[str, Any]]:
     """(tokenizer.json text, tokenizer_config.json dict) from GGUF tokenizer metadata."""
-    from zinfer.models.gguf_vocab import specials_from_gguf, tokenizer_json_from_gguf
-
     try:
         tok_json = tokenizer_json_from_gguf(meta)
         sp = specials_from_gguf(meta)
@@ -134,7 +136,8 @@ def tokenizer_files(meta: Mapping[str, Any], spec: ModelSpec) -> tuple[str, dict
         "add_bos_token": sp.add_bos,
         "add_eos_token": sp.add_eos,
     }
-    for key, ident in (("bos_token", sp.bos_id), ("eos_token", sp.eos_id), ("unk_token", sp.unk_id), ("pad_token", sp.pad_id)):
+    specials = (("bos_token", sp.bos_id), ("eos_token", sp.eos_id), ("unk_token", sp.unk_id), ("pad_token", sp.pad_id))
+    for key, ident in specials:
         if ident is not None:
             config[key] = tokens[ident]
     if sp.chat_template:

@@ -8,24 +8,31 @@ sliding-window layers with their own RoPE base.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from zinfer.devices.base import Device, KVStore, Layers
+from zinfer.devices.base import KV, Ctx, Device, KVStore, Layers, RoundOps
 from zinfer.devices.batch import ForwardBatch
-from zinfer.devices.round import RoundCtx
 from zinfer.models.spec import ModelSpec
 from zinfer.models.weights import LayerWeights, ModelWeights
 
 
-def forward(spec: ModelSpec, w: ModelWeights, kv: KVStore, dev: Device, ctx: RoundCtx, marks: Any = None) -> Any:
+class LayerMarks(Protocol):
+    """A tracer told where each layer begins and ends (traces/kernels.py KernelRecorder)."""
+
+    def begin_layer(self, i: int) -> None: ...
+
+    def end_layer(self, i: int) -> None: ...
+
+
+def forward(spec: ModelSpec, w: ModelWeights, kv: KV, dev: RoundOps[KV, Ctx], ctx: Ctx,
+            marks: LayerMarks | None = None) -> Any:
     """Run one round over its context (dev.begin_round) on the ops of `dev` (a device, a
     recorder of its graphs, a traced device): write every token's K/V into `kv` and return
     logits [S, vocab] float32, a device array, for the rows in ctx.logits_rows (S may be
-    0). marks: a tracer told where each layer begins and ends (traces/kernels.py
-    KernelRecorder), or None. Bound as round_layers(spec, w, kv, marks), it is the
-    Layers a device's run_round calls."""
+    0). marks: told where each layer begins and ends, or None. Bound as
+    round_layers(spec, w, kv, marks), it is the Layers a device's run_round calls."""
     x = dev.embed(w.tok_embd, ctx.token_ids)  # [T, d]
     if spec.embed_scale != 1.0:
         x = dev.scale(x, spec.embed_scale)
@@ -41,19 +48,20 @@ def forward(spec: ModelSpec, w: ModelWeights, kv: KVStore, dev: Device, ctx: Rou
     return dev.linear(h, w.output)  # [S, vocab]
 
 
-def round_layers(spec: ModelSpec, w: ModelWeights, kv: KVStore, marks: Any = None) -> Layers:
+def round_layers(spec: ModelSpec, w: ModelWeights, kv: KV, marks: LayerMarks | None = None) -> Layers[KV, Any]:
     """The forward bound to its model, weights and KV pool: (ops, ctx) -> logits [S, vocab],
     what device.run_round(layers, batch, kv) calls."""
     return partial(forward, spec, w, kv, marks=marks)
 
 
-def round_logits(spec: ModelSpec, w: ModelWeights, dev: Device, kv: KVStore, batch: ForwardBatch, marks: Any = None) -> np.ndarray:
+def round_logits(spec: ModelSpec, w: ModelWeights, dev: Device, kv: KVStore, batch: ForwardBatch,
+                 marks: LayerMarks | None = None) -> np.ndarray:
     """One whole round as the executor runs it, logits [S, vocab] on the host (for tests and
     benchmarks that drive the forward without an engine)."""
     return dev.to_numpy(dev.run_round(round_layers(spec, w, kv, marks), batch, kv))
 
 
-def _layer(spec: ModelSpec, i: int, lw: LayerWeights, dev: Device, kv: KVStore, ctx: RoundCtx, x: Any) -> Any:
+def _layer(spec: ModelSpec, i: int, lw: LayerWeights, dev: RoundOps[KV, Ctx], kv: KV, ctx: Ctx, x: Any) -> Any:
     """One transformer block on x [T, d]; returns the new residual stream."""
     T = ctx.n_tokens
     h = dev.rms_norm(x, lw.attn_norm, spec.rms_eps)

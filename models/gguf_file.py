@@ -1,9 +1,8 @@
 """Read a GGUF file: decoded metadata and memory-mapped tensors, no full copy.
 
 The header is parsed here with `struct` over the memory map instead of through
-`gguf.GGUFReader`, which builds numpy views for every part of every value: on a
-151k-token vocabulary (tokens, merges, types) that was ~12 s of a 25 s `zinfer run`.
-Values decode as `GGUFReader.fields[key].contents()` gives them (scalars as Python
+`gguf.GGUFReader`, which builds numpy views for every part of every value (slow on a
+large vocabulary's tokens, merges and types). Values decode as `GGUFReader.fields[key].contents()` gives them (scalars as Python
 numbers, strings as str, arrays as flat lists; numeric arrays through numpy's tolist),
 and tensors are the same memory-map views (`tests/test_startup.py` checks both).
 """
@@ -28,9 +27,10 @@ _STRING, _ARRAY = 8, 9
 MAX_NESTING = 8  # arrays of arrays deeper than this are refused (real files nest 1 or 2)
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 # GGUF value type -> numpy dtype of its scalars (little-endian)
-_SCALARS: dict[int, np.dtype] = {
+_SCALARS: dict[int, np.dtype[Any]] = {
     0: np.dtype("<u1"), 1: np.dtype("<i1"), 2: np.dtype("<u2"), 3: np.dtype("<i2"), 4: np.dtype("<u4"),
-    5: np.dtype("<i4"), 6: np.dtype("<f4"), 7: np.dtype("?"), 10: np.dtype("<u8"), 11: np.dtype("<i8"), 12: np.dtype("<f8"),
+    5: np.dtype("<i4"), 6: np.dtype("<f4"), 7: np.dtype("?"), 10: np.dtype("<u8"), 11: np.dtype("<i8"),
+    12: np.dtype("<f8"),
 }
 # element types that are not block-quantized: the tensor is a typed array of its elements
 _PLAIN = {gguf.GGMLQuantizationType.F32: np.float32, gguf.GGMLQuantizationType.F16: np.float16,
@@ -42,26 +42,30 @@ _PLAIN = {gguf.GGMLQuantizationType.F32: np.float32, gguf.GGMLQuantizationType.F
 class GGUFFile:
     """An opened GGUF file: `metadata` (key -> Python value) and `tensors` (name -> TensorData)."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelError(f"model file not found: {self.path}")
+        name = self.path.name
         try:
-            self._map = np.memmap(self.path, mode="r")  # uint8 [file bytes]
-            header = _Header(memoryview(self._map))
+            with open(self.path, "rb") as f:
+                self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # the file, read-only
+            self._map = np.frombuffer(self._mmap, np.uint8)  # uint8 [file bytes], a view of the map
+            header = _Header(memoryview(self._mmap))
             self.metadata: dict[str, Any] = header.read_metadata()
             infos = header.read_tensor_infos()
-        except (ValueError, IndexError, OverflowError, struct.error, KeyError) as exc:  # bad bytes anywhere in the header
-            raise ModelError(f"{self.path.name}: truncated or corrupt GGUF file ({_first_line(exc)})") from None
+        except (ValueError, IndexError, OverflowError, struct.error, KeyError) as exc:  # bad bytes in the header
+            raise ModelError(f"{name}: truncated or corrupt GGUF file ({_first_line(exc)})") from None
         alignment = self.metadata.get("general.alignment", 32)
         if not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1):
-            raise ModelError(f"{self.path.name}: corrupt GGUF file (general.alignment {alignment!r} is not a power of two)")
+            raise ModelError(f"{name}: corrupt GGUF file (general.alignment {alignment!r} is not a power of two)")
         data_start = -(-header.offset // alignment) * alignment
         self.tensors: dict[str, TensorData] = {}
-        for name, dims, qtype, rel in infos:
+        for tensor, dims, qtype, rel in infos:
             if rel % alignment:
-                raise ModelError(f"{self.path.name}: corrupt GGUF file: tensor {name} data offset {rel} is not a multiple of the alignment {alignment}")
-            self.tensors[name] = self._tensor(name, dims, qtype, data_start + rel)
+                raise ModelError(f"{name}: corrupt GGUF file: tensor {tensor} data offset {rel} "
+                                 f"is not a multiple of the alignment {alignment}")
+            self.tensors[tensor] = self._tensor(tensor, dims, qtype, data_start + rel)
 
     @property
     def architecture(self) -> str:
@@ -73,15 +77,14 @@ class GGUFFile:
         The map is read-only and file-backed, so this only unmaps: the next read of those
         bytes faults them back in from the page cache, with the same contents. Called
         once a device has copied a tensor into its own layout, so the file's copy stops
-        counting in RSS (Qwen2.5-Coder-1.5B: ~1.1 GB of the file stayed resident after
-        its weights were repacked)."""
+        counting in RSS."""
         offset = data.ctypes.data - self._map.ctypes.data
         if not 0 <= offset <= self._map.size - data.nbytes:
             raise ValueError("release: the array is not a view of this file")
         start = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
         end = (offset + data.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
         if end > start and hasattr(mmap, "MADV_DONTNEED"):
-            self._map._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
+            self._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def _tensor(self, name: str, dims: tuple[int, ...], raw_type: int, start: int) -> TensorData:
         """One tensor's view of the map: typed [*shape] for plain types, uint8 [rows, row_bytes] for quantized."""
@@ -91,17 +94,20 @@ class GGUFFile:
             raise ModelError(f"{self.path.name}: tensor {name} has unknown type {raw_type}") from None
         shape = tuple(reversed(dims))  # numpy order: [out, in]
         if not 1 <= len(shape) <= MAX_DIMS or min(shape) < 1:
-            raise ModelError(f"{self.path.name}: corrupt GGUF file: tensor {name} has dimensions {list(dims)} (1 to {MAX_DIMS}, each at least 1)")
+            raise ModelError(f"{self.path.name}: corrupt GGUF file: tensor {name} has dimensions {list(dims)} "
+                             f"(1 to {MAX_DIMS}, each at least 1)")
         n_elems = math.prod(shape)  # Python ints: a product of corrupt dims cannot wrap around
         if qtype not in gguf.GGML_QUANT_SIZES:
             raise ModelError(f"{self.path.name}: tensor {name} has unsupported type {qtype.name}")
         block, type_size = gguf.GGML_QUANT_SIZES[qtype]
         if shape[-1] % block:
-            raise ModelError(f"{self.path.name}: tensor {name} row of {shape[-1]} is not a multiple of {qtype.name}'s block of {block}")
+            raise ModelError(f"{self.path.name}: tensor {name} row of {shape[-1]} is not a multiple of "
+                             f"{qtype.name}'s block of {block}")
         n_bytes = n_elems // block * type_size
         end = start + n_bytes
         if end > self._map.size:
-            raise ModelError(f"{self.path.name}: truncated file: tensor {name} ends at byte {end}, file has {self._map.size}")
+            raise ModelError(f"{self.path.name}: truncated file: tensor {name} ends at byte {end}, "
+                             f"file has {self._map.size}")
         raw = self._map[start:end]
         if qtype in _PLAIN:
             data = raw.view(_PLAIN[qtype]).reshape(shape)

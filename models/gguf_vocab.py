@@ -24,6 +24,8 @@ from typing import Any, Mapping
 
 import tokenizers
 
+from zinfer.models.gguf_file import GGUFFile
+
 # llama.cpp token types (tokenizer.ggml.token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
@@ -103,8 +105,6 @@ def specials_from_gguf(meta: Mapping[str, Any]) -> GGUFSpecials:
 
 def read_tokenizer_metadata(path: str) -> dict[str, Any]:
     """The `tokenizer.*` and `general.*` metadata of a GGUF file, decoded to plain values."""
-    from zinfer.models.gguf_file import GGUFFile
-
     return {k: v for k, v in GGUFFile(path).metadata.items() if k.startswith(("tokenizer.", "general."))}
 
 

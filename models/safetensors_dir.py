@@ -25,7 +25,7 @@ _DTYPES = {"F32": (np.float32, QT.F32), "F16": (np.float16, QT.F16), "BF16": (np
 class SafetensorsDir:
     """An HF directory: `config` (dict) and `tensors` (HF name -> TensorData)."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         config_path = self.path / "config.json"
         if not config_path.is_file():
@@ -72,7 +72,8 @@ def read_safetensors(path: Path) -> dict[str, TensorData]:
         try:
             out[name] = _tensor(path, mm, base, size, name, info)
         except (KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
-            raise ModelError(f"{path.name}: corrupt safetensors header entry for tensor {name} ({type(exc).__name__}: {exc})") from None
+            why = f"{type(exc).__name__}: {exc}"
+            raise ModelError(f"{path.name}: corrupt safetensors header entry for tensor {name} ({why})") from None
     return out
 
 
@@ -93,6 +94,7 @@ def _tensor(path: Path, mm: np.ndarray, base: int, size: int, name: str, info: A
     if base + end > size:
         raise ModelError(f"{path.name}: truncated file: tensor {name} ends at byte {base + end}, file has {size}")
     shape = tuple(int(d) for d in info["shape"])
-    if not 0 <= start <= end or any(d < 0 for d in shape) or math.prod(shape) * np.dtype(np_dtype).itemsize != end - start:
+    n_bytes = math.prod(shape) * np.dtype(np_dtype).itemsize
+    if not 0 <= start <= end or any(d < 0 for d in shape) or n_bytes != end - start:
         raise ModelError(f"{path.name}: tensor {name}: shape {list(shape)} does not match its bytes {start}..{end}")
     return TensorData(qtype, shape, mm[base + start : base + end].view(np_dtype).reshape(shape))

@@ -16,10 +16,21 @@ import structlog
 
 log = structlog.get_logger("zinfer.models")
 
-GGUF_KEYS = {"temperature": "general.sampling.temp", "top_p": "general.sampling.top_p", "top_k": "general.sampling.top_k",
-             "min_p": "general.sampling.min_p", "repetition_penalty": "general.sampling.penalty_repeat"}
-HF_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repetition_penalty"}
-RANGES = {"temperature": (0.0, 100.0), "top_p": (1e-9, 1.0), "top_k": (0, 2**31 - 1), "min_p": (0.0, 1.0), "repetition_penalty": (0.01, 100.0)}
+GGUF_KEYS = {
+    "temperature": "general.sampling.temp",
+    "top_p": "general.sampling.top_p",
+    "top_k": "general.sampling.top_k",
+    "min_p": "general.sampling.min_p",
+    "repetition_penalty": "general.sampling.penalty_repeat",
+}
+HF_KEYS = {field: field for field in GGUF_KEYS}  # generation_config.json names them as the fields
+RANGES = {
+    "temperature": (0.0, 100.0),
+    "top_p": (1e-9, 1.0),
+    "top_k": (0, 2**31 - 1),
+    "min_p": (0.0, 1.0),
+    "repetition_penalty": (0.01, 100.0),
+}
 
 
 @dataclass(frozen=True)
@@ -51,7 +62,8 @@ def sampling_defaults(source: Any) -> SamplingDefaults:
             log.warning("sampling default ignored", field=k, value=repr(raw[k])[:40], model=str(source.path))
     if not found:
         return SamplingDefaults()
-    return SamplingDefaults(**{k: int(v) if k == "top_k" else float(v) for k, v in found.items()}, source="model")
+    values: dict[str, Any] = {k: int(v) if k == "top_k" else float(v) for k, v in found.items()}  # field -> value
+    return SamplingDefaults(**values, source="model")
 
 
 def _generation_config(path: Path) -> Mapping[str, Any]:
@@ -66,4 +78,4 @@ def _valid(field: str, value: Any) -> bool:
     lo, hi = RANGES[field]
     if isinstance(value, bool) or not isinstance(value, numbers.Integral if field == "top_k" else numbers.Real):
         return False
-    return math.isfinite(float(value)) and lo <= value <= hi
+    return math.isfinite(float(value)) and lo <= float(value) <= hi

@@ -39,7 +39,8 @@ def checked(source: str, build: Callable[[], ModelSpec]) -> ModelSpec:
     except ModelError:
         raise
     except (TypeError, ValueError, ArithmeticError, KeyError, AttributeError, IndexError) as exc:
-        raise ModelError(f"{source}: a hyperparameter holds a value zinfer cannot use ({type(exc).__name__}: {exc})") from None
+        why = f"{type(exc).__name__}: {exc}"
+        raise ModelError(f"{source}: a hyperparameter holds a value zinfer cannot use ({why})") from None
     return check_spec(source, spec)
 
 
@@ -56,7 +57,12 @@ def check_spec(source: str, spec: ModelSpec) -> ModelSpec:
 
 
 def _first_bad(s: ModelSpec) -> str | None:
-    floats: dict[str, Any] = {"rms_eps": s.rms_eps, "rope_base": s.rope_base, "rope_base_swa": s.rope_base_swa, "embed_scale": s.embed_scale}
+    floats: dict[str, Any] = {
+        "rms_eps": s.rms_eps,
+        "rope_base": s.rope_base,
+        "rope_base_swa": s.rope_base_swa,
+        "embed_scale": s.embed_scale,
+    }
     for name, value in floats.items():
         if not (math.isfinite(value) and value >= 0):
             return f"{name} = {value} is not a finite number >= 0"

@@ -21,6 +21,7 @@ from typing import Any, Iterable, Mapping
 import tokenizers
 
 from zinfer.models.gguf_vocab import EOG_TEXTS, specials_from_gguf
+from zinfer.models.vocab_cache import tokenizer_json
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
@@ -70,9 +71,8 @@ class Tokenizer:
     @classmethod
     def from_gguf_metadata(cls, meta: Mapping[str, Any]) -> "Tokenizer":
         """Build from decoded GGUF metadata (tokens, merges/scores, special ids, template)."""
-        from zinfer.models.vocab_cache import tokenizer_json
-
-        text, decoding = tokenizer_json(meta)  # cached on disk for large vocabularies (the decoder part kept apart: no parse of the text back)
+        # cached on disk for large vocabularies (the decoder part kept apart: no parse of the text back)
+        text, decoding = tokenizer_json(meta)
         sp = specials_from_gguf(meta)
         return cls(tokenizers.Tokenizer.from_str(text), decoding, bos_id=sp.bos_id,
                    eos_id=sp.eos_id, eos_ids=sp.eog_ids, add_bos=sp.add_bos,
@@ -86,8 +86,8 @@ class Tokenizer:
         root = Path(path)
         raw = (root / "tokenizer.json").read_text(encoding="utf-8")
         hf = tokenizers.Tokenizer.from_str(raw)
-        cfg = _read_json(root / "tokenizer_config.json")
-        gen = _read_json(root / "generation_config.json")
+        cfg = read_json_object(root / "tokenizer_config.json")
+        gen = read_json_object(root / "generation_config.json")
 
         def token_id(value: Any) -> int | None:
             if isinstance(value, dict):
@@ -110,7 +110,7 @@ class Tokenizer:
         else:  # the tokenizer.json post-processor decides, as in transformers
             with_special = hf.encode("", add_special_tokens=True).ids
             add_bos = bos_id is not None and with_special[:1] == [bos_id]
-        template = _template_from(cfg.get("chat_template"))
+        template = chat_template_from(cfg.get("chat_template"))
         jinja_file = root / "chat_template.jinja"
         if template is None and jinja_file.exists():
             template = jinja_file.read_text(encoding="utf-8")
@@ -125,11 +125,11 @@ class Tokenizer:
 
         Special-token texts inside `text` become their ids (llama.cpp parse_special).
         Goes through `encode_batch`, which releases the GIL while the library works (plain
-        `encode` holds it: a thread encoding 1.2M characters froze the event loop 0.83 s)."""
-        ids = self._hf.encode_batch([text], add_special_tokens=False)[0].ids
-        if add_special and self.add_bos:
+        `encode` holds it, and a long text would stall every other thread)."""
+        ids: list[int] = self._hf.encode_batch([text], add_special_tokens=False)[0].ids
+        if add_special and self.add_bos and self.bos_id is not None:  # add_bos implies a bos_id
             ids.insert(0, self.bos_id)
-        if add_special and self.add_eos:
+        if add_special and self.add_eos and self.eos_id is not None:  # add_eos implies an eos_id
             ids.append(self.eos_id)
         return ids
 
@@ -231,11 +231,13 @@ def _decoding_style(tj: Mapping[str, Any]) -> dict[str, bool]:
     }
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in the file at `path` ({} when there is no such file)."""
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    return data
 
 
-def _template_from(value: Any) -> str | None:
+def chat_template_from(value: Any) -> str | None:
     """tokenizer_config's chat_template: a string, or a list of {name, template}."""
     if isinstance(value, str):
         return value

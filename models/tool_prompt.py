@@ -20,6 +20,9 @@ from typing import Any
 
 import msgspec
 
+from zinfer.models.loader import ModelSource
+from zinfer.models.tokenizer import chat_template_from, read_json_object
+
 TOOLS_PREAMBLE = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
@@ -36,7 +39,7 @@ def template_handles_tools(source: str) -> bool:
     return "tools" in source
 
 
-def as_dicts(messages: list) -> list[dict[str, Any]]:
+def as_dicts(messages: list[Any]) -> list[dict[str, Any]]:
     """Messages (messages/client.py Message Structs, or maps) as plain dicts, content None
     written "" and each tool call's JSON arguments parsed (kept as text when not an object).
     ValueError when a message lacks a role, or lacks both content and tool calls."""
@@ -52,7 +55,7 @@ def as_dicts(messages: list) -> list[dict[str, Any]]:
     return out
 
 
-def _parsed_arguments(call: dict) -> dict:
+def _parsed_arguments(call: dict[str, Any]) -> dict[str, Any]:
     fn = dict(call.get("function") or {})
     try:
         args = json.loads(fn.get("arguments", ""))
@@ -63,31 +66,34 @@ def _parsed_arguments(call: dict) -> dict:
     return {**call, "type": "function", "function": fn}
 
 
-def template_tools(tools: list | None) -> list[dict] | None:
+def template_tools(tools: list[Any] | None) -> list[dict[str, Any]] | None:
     """Tool functions (ToolFunction Structs or maps) as templates take them; None for none."""
     if not tools:
         return None
     return [{"type": "function", "function": msgspec.to_builtins(t)} for t in tools]
 
 
-def hermes_messages(messages: list[dict[str, Any]], tools: list[dict] | None) -> list[dict[str, str]]:
+def hermes_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, str]]:
     """Messages (as_dicts) with tools, tool calls and tool results written as Hermes text,
     for a template that knows only role and content. `tools` as template_tools gives them."""
     out: list[dict[str, str]] = []
+    gathering = False  # out[-1] is the user message that gathers a run of tool results
     for m in messages:
         if m["role"] == "tool":
             response = f"<tool_response>\n{m['content']}\n</tool_response>"
-            if out and out[-1].get("tool_responses"):
+            if gathering:
                 out[-1]["content"] += "\n" + response
             else:
-                out.append({"role": "user", "content": response, "tool_responses": True})
-        elif m.get("tool_calls"):
-            calls = "\n".join(call_text(c["function"]["name"], c["function"].get("arguments", {})) for c in m["tool_calls"])
+                out.append({"role": "user", "content": response})
+            gathering = True
+            continue
+        if m.get("tool_calls"):
+            fns = [c["function"] for c in m["tool_calls"]]
+            calls = "\n".join(call_text(fn["name"], fn.get("arguments", {})) for fn in fns)
             out.append({"role": m["role"], "content": (m["content"] + "\n" if m["content"] else "") + calls})
         else:
             out.append({"role": m["role"], "content": m["content"]})
-    for m in out:
-        m.pop("tool_responses", None)
+        gathering = False
     if tools:
         listing = TOOLS_PREAMBLE + "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools) + TOOLS_INSTRUCTION
         if out and out[0]["role"] == "system":
@@ -111,13 +117,12 @@ def call_syntax(template: str | None) -> str:
     return "hermes"
 
 
-def source_chat_template(source) -> str | None:
-    """The chat template a models.loader.ModelSource ships: GGUF metadata, or an HF
-    folder's tokenizer_config.json or chat_template.jinja (as Tokenizer.from_dir reads them)."""
-    from zinfer.models.tokenizer import _read_json, _template_from
-
+def source_chat_template(source: ModelSource) -> str | None:
+    """The chat template a model ships: GGUF metadata, or an HF folder's
+    tokenizer_config.json or chat_template.jinja (as Tokenizer.from_dir reads them)."""
     if source.format == "gguf":
-        return source.gguf_metadata.get("tokenizer.chat_template")
-    template = _template_from(_read_json(source.path / "tokenizer_config.json").get("chat_template"))
+        shipped: str | None = source.gguf_metadata.get("tokenizer.chat_template")
+        return shipped
+    template = chat_template_from(read_json_object(source.path / "tokenizer_config.json").get("chat_template"))
     jinja = source.path / "chat_template.jinja"
     return template if template is not None or not jinja.exists() else jinja.read_text(encoding="utf-8")

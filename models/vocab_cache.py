@@ -1,7 +1,7 @@
 """The tokenizer.json built from a GGUF vocabulary, cached on disk.
 
-Building it (models/gguf_vocab.py: a vocab dict, 151k merges split, then JSON text) was
-~55% of the tokenizer's start-up on Qwen2.5's 151k tokens; the rest is
+Building it (models/gguf_vocab.py: a vocab dict, the merges split, then JSON text) is
+most of the tokenizer's start-up on a large vocabulary; the rest is
 `tokenizers.Tokenizer.from_str`, which a cache cannot skip. An entry is keyed by a hash
 of the `tokenizer.*` metadata itself (so any file with the same vocabulary shares it),
 the source of gguf_vocab.py and this module, and the tokenizers version. Vocabularies
@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+import platformdirs
 import structlog
+import tokenizers
 
 from zinfer.models import gguf_vocab
 
@@ -30,8 +32,6 @@ KEEP = 8
 
 
 def cache_root() -> Path:
-    import platformdirs
-
     return Path(platformdirs.user_cache_dir("zinfer")) / "tokenizers"
 
 
@@ -57,14 +57,13 @@ def tokenizer_json(meta: Mapping[str, Any], root: Path | None = None) -> tuple[s
 
 def _build(meta: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     tj = gguf_vocab.tokenizer_dict_from_gguf(meta)
-    decoding = {"decoder": tj.get("decoder"), "model": {"byte_fallback": bool((tj.get("model") or {}).get("byte_fallback"))}}
+    byte_fallback = bool((tj.get("model") or {}).get("byte_fallback"))
+    decoding = {"decoder": tj.get("decoder"), "model": {"byte_fallback": byte_fallback}}
     return json.dumps(tj, ensure_ascii=False), decoding
 
 
 def _key(meta: Mapping[str, Any]) -> str:
     """Hash of every tokenizer.* value (lists of strings joined, numbers as their bytes) and of the code."""
-    import tokenizers
-
     digest = hashlib.sha256(tokenizers.__version__.encode())
     for path in (Path(gguf_vocab.__file__), Path(__file__)):
         digest.update(path.read_bytes())

@@ -1,11 +1,10 @@
 """A device's uploaded weights cached on disk, so a warm start skips the repack.
 
-cpu-fast repacks GGUF blocks into its kernels' layouts at upload (8.2 s of a 25 s
-`zinfer run` on Qwen2.5-Coder-1.5B, and transient copies that set the peak RSS). The
-first load of a model writes every uploaded weight with pickle protocol 5, its arrays
-out of band into one data file (64-byte aligned); later loads map that file
-copy-on-write and rebuild each weight over views of the map: no repack, no copy, and
-pages come in as the kernels first read them.
+cpu-fast repacks GGUF blocks into its kernels' layouts at upload (seconds for a large
+model, and transient copies that set the peak RSS). The first load of a model writes
+every uploaded weight with pickle protocol 5, its arrays out of band into one data file
+(64-byte aligned); later loads map that file copy-on-write and rebuild each weight over
+views of the map: no repack, no copy, and pages come in as the kernels first read them.
 
 An entry lives under ~/.cache/zinfer/weights/<key>, key = hash of the model file (size,
 mtime and its first and last MiB), the device and its options, the CPU's flags, numpy's
@@ -29,9 +28,11 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 import numpy as np
+import platformdirs
 import structlog
 
 from zinfer.kernels.tensor import TensorData
+from zinfer.models.weights import build_weights
 
 log = structlog.get_logger("zinfer.weight_cache")
 
@@ -45,22 +46,22 @@ Upload = Callable[[str, TensorData], Any]
 
 
 def cache_root() -> Path:
-    import platformdirs
-
     return Path(platformdirs.user_cache_dir("zinfer")) / "weights"
 
 
 def entry_key(model_path: Path, device: Any) -> str:
     """The cache key of (this model file, this device with its options, this code)."""
     st = model_path.stat()
-    digest = hashlib.sha256(f"{st.st_size}|{st.st_mtime_ns}|{np.__version__}|{device.name}|{_device_options(device)}".encode())
+    what = f"{st.st_size}|{st.st_mtime_ns}|{np.__version__}|{device.name}|{_device_options(device)}"
+    digest = hashlib.sha256(what.encode())
     with open(model_path, "rb") as f:
         digest.update(f.read(1 << 20))
         f.seek(max(0, st.st_size - (1 << 20)))
         digest.update(f.read(1 << 20))
     digest.update(_cpu_flags().encode())
     root = Path(__file__).resolve().parent.parent
-    for path in [Path(__file__).resolve(), *sorted((root / "kernels").rglob("*.py")), *sorted((root / "devices").rglob("*.py"))]:
+    code = [*sorted((root / "kernels").rglob("*.py")), *sorted((root / "devices").rglob("*.py"))]
+    for path in [Path(__file__).resolve(), *code]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:24]
 
@@ -112,7 +113,7 @@ class WeightCache:
         """The device's weight for tensor `name`: rebuilt over the cache's map, or uploaded (and recorded)."""
         if name in self._index:
             blob, spans = self._index[name]
-            view = memoryview(self._map) if self._map is not None else memoryview(b"")
+            view = self._map.data if self._map is not None else memoryview(b"")
             self.hits += 1
             return pickle.loads(blob, buffers=[view[o:o + n] for o, n in spans])
         self.misses += 1
@@ -137,8 +138,10 @@ class WeightCache:
             log.warning("weight cache not written", error=str(exc))
             self._writer.abandon()
         self._writer = None
-        entries = sorted((p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")), key=lambda p: p.stat().st_mtime, reverse=True)
-        stale = [p for p in self.root.glob(".tmp-*") if time.time() - p.stat().st_mtime > 3600]  # left by a writer that died
+        entries = [p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        entries.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+        # left by a writer that died
+        stale = [p for p in self.root.glob(".tmp-*") if time.time() - p.stat().st_mtime > 3600]
         for old in entries[KEEP:] + stale:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -184,8 +187,6 @@ class _Writer:
 def build_device_weights(source: Any, device: Any) -> Any:
     """source's weights on device (models.weights.build_weights), through the weight cache
     where it applies, and with the file pages the device copied dropped from RSS."""
-    from zinfer.models.weights import build_weights
-
     upload = source.uploader(device.upload)
     use = (os.environ.get("ZINFER_WEIGHT_CACHE", "1") != "0" and getattr(device, "name", "") in CACHED_DEVICES
            and source.format == "gguf" and source.path.stat().st_size >= MIN_FILE_BYTES)

@@ -7,11 +7,10 @@ ones the f16 scales (and mins) of every block, the only numbers a block holds th
 non-finite (its codes are small integers). Types without a known layout here are left to
 the device's upload, which refuses them by name.
 
-That pass costs ~0.4 s on Qwen2.5-Coder-0.5B (its pages faulted in), 15% of a warm
-`zinfer run`, so a model file of at least MIN_FILE_BYTES that passed leaves a marker under
-~/.cache/zinfer/checked/, keyed like the weight cache (size, mtime, first and last MiB,
-this module's source): later loads of the same file skip the pass. ZINFER_WEIGHT_CACHE=0
-turns the markers off too (every load checks).
+That pass reads every page of the file, so a model file of at least MIN_FILE_BYTES that
+passed leaves a marker under ~/.cache/zinfer/checked/, keyed like the weight cache (size,
+mtime, first and last MiB, this module's source): later loads of the same file skip the
+pass. ZINFER_WEIGHT_CACHE=0 turns the markers off too (every load checks).
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Mapping
 
 import numpy as np
+import platformdirs
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
@@ -117,6 +117,4 @@ def _marker(path: Path) -> Path | None:
             digest.update(fh.read(1 << 20))
             fh.seek(max(0, st.st_size - (1 << 20)))
             digest.update(fh.read(1 << 20))
-    import platformdirs
-
     return Path(platformdirs.user_cache_dir("zinfer")) / "checked" / digest.hexdigest()[:24]

@@ -55,7 +55,7 @@ def build_weights(spec: ModelSpec, tensors: Mapping[str, TensorData], upload: Up
             raise ModelError(f"tensor {name!r} has shape {list(got)}, the model's hyperparameters need {list(want)}")
         try:
             return upload(name, tensors[name])
-        except ValueError as exc:  # kernels.quants.UnsupportedTensorType, bad sizes
+        except ValueError as exc:  # kernels.oracle.quants.UnsupportedTensorType, bad sizes
             raise ModelError(f"tensor {name!r}: {exc}") from None
 
     layers = []
@@ -96,7 +96,8 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     d, ff, V = spec.d_model, spec.d_ff, spec.vocab_size
     q, kv = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
     return {
-        "attn_norm.weight": (d,), "ffn_norm.weight": (d,), "post_attention_norm.weight": (d,), "post_ffw_norm.weight": (d,),
+        "attn_norm.weight": (d,), "ffn_norm.weight": (d,),
+        "post_attention_norm.weight": (d,), "post_ffw_norm.weight": (d,),
         "attn_q.weight": (q, d), "attn_k.weight": (kv, d), "attn_v.weight": (kv, d), "attn_output.weight": (d, q),
         "attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,),
         "attn_q_norm.weight": (spec.head_dim,), "attn_k_norm.weight": (spec.head_dim,),

@@ -17,7 +17,8 @@ from zinfer.models.convert import convert_gguf_to_hf
 from zinfer.models.forward import round_logits
 from zinfer.models.gguf_vocab import specials_from_gguf
 from zinfer.models.loader import open_model
-from zinfer.models.spec import ModelError, spec_from_gguf
+from zinfer.models.spec import ModelError
+from zinfer.models.spec_readers import spec_from_gguf
 from tiny import ARCHS, tiny_tokenizer_json, write_tiny_gguf
 from zinfer.models.tokenizer import Tokenizer
 from zinfer.models.weights import build_weights

@@ -26,7 +26,7 @@ from zinfer.kernels.cpu_fast import cpu_quant as cq
 from zinfer.kernels.cpu_fast.int8 import ir as int8_ir
 from zinfer.models.forward import round_logits
 from zinfer.models.gguf_file import GGUFFile
-from zinfer.models.spec import spec_from_gguf
+from zinfer.models.spec_readers import spec_from_gguf
 from zinfer.models.weights import build_weights
 
 from test_cpu_fast import random_tensor

@@ -30,7 +30,8 @@ from zinfer.models.convert import convert_gguf_to_hf
 from zinfer.models.forward import round_logits
 from zinfer.models.loader import open_model
 from zinfer.models.gguf_file import GGUFFile
-from zinfer.models.spec import ModelError, spec_from_gguf, spec_from_hf_config
+from zinfer.models.spec import ModelError
+from zinfer.models.spec_readers import spec_from_gguf, spec_from_hf_config
 from zinfer.models.weights import build_weights
 
 GOLDENS = sorted((Path(__file__).parent / "goldens").glob("rope_*.json"))

@@ -225,7 +225,7 @@ def _gguf_metadata(writer: gguf.GGUFWriter, arch: str, config: dict[str, Any]) -
 
 def _rope_freqs(config: dict[str, Any]) -> np.ndarray | None:
     """rope_freqs.weight [head_dim/2] of an HF "llama3" rope_scaling, as llama.cpp's converter makes it."""
-    from zinfer.models.spec import llama3_freq_factors
+    from zinfer.models.rope_scaling import llama3_freq_factors
 
     s = config.get("rope_scaling") or {}
     if s.get("rope_type") != "llama3":
