@@ -3,7 +3,9 @@
 Names: auto (the default), cpu / numpy (the float32 oracle), cpu-llama (numpy computing
 as llama.cpp's CPU backend does), cpu-fast (numba and int8 kernels on GGUF blocks),
 cuda / cuda:N. `auto` is cuda where a GPU works, else cpu-fast where its kernels
-compile, else cpu; `resolve_device` says which and why not the others.
+compile, else cpu; `resolve_device` says which and why not the others. numba (cpu-fast)
+and cupy (cuda) are imported only where asked for, so the numpy devices run on a host
+where either fails to import.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from zinfer.devices.base import Device
 from zinfer.devices.config import CONFIG_FOR_KIND, CpuFastConfig, CpuLlamaConfig, CudaConfig, DeviceConfig, kind_of
 from zinfer.devices.cpu import CpuDevice
 from zinfer.devices.cpu_llama import LlamaCpuDevice
+from zinfer.devices.cuda import CudaDevice  # imports cupy only when a CudaDevice is made
 from zinfer.kernels.oracle.quants import dequantize
 
 log = structlog.get_logger("zinfer.devices")
@@ -145,8 +148,6 @@ def make_device(name: str, options: DeviceConfig | None = None) -> Device:
             kv_f16=o.kv_f16,
             decode_graphs=o.decode_graphs,
         )
-    from zinfer.devices.cuda import CudaDevice  # cupy: optional (the cuda extra)
-
     return CudaDevice(int(name.partition(":")[2] or 0), options if isinstance(options, CudaConfig) else CudaConfig())
 
 
