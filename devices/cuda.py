@@ -179,8 +179,8 @@ class CudaDevice(DeviceBase):
         y = cp.empty((T, w.rows), cp.float32)  # [T, out]
         if T <= self.config.matvec_max_tokens:
             for c in range(0, T, km.MV_MAX_COLS):
-                cols = slice(c, c + km.MV_MAX_COLS)
-                km.matvec(w.qtype, w.data, w.row_stride, w.cols, w.rows, x[cols], y[cols], b)
+                chunk = slice(c, c + km.MV_MAX_COLS)  # rows of x and y
+                km.matvec(w.qtype, w.data, w.row_stride, w.cols, w.rows, x[chunk], y[chunk], b)
             return y
         dt = cp.float16 if self.config.gemm_dtype == "f16" else cp.float32
         wf = self._scratch_for(w.rows * w.cols, dt).reshape(w.rows, w.cols)
