@@ -2,9 +2,10 @@
 
 The header is parsed here with `struct` over the memory map instead of through
 `gguf.GGUFReader`, which builds numpy views for every part of every value (slow on a
-large vocabulary's tokens, merges and types). Values decode as `GGUFReader.fields[key].contents()` gives them (scalars as Python
-numbers, strings as str, arrays as flat lists; numeric arrays through numpy's tolist),
-and tensors are the same memory-map views (`tests/test_startup.py` checks both).
+large vocabulary's tokens, merges and types). Values decode as
+`GGUFReader.fields[key].contents()` gives them (scalars as Python numbers, strings as
+str, arrays as flat lists; numeric arrays through numpy's tolist), and tensors are the
+same memory-map views (`tests/test_startup.py` checks both).
 """
 
 from __future__ import annotations
