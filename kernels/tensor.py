@@ -1,7 +1,7 @@
 """TensorData: one tensor as a file stores it (its ggml type, shape and raw data).
 
 The weight readers (models/) make it, every device's `upload` reads it, and the
-dequantizers (kernels/quants.py) take its three fields.
+dequantizers (oracle/quants.py) take its three fields.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Elementwise and attention kernels for the fast CPU device, in numba.
 
-Each matches its kernels.reference counterpart in float32 (up to summation order).
+Each matches its oracle.reference counterpart in float32 (up to summation order).
 They write into a caller-given `out`, so the device decides where memory comes from.
 """
 
@@ -8,37 +8,40 @@ from __future__ import annotations
 
 import math
 import types
+from typing import Any, cast
 
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange
 from numba import types as nt
-from numba.extending import intrinsic
 
 from zinfer.kernels.cpu_fast.code_cache import cached_njit
+from zinfer.kernels.cpu_fast.numba_types import F, Float, Int, Typing, intrinsic
 
 _GELU_C = np.float32(math.sqrt(2.0 / math.pi))
 PARALLEL_ROWS = 8  # rows from which the elementwise kernels run on every thread
 
 
-def compile_twice(body, **flags):
+def compile_twice(body: F, **flags: Any) -> tuple[F, F]:
     """body compiled for every thread (its prange loops parallel) and, as body_one, for
     one: on small inputs a parallel launch (~3 us) costs more than the work. The copy
     gets its own name so that numba's on-disk cache keeps the two apart."""
-    one = types.FunctionType(body.__code__, body.__globals__, body.__name__ + "_one", body.__defaults__, body.__closure__)
+    one = types.FunctionType(body.__code__, body.__globals__, body.__name__ + "_one", body.__defaults__,
+                             body.__closure__)
     one.__qualname__ = body.__qualname__ + "_one"
     flags = {"nogil": True, "error_model": "numpy", **flags}
-    return cached_njit(parallel=True, **flags)(body), cached_njit(**flags)(one)
+    return cached_njit(parallel=True, **flags)(body), cast(F, cached_njit(**flags)(one))
 
 
-def specialize(body, name: str, **constants):
+def specialize(body: F, name: str, **constants: Any) -> F:
     """body compiled as kernel `name` with `constants` bound as its globals: numba folds
     them at compile time and drops the branches they rule out, so a kernel that would
     compile every variant of its callees compiles only its own. Bind the result to
     module-level `name` (numba's cache and the compile helper find kernels by name)."""
-    func = types.FunctionType(body.__code__, {**body.__globals__, **constants}, name, body.__defaults__, body.__closure__)
+    func = types.FunctionType(body.__code__, {**body.__globals__, **constants}, name, body.__defaults__,
+                              body.__closure__)
     func.__qualname__ = name
-    return cached_njit(nogil=True, error_model="numpy")(func)
+    return cast(F, cached_njit(nogil=True, error_model="numpy")(func))
 
 
 # Every kernel here compiles with error_model="numpy": a float division by zero gives inf or NaN
@@ -55,35 +58,35 @@ ABS_BITS = np.int32(0x7FFFFFFF)  # the bits of |v|: for v >= 0, bits order as va
 
 
 @intrinsic
-def _f32_from_bits(typingctx, bits):
+def _f32_from_bits(typingctx: Any, bits: Any) -> Typing:
     """The float32 whose bit pattern is the int32 `bits`."""
     sig = nt.float32(nt.int32)
 
-    def codegen(context, builder, signature, args):
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         return builder.bitcast(args[0], ir.FloatType())
 
     return sig, codegen
 
 
 @intrinsic
-def f32_bits(typingctx, x):
+def f32_bits(typingctx: Any, x: Any) -> Typing:
     """The bit pattern of float32 x as an int32."""
     sig = nt.int32(nt.float32)
 
-    def codegen(context, builder, signature, args):
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         return builder.bitcast(args[0], ir.IntType(32))
 
     return sig, codegen
 
 
 @intrinsic
-def as_f32(typingctx, x):
+def as_f32(typingctx: Any, x: Any) -> Typing:
     """x as float32: a float32 unchanged, a uint16 read as the bits of an f16 (numba has
     no float16 type; LLVM turns this into vcvtph2ps)."""
     if x == nt.float32:
         return nt.float32(nt.float32), lambda context, builder, signature, args: args[0]
     if x == nt.uint16:
-        def codegen(context, builder, signature, args):
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
 
         return nt.float32(nt.uint16), codegen
@@ -91,18 +94,18 @@ def as_f32(typingctx, x):
 
 
 @intrinsic
-def f16_bits(typingctx, x):
+def f16_bits(typingctx: Any, x: Any) -> Typing:
     """The bits of float32 x rounded to f16 (to nearest even, as numpy and F16C do)."""
     sig = nt.uint16(nt.float32)
 
-    def codegen(context, builder, signature, args):
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
 
     return sig, codegen
 
 
 @njit(fastmath=True, inline="always", error_model="numpy")
-def fast_exp(x):
+def fast_exp(x: Float) -> np.float32:
     """exp(x) in float32 to ~1 ulp for x in [-87, 88] (clamped there): Cody-Waite
     reduction x = k ln2 + r and Cephes' degree-6 polynomial for exp(r), scaled by 2^k
     built in the exponent bits."""
@@ -115,11 +118,13 @@ def fast_exp(x):
     p = p * r + np.float32(4.1665795894e-2)
     p = p * r + np.float32(1.6666665459e-1)
     p = p * r + np.float32(5.0000001201e-1)
-    return (p * r * r + r + np.float32(1)) * _f32_from_bits((np.int32(k) + np.int32(127)) << np.int32(23))
+    two_k: np.float32 = _f32_from_bits((np.int32(k) + np.int32(127)) << np.int32(23))
+    e: np.float32 = (p * r * r + r + np.float32(1)) * two_k
+    return e
 
 
 @cached_njit(fastmath=True, nogil=True, error_model="numpy")
-def softmax_(row, scale):
+def softmax_(row: np.ndarray, scale: Float) -> None:
     """row [n] f32 (n >= 1), in place: softmax(scale * row); all NaN where row holds a NaN
     or an infinity (fast_exp's clamp would turn those into plausible weights)."""
     mx = row[0]
@@ -140,7 +145,7 @@ def softmax_(row, scale):
         row[j] *= inv
 
 
-def _store_f16(pool, slots, x):
+def _store_f16(pool: np.ndarray, slots: np.ndarray, x: np.ndarray) -> None:
     """pool[slots[t]] = x[t] rounded to f16. pool [slots, ...] uint16 (f16 bits); x
     [T, ...] float32 with the same trailing shape, both C-contiguous."""
     T = x.shape[0]
@@ -155,7 +160,7 @@ def _store_f16(pool, slots, x):
 store_f16, store_f16_one = compile_twice(_store_f16)
 
 
-def _rms_norm(x, w, eps, out):
+def _rms_norm(x: np.ndarray, w: np.ndarray, eps: Float, out: np.ndarray) -> None:
     """out = x * w / sqrt(mean(x^2) + eps) per row. x, out [rows, n], w [n]."""
     rows, n = x.shape
     for r in prange(rows):
@@ -173,7 +178,7 @@ rms_norm, rms_norm_one = compile_twice(_rms_norm, fastmath=True)
 
 
 @cached_njit(fastmath=True, nogil=True, error_model="numpy")
-def rope_table(positions, inv_freq, cos, sin):
+def rope_table(positions: np.ndarray, inv_freq: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
     """cos, sin [T, rope_dim/2] of positions [T] int64 times inv_freq [rope_dim/2] f32:
     one round's angles, shared by q and k of every layer with the same base."""
     for t in range(positions.shape[0]):
@@ -183,7 +188,7 @@ def rope_table(positions, inv_freq, cos, sin):
             cos[t, i], sin[t, i] = np.cos(th), np.sin(th)
 
 
-def _rope(x, cos, sin, interleaved, out):
+def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool, out: np.ndarray) -> None:
     """Rotary embedding of the first 2*cos.shape[1] dims of each head.
 
     x, out [T, heads, hd] (may alias); cos, sin [T, rope_dim/2] (rope_table).
@@ -216,7 +221,7 @@ def _rope(x, cos, sin, interleaved, out):
 rope, rope_one = compile_twice(_rope)
 
 
-def _glu(gate, up, gelu, out):
+def _glu(gate: np.ndarray, up: np.ndarray, gelu: bool, out: np.ndarray) -> None:
     """out = act(gate) * up; act = gelu_tanh if gelu else silu. All [T, n] (contiguous
     rows: numba does not vectorize strided ones)."""
     T, n = gate.shape
@@ -226,7 +231,8 @@ def _glu(gate, up, gelu, out):
             v = g[i]
             if gelu:  # 0.5 v (1 + tanh(y)), tanh(y) = 1 - 2 / (exp(2y) + 1)
                 y = _GELU_C * (v + np.float32(0.044715) * v * v * v)
-                a = np.float32(0.5) * v * (np.float32(2) - np.float32(2) / (fast_exp(np.float32(2) * y) + np.float32(1)))
+                tanh_y = np.float32(1) - np.float32(2) / (fast_exp(np.float32(2) * y) + np.float32(1))
+                a = np.float32(0.5) * v * (np.float32(1) + tanh_y)
             else:
                 a = v / (np.float32(1) + fast_exp(-v))
             o[i] = a * u[i]
@@ -236,7 +242,19 @@ glu, glu_one = compile_twice(_glu, fastmath=True)
 
 
 @cached_njit(parallel=True, fastmath=True, nogil=True, error_model="numpy")
-def paged_attention(q, k_pool, v_pool, rows, positions, row_seq, tables, block_size, scale, window, out):
+def paged_attention(
+    q: np.ndarray,
+    k_pool: np.ndarray,
+    v_pool: np.ndarray,
+    rows: np.ndarray,
+    positions: np.ndarray,
+    row_seq: np.ndarray,
+    tables: np.ndarray,
+    block_size: Int,
+    scale: Float,
+    window: Int,
+    out: np.ndarray,
+) -> None:
     """Causal attention of the token rows `rows` over each one's paged KV, in one kernel.
 
     q, out [T, H, hd]; k_pool, v_pool [slots, Hkv, hd] float32, or uint16 holding f16;

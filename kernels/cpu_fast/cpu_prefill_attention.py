@@ -2,10 +2,10 @@
 
 The chunk's keys and values are gathered once per layer from the paged pools into f32
 (keys transposed), then each parallel task takes GEMM_MR query rows of one head:
-scores for the keys those rows see (16 at a time, by kernels/gemm_ir.py), a softmax
+scores for the keys those rows see (16 at a time, by gemm_ir.py), a softmax
 per row, and the rows' outputs from the probabilities and values. Only the causal
 triangle (and the sliding window) is computed, and the temporaries are [GEMM_MR, keys].
-Matches kernels.reference up to f32 summation order.
+Matches oracle.reference up to f32 summation order.
 """
 
 from __future__ import annotations
@@ -20,10 +20,19 @@ from zinfer.kernels.cpu_fast.gemm_ir import MR as GEMM_MR
 from zinfer.kernels.cpu_fast.gemm_ir import NR as GEMM_NR
 from zinfer.kernels.cpu_fast.gemm_ir import GemmArgs
 from zinfer.kernels.cpu_fast.kernel_signature import call_kernel
+from zinfer.kernels.cpu_fast.numba_types import Float, Int
 
 
 @cached_njit(parallel=True, nogil=True)
-def gather_keys_values(k_pool, v_pool, table, block_size, k0, kt, v):
+def gather_keys_values(
+    k_pool: np.ndarray,
+    v_pool: np.ndarray,
+    table: np.ndarray,
+    block_size: Int,
+    k0: Int,
+    kt: np.ndarray,
+    v: np.ndarray,
+) -> None:
     """Keys k0 + j of one sequence from the paged pools [slots, Hkv, hd] (f32, or uint16
     holding f16) into kt [Hkv, hd, >= n] (transposed) and v [Hkv, >= n, hd], f32, for
     j < n = number of keys wanted (kt.shape[2] rounded up: the caller zero-pads)."""
@@ -38,8 +47,18 @@ def gather_keys_values(k_pool, v_pool, table, block_size, k0, kt, v):
                 v[g, j, i] = as_f32(v_pool[slot, g, i])
 
 
-@cached_njit(parallel=True, fastmath=True, nogil=True, error_model="numpy")  # see kernels/cpu_ops.py
-def chunk_attention(gemm, q, kt, v, q_pos, k0, scale, window, out):
+@cached_njit(parallel=True, fastmath=True, nogil=True, error_model="numpy")  # see cpu_ops.py
+def chunk_attention(
+    gemm: Int,
+    q: np.ndarray,
+    kt: np.ndarray,
+    v: np.ndarray,
+    q_pos: np.ndarray,
+    k0: Int,
+    scale: Float,
+    window: Int,
+    out: np.ndarray,
+) -> None:
     """out [n, H, hd] = attention of q [n, H, hd] (positions q_pos [n], increasing) over
     the keys at positions k0 + j held in kt [Hkv, hd, nk + GEMM_NR], v [Hkv, nk + GEMM_NR, hd]
     (zero past nk); `gemm`: address of the gemm_ir kernel. Row t sees keys at positions
@@ -67,7 +86,9 @@ def chunk_attention(gemm, q, kt, v, q_pos, k0, scale, window, out):
             qb[r] = q[a + r, h]
         s = np.empty((GEMM_MR, width), np.float32)  # scores of keys c0 + j
         for c in range(0, width, GEMM_NR):
-            call_kernel(gemm, GemmArgs(A=qb.ctypes.data, lda=hd, B=kt[g].ctypes.data + (c0 + c) * 4, ldb=ldk, C=s.ctypes.data + c * 4, ldc=width, K=hd))
+            keys = kt[g].ctypes.data + (c0 + c) * 4
+            scores = s.ctypes.data + c * 4
+            call_kernel(gemm, GemmArgs(A=qb.ctypes.data, lda=hd, B=keys, ldb=ldk, C=scores, ldc=width, K=hd))
         for r in range(GEMM_MR):
             row = s[r]
             if r >= rows:
@@ -80,7 +101,9 @@ def chunk_attention(gemm, q, kt, v, q_pos, k0, scale, window, out):
             row[p + 1 - c0 :] = 0
         o = np.empty((GEMM_MR, hd), np.float32)
         for d in range(0, hd, GEMM_NR):
-            call_kernel(gemm, GemmArgs(A=s.ctypes.data, lda=width, B=v[g].ctypes.data + (c0 * hd + d) * 4, ldb=hd, C=o.ctypes.data + d * 4, ldc=hd, K=hi - c0))
+            values = v[g].ctypes.data + (c0 * hd + d) * 4
+            outs = o.ctypes.data + d * 4
+            call_kernel(gemm, GemmArgs(A=s.ctypes.data, lda=width, B=values, ldb=hd, C=outs, ldc=hd, K=hi - c0))
         for r in range(rows):
             out[a + r, h] = o[r]
 

@@ -1,7 +1,7 @@
 """Quantized matrix products on the CPU in numba: GGUF blocks kept as blocks.
 
 At upload every supported type is repacked, exactly, into one of two layouts that the
-kernels read (the values are bit-identical to kernels.quants.dequantize):
+kernels read (the values are bit-identical to oracle.quants.dequantize):
 
 - U4 (Q4_0, Q4_1, Q4_K): 4-bit codes with an f32 scale and offset per 32 values,
   value = code * d + m. Byte i of a 32-block holds code i (low nibble) and code i+16.
@@ -12,8 +12,8 @@ Products convert each block to f32 inside the kernel and multiply against f32
 activations with 32-lane accumulators (no per-block horizontal sums): on this CPU that
 beat llama.cpp's int8-activation recipe in numba. Large batches instead dequantize
 the matrix to f32 (`dequantize_*`) and call BLAS; the caller picks (devices/cpu_fast).
-All kernels are compiled with cache=True: the first process pays the compile, later
-ones load it from __pycache__.
+All kernels are cached (code_cache.cached_njit): the first process pays the compile,
+later ones load it.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from gguf import GGMLQuantizationType as QT
 from numba import prange
 
 from zinfer.kernels.cpu_fast.code_cache import cached_njit
+from zinfer.kernels.cpu_fast.numba_types import Int
 from zinfer.kernels.oracle.block_fields import f16, k4_scales_mins, nibbles, q5_codes
 
 U4_TYPES = (QT.Q4_0, QT.Q4_1, QT.Q4_K)
@@ -56,14 +57,15 @@ class Packed(NamedTuple):
 
 def _pack_u4(codes: np.ndarray) -> np.ndarray:
     """codes [rows, n_blocks, 32] in 0..15 -> [rows, n_blocks*16] uint8 (i | i+16 << 4)."""
-    return (codes[..., :16] | (codes[..., 16:] << 4)).reshape(codes.shape[0], -1)
+    packed: np.ndarray = (codes[..., :16] | (codes[..., 16:] << 4)).reshape(codes.shape[0], -1)
+    return packed
 
 
-def repack(qtype, raw: np.ndarray, shape: tuple[int, int]) -> Packed:
+def repack(qtype: QT | int, raw: np.ndarray, shape: tuple[int, int]) -> Packed:
     """Raw GGUF bytes of a [rows, cols] matrix of a supported type -> Packed."""
     qt = QT(qtype)
     rows, cols = shape
-    b = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    b: np.ndarray = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
     if qt in (QT.Q4_0, QT.Q4_1):
         bpb = 18 if qt == QT.Q4_0 else 20
         b = b.reshape(rows * cols // 32, bpb)
@@ -87,7 +89,8 @@ def repack(qtype, raw: np.ndarray, shape: tuple[int, int]) -> Packed:
         b = b.reshape(rows * cols // 32, 22)
         q = q5_codes(b[:, 2:6], b[:, 6:22])
         q -= 16
-        return Packed("i8", q.view(np.int8).reshape(rows, cols), f16(b[:, 0:2]).reshape(rows, -1), np.zeros((rows, 0), np.float32), 32)
+        no_m = np.zeros((rows, 0), np.float32)
+        return Packed("i8", q.view(np.int8).reshape(rows, cols), f16(b[:, 0:2]).reshape(rows, -1), no_m, 32)
     if qt == QT.Q6_K:
         b = b.reshape(rows * cols // 256, 210)
         n = b.shape[0]
@@ -96,7 +99,8 @@ def repack(qtype, raw: np.ndarray, shape: tuple[int, int]) -> Packed:
         q |= (high & 3) << 4
         q -= 32
         d = (f16(b[:, 208:210]) * b[:, 192:208].view(np.int8)).astype(np.float32)  # [n, 16]
-        return Packed("i8", q.view(np.int8).reshape(rows, cols), d.reshape(rows, -1), np.zeros((rows, 0), np.float32), 16)
+        no_m = np.zeros((rows, 0), np.float32)
+        return Packed("i8", q.view(np.int8).reshape(rows, cols), d.reshape(rows, -1), no_m, 16)
     raise ValueError(f"no packed layout for {qt.name}")
 
 
@@ -104,7 +108,7 @@ def repack(qtype, raw: np.ndarray, shape: tuple[int, int]) -> Packed:
 
 
 @cached_njit(parallel=True, fastmath=True, nogil=True)
-def matmul_u4(qs, d, m, x, out):
+def matmul_u4(qs: np.ndarray, d: np.ndarray, m: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """out[t, r] = sum_k W[r, k] x[t, k] for a U4 matrix. x [T, K] f32, out [T, R] f32."""
     R = qs.shape[0]
     T, K = x.shape
@@ -129,7 +133,7 @@ def matmul_u4(qs, d, m, x, out):
 
 
 @cached_njit(parallel=True, fastmath=True, nogil=True)
-def matmul_i8(qs, d, group, x, out):
+def matmul_i8(qs: np.ndarray, d: np.ndarray, group: Int, x: np.ndarray, out: np.ndarray) -> None:
     """out[t, r] = sum_k W[r, k] x[t, k] for an I8 matrix (scale per `group` values)."""
     R = qs.shape[0]
     T, K = x.shape
@@ -157,7 +161,7 @@ def matmul_i8(qs, d, group, x, out):
 
 
 @cached_njit(parallel=True, fastmath=True, nogil=True)
-def matvec_u4(qs, d, m, x, out):
+def matvec_u4(qs: np.ndarray, d: np.ndarray, m: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """out[r] = sum_k W[r, k] x[k] for a U4 matrix. x [K] f32, out [R] f32."""
     R = qs.shape[0]
     nb = x.shape[0] // 32
@@ -183,7 +187,7 @@ def matvec_u4(qs, d, m, x, out):
 
 
 @cached_njit(parallel=True, fastmath=True, nogil=True)
-def dequantize_u4(qs, d, m, rows, out):
+def dequantize_u4(qs: np.ndarray, d: np.ndarray, m: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
     """out[i] = f32 row rows[i] of a U4 matrix. rows [n] int64, out [n, K]."""
     nb = d.shape[1]
     for j in prange(rows.shape[0]):
@@ -198,7 +202,7 @@ def dequantize_u4(qs, d, m, rows, out):
 
 
 @cached_njit(parallel=True, fastmath=True, nogil=True)
-def dequantize_i8(qs, d, group, rows, out):
+def dequantize_i8(qs: np.ndarray, d: np.ndarray, group: Int, rows: np.ndarray, out: np.ndarray) -> None:
     """out[i] = f32 row rows[i] of an I8 matrix. rows [n] int64, out [n, K]."""
     ng = d.shape[1]
     for j in prange(rows.shape[0]):
@@ -212,7 +216,7 @@ def dequantize_i8(qs, d, group, rows, out):
 
 def matmul(p: Packed, x: np.ndarray, out: np.ndarray) -> None:
     """out [T, rows] = x [T, cols] @ W.T with the small-batch kernel of p's layout."""
-    if p.kind == "u4" and x.shape[0] == 1:  # 25-35% faster than matmul_u4 at one row
+    if p.kind == "u4" and x.shape[0] == 1:  # faster than matmul_u4 at one row (BENCHMARKS.md)
         matvec_u4(p.qs, p.d, p.m, x[0], out[0])
     elif p.kind == "u4":
         matmul_u4(p.qs, p.d, p.m, x, out)

@@ -15,7 +15,7 @@ each field at the column its record declares (RMS_NORM.eps and so on, constants 
 folds). Writer and reader both derive from the record, so a missing, unknown or wrongly
 typed field is a TypeError when the tape is built, never a wild pointer in nogil code.
 
-The kernels are those the eager ops call (kernels/cpu_ops.py, cpu_int8.py), so a replay
+The kernels are those the eager ops call (cpu_ops.py, int8/products.py), so a replay
 computes what the same op sequence computes eagerly, up to how numba optimizes a callee
 inside its caller (fastmath reductions may round 1 ulp apart).
 """
@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import numbers
 import typing
-from typing import NamedTuple, NewType
+from collections.abc import Callable
+from typing import Any, NamedTuple, NewType
 
 import numpy as np
-from numba import carray, njit
+from numba import njit
 from numba import types as nt
-from numba.extending import intrinsic
 
 from zinfer.kernels.cpu_fast.code_cache import cached_njit
+from zinfer.kernels.cpu_fast.numba_types import Int, Typing, carray, intrinsic
 from zinfer.kernels.cpu_fast.int8 import products as ci
 from zinfer.kernels.cpu_fast import cpu_ops as ops
 from zinfer.kernels.cpu_fast.cpu_ops import PARALLEL_ROWS, _f32_from_bits
@@ -51,7 +52,7 @@ class RmsNorm(NamedTuple):
 
 
 class Linears(NamedTuple):
-    """out [out_floats] = the int8 jobs [njobs, JOB_COLUMNS] applied to x [T, cols] (cpu_int8._product)."""
+    """out [out_floats] = the int8 jobs [njobs, JOB_COLUMNS] applied to x [T, cols] (products._product)."""
 
     jobs: Address
     njobs: int
@@ -201,7 +202,7 @@ OP_SCALE, SCALE = _opcode(Scale)
 OP_TAKE_ROWS, TAKE_ROWS = _opcode(TakeRows)
 
 WIDTH = 1 + max(len(fields) for fields in _FIELDS.values())  # int64 columns per node
-JOB_COLUMNS = ci.JOB_COLUMNS  # cpu_int8's job table rows
+JOB_COLUMNS = ci.JOB_COLUMNS  # products' job table rows
 
 
 def f32_bits(v: float) -> int:
@@ -209,7 +210,7 @@ def f32_bits(v: float) -> int:
     return int(np.float32(v).view(np.int32))
 
 
-def pack(node: tuple) -> np.ndarray:
+def pack(node: tuple[object, ...]) -> np.ndarray:
     """The row [WIDTH] int64 of a node, one of the records above. TypeError naming the
     field for a value that is not its type: an Address a nonzero integer, an int an
     integer, a bool a bool, a float a real number (stored as its f32 bits)."""
@@ -241,13 +242,15 @@ def _column(where: str, kind: object, value: object) -> int:
     return int(value)
 
 
-def _pointer(nbtype):
-    @intrinsic
-    def pointer(typingctx, addr):
-        """The int64 address `addr` as a pointer to {nbtype}, for numba.carray."""
-        sig = nt.CPointer(nbtype)(nt.int64)
+def _pointer(nbtype: Any) -> Callable[..., Any]:
+    """An intrinsic of compiled code: an int64 address as a pointer to `nbtype`, for carray."""
 
-        def codegen(context, builder, signature, args):
+    @intrinsic
+    def pointer(typingctx: Any, addr: Any) -> Typing:
+        """The int64 address `addr` as a pointer to {nbtype}, for numba.carray."""
+        sig = nt.CPointer(nbtype)(nt.int64)  # type: ignore[no-untyped-call]  # numba's, untyped
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
 
         return sig, codegen
@@ -259,12 +262,14 @@ _f32p, _u16p, _i64p, _i32p = (_pointer(t) for t in (nt.float32, nt.uint16, nt.in
 
 
 @njit(inline="always")
-def _f32(bits):
-    return _f32_from_bits(np.int32(bits))
+def _f32(bits: Int) -> np.float32:
+    """The float32 a node's column carries as its bits."""
+    value: np.float32 = _f32_from_bits(np.int32(bits))
+    return value
 
 
 @cached_njit(nogil=True)
-def replay(nodes):
+def replay(nodes: np.ndarray) -> None:
     """Run nodes [n, WIDTH] int64 (rows `pack` made) in order."""
     for i in range(nodes.shape[0]):
         a = nodes[i]
@@ -290,7 +295,8 @@ def replay(nodes):
         elif op == OP_ROPE_TABLE:
             T, half = a[ROPE_TABLE.T], a[ROPE_TABLE.half]
             cos, sin = carray(_f32p(a[ROPE_TABLE.cos]), (T, half)), carray(_f32p(a[ROPE_TABLE.sin]), (T, half))
-            positions, inv_freq = carray(_i64p(a[ROPE_TABLE.positions]), (T,)), carray(_f32p(a[ROPE_TABLE.inv_freq]), (half,))
+            positions = carray(_i64p(a[ROPE_TABLE.positions]), (T,))
+            inv_freq = carray(_f32p(a[ROPE_TABLE.inv_freq]), (half,))
             ops.rope_table(positions, inv_freq, cos, sin)
             m = _f32(a[ROPE_TABLE.mscale])
             if m != 1:

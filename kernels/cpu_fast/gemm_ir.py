@@ -39,7 +39,8 @@ _F8 = "<8 x float>"
 
 
 def kernel_ir(mr: int = MR) -> str:
-    """IR of void(i64 x 7) with the parameters of GemmArgs: C[r, 0:16] = sum over k < K of A[r * lda + k] * B[k * ldb + 0:16]
+    """IR of void(i64 x 7) with the parameters of GemmArgs:
+    C[r, 0:16] = sum over k < K of A[r * lda + k] * B[k * ldb + 0:16]
     for r < mr; A, B, C addresses of float32 arrays, strides in floats, K >= 1."""
     lines: list[str] = ["declare <8 x float> @llvm.fma.v8f32(<8 x float>, <8 x float>, <8 x float>)"]
     e = lines.append

@@ -19,7 +19,8 @@ from typing import Any
 from llvmlite import ir
 from numba import types as nt
 from numba.core.errors import TypingError
-from numba.extending import intrinsic
+
+from zinfer.kernels.cpu_fast.numba_types import Typing, intrinsic
 
 _DECLARED: set[type] = set()  # the NamedTuple classes of every KernelSignature
 
@@ -29,7 +30,7 @@ class KernelSignature:
     parameters in order), `addresses` those of its fields that hold addresses (the IR
     turns them into pointers; ctypes passes them as void pointers)."""
 
-    def __init__(self, args: type[tuple], addresses: tuple[str, ...]) -> None:
+    def __init__(self, args: type[tuple[int, ...]], addresses: tuple[str, ...]) -> None:
         fields: tuple[str, ...] = args._fields  # type: ignore[attr-defined]  # a NamedTuple class
         unknown = set(addresses) - set(fields)
         if unknown:
@@ -60,19 +61,31 @@ class KernelSignature:
         return call
 
 
+def _declared_class(args: Any) -> Any:
+    """The NamedTuple class of numba type `args` when it is a KernelSignature's, else None."""
+    if not isinstance(args, nt.BaseNamedTuple):
+        return None
+    named: Any = args  # numba's annotations omit a NamedTuple type's instance_class
+    return named.instance_class if named.instance_class in _DECLARED else None
+
+
 @intrinsic
-def call_kernel(typingctx: Any, address: Any, args: Any) -> Any:
+def call_kernel(typingctx: Any, address: Any, args: Any) -> Typing:
     """Call the `void f(i64, ...)` machine code at `address` with `args`, an instance of a
     KernelSignature's NamedTuple; numba fails to compile the caller (TypingError naming
     the field) when a field is not a 64-bit integer or args is not such a NamedTuple."""
     if not isinstance(address, nt.Integer):
         raise TypingError(f"call_kernel: the address is {address}, wants an integer")
-    if not (isinstance(args, nt.BaseNamedTuple) and args.instance_class in _DECLARED):
-        raise TypingError(f"call_kernel: the arguments are {args}, want a kernel's NamedTuple (keywords bind them by name)")
-    cls = args.instance_class
+    cls = _declared_class(args)
+    if cls is None:
+        raise TypingError(
+            f"call_kernel: the arguments are {args}, want a kernel's NamedTuple (keywords bind them by name)"
+        )
     for name, ty in zip(cls._fields, args.types):
-        if not (isinstance(ty, nt.Integer) and ty.bitwidth == 64):
-            raise TypingError(f"call_kernel: {cls.__name__}.{name} is {ty}, wants a 64-bit integer (an address: array.ctypes.data)")
+        if not (isinstance(ty, nt.Integer) and getattr(ty, "bitwidth", 0) == 64):  # numba's annotations omit bitwidth
+            raise TypingError(
+                f"call_kernel: {cls.__name__}.{name} is {ty}, wants a 64-bit integer (an address: array.ctypes.data)"
+            )
     n = len(args)
 
     def codegen(context: Any, builder: Any, signature: Any, llargs: Any) -> Any:

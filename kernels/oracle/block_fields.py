@@ -1,9 +1,9 @@
 """Readers of the packed fields inside GGUF quant blocks, for the kernels that repack them.
 
 Each takes blocks as uint8 arrays in ggml's `block_*` layouts (ggml-common.h) and returns
-the field's values, unchanged: the repackers (kernels/cpu_quant.py) and llama.cpp's
-numerics (kernels/llama_numerics.py) read scales and codes with these, while whole-tensor
-dequantization is gguf-py's own (kernels/quants.py).
+the field's values, unchanged: the repackers (cpu_quant.py) and llama.cpp's
+numerics (llama_cpp/llama_numerics.py) read scales and codes with these, while whole-tensor
+dequantization is gguf-py's own (oracle/quants.py).
 """
 
 from __future__ import annotations
