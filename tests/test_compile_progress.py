@@ -1,4 +1,4 @@
-"""A first cpu-fast run tells stderr how its kernel compile goes (kernels/compile_cache.py):
+"""A first cpu-fast run tells stderr how its kernel compile goes (kernels/cpu_fast/compile_cache.py):
 the first line, then a line every few seconds with the seconds spent, the kernels done and
 the one in hand, then the total. On a loaded 2-core host the first compile takes minutes:
 one line and then silence looked like a hang."""

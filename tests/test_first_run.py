@@ -1,5 +1,5 @@
 """cpu-fast computes the same numbers on its first run, which fills numba's cache, as on
-every later run, which loads it (#16; kernels/compile_cache.py).
+every later run, which loads it (#16; kernels/cpu_fast/compile_cache.py).
 
 numba runs code it has just compiled differently from the same code loaded from its
 cache (a parallel kernel's body from its own module, against the caller's re-optimized

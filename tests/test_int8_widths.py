@@ -1,4 +1,4 @@
-"""cpu-fast reads Q5_0, Q6_K and Q4_K at (about) the file's width (kernels/int8_layouts.py, int8_ir's u5, u6, k4).
+"""cpu-fast reads Q5_0, Q6_K and Q4_K at (about) the file's width (kernels/cpu_fast/int8/: the layout table of products.py, u5, u6, k4).
 
 Each product equals the oracle's (the dequantized matrix times the activations rounded
 as the int8 kernels round them: per 32 columns, per 256 for the K-quants) and, for Q5_0,
@@ -148,7 +148,7 @@ def test_q5_0_rows_off_its_groups_keep_the_widened_kernel(cols, kind):
 def test_matrices_of_one_activation_layout_share_a_launch_whatever_their_types():
     """Q8_0 (p8) and Q4_0 (u4) read activations in one order and rounding: one launch.
     Q5_0 (u5), Q4_K (k4, rounded per 256) and Q6_K (u6) read orders of their own
-    (kernels/int8_layouts.py): a launch each."""
+    (kernels/cpu_fast/int8/layouts.py): a launch each."""
     rows, cols = 40, 256
     types = (QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q4_0, QT.Q6_K)
     ws = tuple(FastCpuDevice().upload(str(i), random_tensor(qt, rows, cols, seed=i)) for i, qt in enumerate(types))

@@ -1,4 +1,4 @@
-"""llama.cpp's arithmetic (kernels/llama_numerics.py, llama_repack.py, llama_ops.py)
+"""llama.cpp's arithmetic (kernels/llama_cpp/: llama_numerics.py, llama_repack.py, llama_ops.py)
 checked against llama.cpp and the oracle.
 
 On a tiny all-Q4_K model (tests/goldens/tiny_q4k.py) cpu-llama's final hidden states

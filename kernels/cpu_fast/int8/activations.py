@@ -1,8 +1,9 @@
 """cpu-fast's int8 activations: x [T, cols] f32 rounded to int8 codes A in the order a
-weight layout's kernels read them (kernels/int8_ir.py), with per-lane scales S [T, steps *
-8], u4's and k4's offset sums N (d_a times each 32-block's code sum) and u5's and u6's code
-offsets C (what their unsigned codes' offset takes off, once per activation row where their
-kernels had computed it once per weight-row pass). Every function has a parallel copy and one for one thread (cpu_ops.compile_twice).
+weight layout's kernels read them (the orders of products.py's table), with per-lane scales
+S [T, steps * 8], u4's and k4's offset sums N (d_a times each 32-block's code sum) and u5's
+and u6's code offsets C (what their unsigned codes' offset takes off, once per activation
+row, not once per weight-row pass). Every function has a parallel copy and one for one
+thread (cpu_ops.compile_twice).
 """
 
 from __future__ import annotations
@@ -11,7 +12,15 @@ import numpy as np
 from numba import prange
 
 from zinfer.kernels.cpu_fast.code_cache import cached_njit
-from zinfer.kernels.cpu_fast.cpu_ops import ABS_BITS, NON_FINITE_BITS, _f32_from_bits, compile_twice, f32_bits, specialize
+from zinfer.kernels.cpu_fast.numba_types import Int
+from zinfer.kernels.cpu_fast.cpu_ops import (
+    ABS_BITS,
+    NON_FINITE_BITS,
+    _f32_from_bits,
+    compile_twice,
+    f32_bits,
+    specialize,
+)
 
 PLAIN, U4_ORDER, U6_ORDER, K4_ORDER, U5_ORDER = ORDERS = 0, 1, 2, 3, 4  # the orders of activations in a step
 ORDER_NAMES = ("plain", "u4", "u6", "k4", "u5")
@@ -19,7 +28,7 @@ _ORDER = PLAIN  # the order of a _quantize_in copy: each binds its own (cpu_ops.
 
 
 @cached_njit(nogil=True, error_model="numpy", inline="always")
-def _block_scale(xb):
+def _block_scale(xb: np.ndarray) -> tuple[np.float32, np.float32]:
     """A block's int8 scale d = amax / 127 and its inverse 127 / amax (0 for a zero block).
 
     A block holding a NaN or an infinity gets d = NaN (and inv 0): every product it enters
@@ -36,7 +45,7 @@ def _block_scale(xb):
     return amax / np.float32(127), (np.float32(127) / amax if amax > 0 else np.float32(0))
 
 
-def _quantize_for_u4(x, A, S, N, group):
+def _quantize_for_u4(x: np.ndarray, A: np.ndarray, S: np.ndarray, N: np.ndarray, group: Int) -> None:
     """A [T, cols] int8 in the u4 step order, rounded per `group` columns (32 or 256); S
     lanes = d_a; N [T, chunks * 8] = d_a * sum(codes) per 32-block, zero-padded."""
     T, K = x.shape
@@ -61,8 +70,8 @@ def _quantize_for_u4(x, A, S, N, group):
         N[t, K // 32 :] = 0
 
 
-def _quantize_for_k4(x, A, S, N, group):
-    """A [T, cols] int8 in the k4 order (kernels/int8_layouts.K4_COLUMNS: per 256 columns,
+def _quantize_for_k4(x: np.ndarray, A: np.ndarray, S: np.ndarray, N: np.ndarray, group: Int) -> None:
+    """A [T, cols] int8 in the k4 order (layouts.K4_COLUMNS: per 256 columns,
     byte 64 * j + 32 * h + 4 * b + r holds column 32 * b + 8 * j + 4 * h + r), rounded per
     `group` (256) columns; S lanes = d_a; N [T, chunks * 8] = d_a * sum(codes) per 32-block."""
     T, K = x.shape
@@ -85,8 +94,8 @@ def _quantize_for_k4(x, A, S, N, group):
         N[t, K // 32 :] = 0
 
 
-def _quantize_for_u5(x, A, S, C):
-    """A [T, cols] int8 in the u5 order (kernels/int8_layouts.U5_COLUMNS: per 128 columns,
+def _quantize_for_u5(x: np.ndarray, A: np.ndarray, S: np.ndarray, C: np.ndarray) -> None:
+    """A [T, cols] int8 in the u5 order (layouts.U5_COLUMNS: per 128 columns,
     byte 32v + k holds column 32 * (k // 8) + 8v + k % 8), rounded per 32 columns; per
     group g of 128, S[t, 16g + l] = d_a of block l // 2 and C[t, 16g + l] = -16 times the
     lane's 16 activations (bytes 4l..4l + 3 of the 4 vectors), for l < 8."""
@@ -110,9 +119,9 @@ def _quantize_for_u5(x, A, S, C):
                 C[t, lane] = -16 * total
 
 
-def _quantize_for_u6(x, A, S, group):
+def _quantize_for_u6(x: np.ndarray, A: np.ndarray, S: np.ndarray, group: Int) -> None:
     """A [T, cols] int8 in the u6 step order (per 64 columns: columns 0..7 of each of its
-    four 16-groups, then their 8..15; kernels/int8_layouts.U6_LOW and U6_HIGH), rounded per
+    four 16-groups, then their 8..15; layouts.U6_LOW and U6_HIGH), rounded per
     `group` columns (256); S lanes = d_a (8 per step)."""
     T, K = x.shape
     for t in prange(T):
@@ -129,7 +138,7 @@ def _quantize_for_u6(x, A, S, group):
             S[t, gr * group // 8 : (gr + 1) * group // 8] = d
 
 
-def _quantize_for_i8(x, A, S, group):
+def _quantize_for_i8(x: np.ndarray, A: np.ndarray, S: np.ndarray, group: Int) -> None:
     """A [T, cols] int8 codes, rounded per `group` columns (32 or 256); S lanes = d_a (8 per 32 columns)."""
     T, K = x.shape
     for t in prange(T):
@@ -141,7 +150,7 @@ def _quantize_for_i8(x, A, S, group):
             S[t, g * group // 4 : (g * group + group) // 4] = d
 
 
-def _u6_offsets_for(A, C):
+def _u6_offsets_for(A: np.ndarray, C: np.ndarray) -> None:
     """C [T, steps * 8] int32 viewed as int16 [T, steps * 16] = what u6's kernel takes off
     for its unsigned codes (0..63, the file's plus 32), per activation row and step, from A
     [T, steps * 64] int8 in the u6 order (the low vector at byte 0 of a step, the high at
@@ -168,7 +177,9 @@ _quantize_u5, _quantize_u5_one = compile_twice(_quantize_for_u5, fastmath=_REDUC
 _u6_offsets, _u6_offsets_one = compile_twice(_u6_offsets_for)
 
 
-def _quantize_in(x, group, nsteps, nchunks, one):
+def _quantize_in(
+    x: np.ndarray, group: Int, nsteps: Int, nchunks: Int, one: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """x [T, cols] f32 rounded per `group` columns in the activation order _ORDER (each
     copy's own constant, cpu_ops.specialize) -> (A [T, cols] int8, S [T, nsteps * 8] f32,
     N [T, nchunks * 8] f32 (u4's and k4's orders, else [T, 1]), C [T, nsteps * 8] int32
@@ -208,7 +219,7 @@ def _quantize_in(x, group, nsteps, nchunks, one):
 
 
 # one kernel per order: a first run compiles the quantizers of the orders its model uses,
-# not all ten (SmolLM2's first run: 10.9 s went to the one product that held them all)
+# not all ten (BENCHMARKS.md: what one product holding them all cost)
 quantize_plain, quantize_u4, quantize_u6, quantize_k4, quantize_u5 = (
     specialize(_quantize_in, f"quantize_{name}", _ORDER=order) for name, order in zip(ORDER_NAMES, ORDERS)
 )

@@ -1,69 +1,27 @@
-"""int8 dot-product kernels (VNNI vpdpbusd, or AVX2's vpmaddubsw) written in LLVM IR and compiled by llvmlite.
+"""The int8 row kernels (VNNI vpdpbusd, or AVX2's vpmaddubsw) written in LLVM IR and
+compiled by llvmlite for the host CPU, and the module of every int8 kernel.
 
-numba's loop vectorizer does not turn int8 dot products into vpdpbusd (measured: 24
-GMAC/s on one core with widening multiplies), and a C extension would need a compiler
-at install. llvmlite is LLVM itself in a wheel (numba's dependency), so we write the
-inner kernel as IR with the VNNI intrinsic and let LLVM do register allocation and
-instruction selection for the host CPU. On AVX2 CPUs without VNNI the same kernels are
-built with vpmaddubsw + vpmaddwd in its place (kernels/int8_ir_dot.py: the same integers and
-the same float operations after them). Without either (`available()` False), the numba float
-kernels of kernels/cpu_quant.py are used instead.
+numba's loop vectorizer does not turn int8 dot products into vpdpbusd, and a C extension
+would need a compiler at install; llvmlite is LLVM itself in a wheel (numba's
+dependency), so the inner kernels are IR with the VNNI intrinsic and LLVM does register
+allocation and instruction selection. On AVX2 CPUs without VNNI the same kernels are built
+with vpmaddubsw + vpmaddwd in its place (ir_dot.py: the same integers and the same float
+operations after them). `available()` says whether they run here.
 
-One kernel computes a tile: weight rows [r0, r1) times TILE activation rows from t0,
-over `nsteps` steps of 8 int32 lanes each. Per step and lane, one or two vpdpbusd give
-an exact integer dot of 4 or 8 products, and then, in float,
+The weight layouts and activation orders they read are the table of products.py. One
+kernel computes a tile: weight rows [r0, r1) times `tile` activation rows from t0, over
+`nsteps` steps of 8 int32 lanes each (Int8Args). Per step and lane, one or two vpdpbusd
+give an exact integer dot of 4 or 8 products, and then, in float,
 
     acc[t] += float(int dot) * (d_w[lane] * S[t, lane])
 
-so that the sum of the 8 lanes of acc[t] (plus u4's offsets) is out[t, r]. Three weight
-layouts:
-
-- u4: 64 weights per step in 32 bytes (two 32-blocks of kernels/cpu_quant's U4 layout:
-  byte i of a block holds codes i and i + 16); activations int8 in the order
-  [block0 0..15, block1 0..15, block0 16..31, block1 16..31]; d_w, m_w two numbers per
-  step (lanes 0-3, 4-7).
-- i8: 32 int8 weights per step against 32 int8 activations; vpdpbusd wants one operand
-  unsigned, so it multiplies |w| by a * sign(w) (llama.cpp's trick); d_w one number per
-  step (group 32) or two (group 16). No m_w.
-- p8: i8 with group 32 in the u4 order (64 weights per step, bytes [block0 0..15,
-  block1 0..15, block0 16..31, block1 16..31]): two vpdpbusd fill the same lanes, so
-  the float work per weight is half of i8's (Gemma's Q5_0 prefill: the step loop is
-  float-bound).
-
-Two more read a type at the file's own width, codes unsigned with their high bits apart
-(kernels/int8_layouts.py writes them): 8 or 16 bytes per step and weight row that
-shifts per 64-bit lane and a mask spread to the bytes of the codes (int8_ir_scales.bit4s
-and high_pairs), and the codes' offset (16 or 32 times the activations) is taken off in
-the integers. That offset depends on the activations alone, so kernels/int8_activations.py
-computes it once per activation row (C) instead of once per weight-row pass: on Zen 4
-vpdpbusd, vpmaddubsw, vpmaddwd, vpmulld and the float multiplies all issue on the same two
-pipes (measured: any mix of them runs at 2 a cycle), the budget every kernel here spends.
-
-- u5 (Q5_0): 64 weights per step, 40 bytes: 32 nibble bytes, then 8 bytes of bit 4 of
-  the low-nibble vector's 32 codes and of the high-nibble vector's; the columns in an
-  order of their own over 128 (kernels/int8_layouts.U5_COLUMNS); d_w GGUF's f16 scales.
-  5.5 bits per weight with the scales (p8: 8.5). Its kernel is kernels/int8_ir_blocks.py.
-- u6 (Q6_K): 64 weights per step, 48 bytes, in an order of its own (two vectors whose
-  byte k lies in the step's 16-group k // 8, kernels/int8_layouts.py): 32 nibble bytes,
-  then 16 bytes of the codes' bits 4-5; D holds per super-block of 256 the f16 d and the
-  16 int8 scales (18 bytes): 6.5625 bits per weight, the file's width (i8 with f32
-  scales: 10).
-- k4 (Q4_K): u4's nibbles, but D holds the file's scales per super-block of 256 (f16 d,
-  f16 dmin, the 8 6-bit scales and 8 mins as bytes: 20 bytes): 4.625 bits per weight
-  (u4 with f32 d and m: 6; the file: 4.5).
-
-u6 and k4 have kernels of their own (kernels/int8_ir_super.py): their activations are
-rounded per 256 columns, as llama.cpp's Q8_K, and their sub-block scales multiply the
-integer sums, so the float work is once per super-block.
-
-In prefill (a parallel task of 32 or more activation rows) u5, k4 and u6 run as outer
-products instead (kernels/int8_ir_outer.py, OUTER_NAMES): the task converts its weight
-rows once into 8 rows per vector (kernels/int8_ir_convert.py) and broadcasts the same
-activations these row kernels read.
-
-Scales are stored as f16 where that is exact (Q4_0, Q4_1, Q8_0, Q5_0 keep GGUF's own
-f16 scales, so the kernels stream no more bytes than llama.cpp), else f32 (K-quants,
-whose per-32 scales are products of two numbers).
+so that the sum of the 8 lanes of acc[t] (plus u4's offsets) is out[t, r]. This module
+writes the u4, p8 and i8 kernels; u5's are ir_blocks.py's (f16 scales once per 4 blocks),
+k4's and u6's ir_super.py's (sub-block scales applied to the integer sums, once per
+super-block), the prefill outer products ir_outer.py's and ir_convert.py's (OUTER_NAMES).
+Every int8 kernel shares the integer and float budget of two pipes on Zen 4 (vpdpbusd,
+vpmaddubsw, vpmaddwd, vpmulld and the float multiplies issue on the same two): the
+layouts exist to spend fewer float operations per product.
 """
 
 from __future__ import annotations
@@ -72,7 +30,11 @@ import functools
 import os
 from typing import NamedTuple
 
-from zinfer.kernels.cpu_fast.int8 import ir_blocks as int8_ir_blocks, ir_convert as int8_ir_convert, ir_dot as int8_ir_dot, ir_outer as int8_ir_outer, ir_super as int8_ir_super
+from zinfer.kernels.cpu_fast.int8 import ir_blocks
+from zinfer.kernels.cpu_fast.int8 import ir_convert
+from zinfer.kernels.cpu_fast.int8 import ir_dot
+from zinfer.kernels.cpu_fast.int8 import ir_outer
+from zinfer.kernels.cpu_fast.int8 import ir_super
 from zinfer.kernels.cpu_fast import code_cache, llvm_host
 from zinfer.kernels.cpu_fast.int8 import ir_frame as frame
 from zinfer.kernels.cpu_fast.int8.ir_dot import DECLS as DOT_DECLS
@@ -90,7 +52,7 @@ class Int8Args(NamedTuple):
     A: int  # address of the int8 activations [T, cols]
     S: int  # address of the activation scales [T, nsteps * 8] f32
     N: int  # address of u4's offset sums [T, nchunks * 8] f32
-    C: int  # address of u5's and u6's code offsets [T, nsteps * 32 bytes] (kernels/int8_activations.py; others: any readable address)
+    C: int  # address of u5's and u6's code offsets [T, nsteps * 32 bytes] (others: any readable address)
     nsteps: int  # 8-lane steps per row (>= 1)
     nchunks: int  # vectors of 8 blocks' offsets per row (u4)
     r0: int  # first weight row
@@ -98,7 +60,7 @@ class Int8Args(NamedTuple):
     wstride: int  # bytes between weight rows
     dstride: int  # bytes between rows of D (and of M)
     t0: int  # first activation row
-    t1: int  # end of the activation rows (int8_ir_outer's product: t1 - t0 a multiple of its tile; the others compute their tile from t0)
+    t1: int  # end of the activation rows (ir_outer's product: t1 - t0 a multiple of its tile; others: a tile from t0)
     astride: int  # bytes between rows of A
     sstride: int  # bytes between rows of S
     nstride: int  # bytes between rows of N
@@ -112,22 +74,20 @@ ARGS = SIGNATURE.names
 TILE = 4  # activation rows per tile in the wide kernels
 ROWS = 2  # weight rows per pass in the wide kernels
 # weights are prefetched this far ahead of the loads (rows are contiguous, so for short
-# rows this reaches the next passes' rows). Against 1024, measured on a 2-core host with
-# 42 GB/s read bandwidth: batch-1 decode per token Qwen2.5-1.5B (Q4_K/Q6_K) ~72 -> ~43 ms,
-# Qwen2.5-0.5B ~24 -> ~21 ms, SmolLM2 ~7.8 -> ~5.9 ms; a 512-row Q4_K product 115 -> 169
-# GMAC/s. 1024 had been measured against none: SmolLM2 8.0 -> 6.35 ms.
+# rows this reaches the next passes' rows); BENCHMARKS.md, kernels/cpu_fast/int8/ir.py, has the measurements
 PREFETCH_BYTES = 16384
-# llvm.prefetch's locality of those prefetches, by the kernel's activation rows. Batch-1
-# products are bound by how fast one core pulls weights from DRAM: on an AMD EPYC (Zen 4)
-# host prefetchnta (0) let a core stream ~11 GB/s of Q4_K and prefetcht1 (2, into L2) ~23
-# (2 cores: 20-25 -> 30-36 GB/s of the 33 measured; Qwen2.5-1.5B batch-1 forward 55 -> 38-42 ms
-# per token, 0.5B 24 -> 19-23). The wide (prefill) kernels keep 0: with 2, 512-row prefill
-# showed no gain (SmolLM2 1010 -> 957 tok/s, the 0.5B 280 -> 272: inside this host's noise).
+# llvm.prefetch's locality of those prefetches, by the kernel's activation rows: batch-1 products
+# are bound by how fast one core pulls weights from DRAM, and prefetcht1 (2, into L2) pulls faster
+# than prefetchnta (0); the wide (prefill) kernels keep 0, where 2 gained nothing
 PREFETCH_LOCALITY = {1: 2, TILE: 0}
 SHAPES = ((1, 1), (1, ROWS), (TILE, 1), (TILE, ROWS))  # (activation rows, weight rows) of the kernels
 # (weight layout, d_w numbers per step, scales in f16); u5, u6 and k4 read the file's f16 scales
-VARIANTS = tuple((k, d, h) for k, d in (("u4", 2), ("p8", 2), ("i8", 1), ("i8", 2)) for h in (True, False)) + (("u5", 2, True), ("u6", 2, True), ("k4", 2, True))
-STEP64 = ("u4", "p8", "u5", "k4", "u6")  # the kinds of 64 columns per step (activations: u4's order; u5, u6, k4 their own)
+VARIANTS = tuple((k, d, h) for k, d in (("u4", 2), ("p8", 2), ("i8", 1), ("i8", 2)) for h in (True, False)) + (
+    ("u5", 2, True),
+    ("u6", 2, True),
+    ("k4", 2, True),
+)
+STEP64 = ("u4", "p8", "u5", "k4", "u6")  # the kinds of 64 columns per step (activations: u4's order or their own)
 STEP_BYTES = {"u4": 32, "p8": 64, "i8": 32, "u5": 40, "u6": 48, "k4": 32}  # weight bytes per step and row
 
 _DECLS = """
@@ -157,14 +117,15 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
     u4's offsets: out += sum over blocks of m_w * N, N [t, nchunks * 8] = d_a * sum(codes)
     per 32-block (zero-padded); it runs after the steps, 8 blocks per vector, instead of
     one more fma per step (which made the step loop float-bound).
-    k4 and u6 are kernels/int8_ir_super.py's (the same contract, integer sub-block scales),
-    u5 kernels/int8_ir_blocks.py's (a block per lane pair over 128 columns).
+    k4 and u6 are kernels/ir_super.py's (the same contract, integer sub-block scales),
+    u5 kernels/ir_blocks.py's (a block per lane pair over 128 columns).
     """
     name = kernel_name(kind, dps, half, tile, rows)
-    if kind in int8_ir_super.KINDS:
-        return int8_ir_super.kernel_ir(kind, tile, rows, name, SIGNATURE, PREFETCH_BYTES, PREFETCH_LOCALITY[tile], STEP_BYTES[kind], isa)
+    if kind in ir_super.KINDS:
+        locality = PREFETCH_LOCALITY[tile]
+        return ir_super.kernel_ir(kind, tile, rows, name, SIGNATURE, PREFETCH_BYTES, locality, STEP_BYTES[kind], isa)
     if kind == "u5":
-        return int8_ir_blocks.kernel_ir(tile, rows, name, SIGNATURE, PREFETCH_BYTES, PREFETCH_LOCALITY[tile], isa)
+        return ir_blocks.kernel_ir(tile, rows, name, SIGNATURE, PREFETCH_BYTES, PREFETCH_LOCALITY[tile], isa)
     nibbles = kind == "u4"  # two 32-byte vectors of codes per step, from nibbles
     step64 = kind in STEP64
     pairs = [(i, t) for i in range(rows) for t in range(tile)]
@@ -183,7 +144,8 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
         e(f"  %wp{i} = getelementptr i8, ptr %wrow{i}, i64 %wo")
         e(f"  %w{i} = load <32 x i8>, ptr %wp{i}, align 1")
         e(f"  %pf{i} = getelementptr i8, ptr %wp{i}, i64 {PREFETCH_BYTES}")
-        e(f"  call void @llvm.prefetch.p0(ptr %pf{i}, i32 0, i32 {PREFETCH_LOCALITY[tile]}, i32 1)")  # read, streamed once
+        locality = PREFETCH_LOCALITY[tile]
+        e(f"  call void @llvm.prefetch.p0(ptr %pf{i}, i32 0, i32 {locality}, i32 1)")  # read, streamed once
         if nibbles:
             e(f"  %lo{i} = and <32 x i8> %w{i}, {splat(32, 'i8', 15)}")
             e(f"  %hi{i} = lshr <32 x i8> %w{i}, {splat(32, 'i8', 4)}")
@@ -244,15 +206,21 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
 KEYS = tuple((k, d, h, t, r) for k, d, h in VARIANTS for t, r in SHAPES)  # every kernel: (kind, dps, half, tile, rows)
 
 
-# the outer-product prefill kernels (kernels/int8_ir_outer.py) of each kind: (convert, product)
-OUTER_NAMES = {kind: (f"{kind}_outer_convert", f"{kind}_outer_t{TILE}") for kind in int8_ir_outer.OUTER_KINDS}
+# the outer-product prefill kernels (ir_outer.py) of each kind: (convert, product)
+OUTER_NAMES = {kind: (f"{kind}_outer_convert", f"{kind}_outer_t{TILE}") for kind in ir_outer.OUTER_KINDS}
 
 
 def module_ir(isa: str = "vnni") -> str:
     """IR of the module of every kernel of KEYS and OUTER_NAMES for an instruction set,
-    "vnni" or "avx2" (int8_ir_dot), with the intrinsics' declarations."""
-    outer = [text for kind, (convert, product) in OUTER_NAMES.items()
-             for text in (int8_ir_convert.convert_ir(kind, convert, SIGNATURE), int8_ir_outer.product_ir(kind, product, SIGNATURE, TILE, isa))]
+    "vnni" or "avx2" (ir_dot), with the intrinsics' declarations."""
+    outer = [
+        text
+        for kind, (convert, product) in OUTER_NAMES.items()
+        for text in (
+            ir_convert.convert_ir(kind, convert, SIGNATURE),
+            ir_outer.product_ir(kind, product, SIGNATURE, TILE, isa),
+        )
+    ]
     return _DECLS + DOT_DECLS + "\n".join([kernel_ir(*key, isa=isa) for key in KEYS] + outer)
 
 
@@ -296,7 +264,7 @@ def host_isa() -> str | None:
     """The int8 kernels' instruction set on this machine ("vnni", "avx2"), or None;
     ZINFER_INT8_ISA=avx2 picks the AVX2 kernels where VNNI would run."""
     try:
-        native = int8_ir_dot.host_isa(llvm_host.host_features())
+        native = ir_dot.host_isa(llvm_host.host_features())
     except (ImportError, RuntimeError, OSError):
         return None
     return "avx2" if native and os.environ.get(ISA_ENV) == "avx2" else native

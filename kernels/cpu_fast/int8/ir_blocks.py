@@ -2,31 +2,32 @@
 f16 scales apply in float once per 4 blocks.
 
 Q5_0's scale is an f16 per 32 columns, so the float work cannot wait for a super-block
-as in int8_ir_super.py. In the layout of kernels/int8_ir.py each step's 8 int32 lanes
+as in ir_super.py. In the layout of ir.py each step's 8 int32 lanes
 held two blocks (4 lanes each, 8 products a lane) and every step paid a conversion, a
 multiply and an fma per (weight row, activation row): with its 2 vpdpbusd, 4 operations
 on the 2 pipes that Zen 4 issues them on, for 64 products. In the u5 order
-(kernels/int8_layouts.U5_COLUMNS) a group of 128 columns (4 blocks, 2 steps) is 4 code
+(layouts.U5_COLUMNS) a group of 128 columns (4 blocks, 2 steps) is 4 code
 vectors whose bytes 8b..8b + 7 lie in block b, so lanes 2b and 2b + 1 sum block b over
 the group (16 products a lane) and the float work is once per group: 4 vpdpbusd, then
 the conversion, multiply and fma, for 128 products.
 
 Per group and lane, with the codes' offset first (C: -16 times the lane's 16
-activations, cpu_int8's activations), the integer is exact (|.| <= 16 * 31 * 127), and
+activations, products' activations), the integer is exact (|.| <= 16 * 31 * 127), and
 
     acc[t] += float(isum) * (d_w[lane] * S[t, lane])
 
 with d_w the f16 scale of the lane's block and S the activations' per-block scale (the
 group's 8 lanes at S[t, 16 g], and C's at C[t, 16 g]). The 2 steps are a loop that LLVM
-must not unroll (int8_ir_frame.never_unrolled). On AVX2 hosts the pair of vpdpbusd of a
-step is int8_ir_dot.dot2_small (codes below 32).
+must not unroll (ir_frame.never_unrolled). On AVX2 hosts the pair of vpdpbusd of a
+step is ir_dot.dot2_small (codes below 32).
 """
 
 from __future__ import annotations
 
 from zinfer.kernels.cpu_fast.int8 import ir_frame as frame
 from zinfer.kernels.cpu_fast.int8.ir_dot import dot2_small
-from zinfer.kernels.cpu_fast.int8.ir_scales import bit4s, splat
+from zinfer.kernels.cpu_fast.int8.ir_scales import Emit, bit4s, splat
+from zinfer.kernels.cpu_fast.kernel_signature import KernelSignature
 
 STEP_BYTES = 40  # per 64 columns: 32 nibble bytes, 8 bytes of bit 4
 GROUP_STEPS = 2  # steps per group of 128 columns (4 blocks)
@@ -37,9 +38,11 @@ _I8 = "<8 x i32>"
 _B32 = "<32 x i8>"
 
 
-def kernel_ir(tile: int, rows: int, name: str, signature, prefetch: int, locality: int, isa: str) -> str:
+def kernel_ir(
+    tile: int, rows: int, name: str, signature: KernelSignature, prefetch: int, locality: int, isa: str
+) -> str:
     """IR of the u5 kernel `name` for `tile` activation rows and `rows` weight rows per pass
-    (int8_ir.kernel_ir's contract; nsteps even), prefetching weights `prefetch` bytes ahead
+    (ir.kernel_ir's contract; nsteps even), prefetching weights `prefetch` bytes ahead
     with llvm.prefetch's `locality`."""
     pairs = [(i, t) for i in range(rows) for t in range(tile)]
     lines: list[str] = []
@@ -63,7 +66,8 @@ def kernel_ir(tile: int, rows: int, name: str, signature, prefetch: int, localit
         e(f"  %dp{i} = getelementptr i8, ptr %drow{i}, i64 %dof{i}")
         e(f"  %dh{i} = load <4 x half>, ptr %dp{i}, align 2")
         e(f"  %df{i} = fpext <4 x half> %dh{i} to <4 x float>")
-        e(f"  %dx{i} = shufflevector <4 x float> %df{i}, <4 x float> poison, <8 x i32> <i32 0, i32 0, i32 1, i32 1, i32 2, i32 2, i32 3, i32 3>")
+        pairs_of_4 = "<8 x i32> <i32 0, i32 0, i32 1, i32 1, i32 2, i32 2, i32 3, i32 3>"
+        e(f"  %dx{i} = shufflevector <4 x float> %df{i}, <4 x float> poison, {pairs_of_4}")
     for t in range(tile):
         e(f"  %sp{t} = getelementptr i8, ptr %srow{t}, i64 %go")
         e(f"  %sc{t} = load {_F8}, ptr %sp{t}, align 4")
@@ -80,7 +84,9 @@ def kernel_ir(tile: int, rows: int, name: str, signature, prefetch: int, localit
     return "\n".join(lines + meta)
 
 
-def _steps(e, meta: list[str], rows: int, tile: int, pairs, prefetch: int, locality: int, isa: str) -> None:
+def _steps(
+    e: Emit, meta: list[str], rows: int, tile: int, pairs: list[tuple[int, int]], prefetch: int, locality: int, isa: str
+) -> None:
     """The group's 2 steps as a loop (blocks jloop, then jdone): %q{i}_{t} = the offset
     %nc{t} plus every code by its activation, per lane."""
     e("  br label %jloop")

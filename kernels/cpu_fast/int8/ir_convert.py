@@ -1,9 +1,9 @@
-"""The convert kernels of the outer products (kernels/int8_ir_outer.py): weight rows of a u5
+"""The convert kernels of the outer products (ir_outer.py): weight rows of a u5
 or k4 matrix into the outer products' scratch, 8 rows at a time.
 
-Contract (int8_ir.Int8Args): rows [r0, r1) (r1 - r0 a multiple of 8) of the matrix at W, D
+Contract (ir.Int8Args): rows [r0, r1) (r1 - r0 a multiple of 8) of the matrix at W, D
 (wstride, dstride, nsteps as the row kernels read them) into the scratch at `out`, row
-group (r - r0) / 8 at (r - r0) / 8 * nb * OUTER_BLOCK_BYTES, in int8_ir_outer's layout.
+group (r - r0) / 8 at (r - r0) / 8 * nb * OUTER_BLOCK_BYTES, in ir_outer's layout.
 Per row group and 64-column step each row's codes are unpacked as the row kernels unpack
 them (u5: nibbles and bit 4; k4: nibbles), into two vectors of 8 words (one word: 4 codes
 of one block and k-step); an 8 x 8 transpose of those words makes each word index a
@@ -14,7 +14,18 @@ from __future__ import annotations
 
 from zinfer.kernels.cpu_fast.int8 import ir_frame as frame
 from zinfer.kernels.cpu_fast.int8.ir_outer import OUTER_BLOCK_BYTES
-from zinfer.kernels.cpu_fast.int8.ir_scales import K4_SUPER_BYTES, U6_SUPER_BYTES, bit4s, broadcast, high_pairs, k4_mins, shuffle_mask, splat
+from zinfer.kernels.cpu_fast.int8.ir_scales import (
+    K4_SUPER_BYTES,
+    U6_SUPER_BYTES,
+    Emit,
+    bit4s,
+    broadcast,
+    high_pairs,
+    k4_mins,
+    shuffle_mask,
+    splat,
+)
+from zinfer.kernels.cpu_fast.kernel_signature import KernelSignature
 
 STEP_BYTES = {"u5": 40, "k4": 32, "u6": 48}  # the row layouts' bytes per 64-column step and row
 U6_SUB_BYTES = 128  # a u6 sub-block of 16 columns in the scratch: 4 k-steps of 32 bytes
@@ -30,7 +41,7 @@ _QUAD_LO, _QUAD_HI = shuffle_mask((0, 1, 8, 9, 4, 5, 12, 13)), shuffle_mask((2, 
 _HALF_LO, _HALF_HI = shuffle_mask((0, 1, 2, 3, 8, 9, 10, 11)), shuffle_mask((4, 5, 6, 7, 12, 13, 14, 15))
 
 
-def transpose8(e, name: str, rows: list[str]) -> list[str]:
+def transpose8(e: Emit, name: str, rows: list[str]) -> list[str]:
     """%{name}{q} (q < 8) = <8 x i32>: word q of each of the 8 `rows` (<8 x i32>), row i in lane i."""
     for p in range(4):
         a, b = rows[2 * p], rows[2 * p + 1]
@@ -38,7 +49,8 @@ def transpose8(e, name: str, rows: list[str]) -> list[str]:
         e(f"  %{name}t{2 * p + 1} = shufflevector {_I8} {a}, {_I8} {b}, <8 x i32> {_PAIR_HI}")
     for half in range(2):  # rows 0-3, then 4-7
         t = 4 * half
-        for k, (x, y, m) in enumerate(((t, t + 2, _QUAD_LO), (t, t + 2, _QUAD_HI), (t + 1, t + 3, _QUAD_LO), (t + 1, t + 3, _QUAD_HI))):
+        quads = ((t, t + 2, _QUAD_LO), (t, t + 2, _QUAD_HI), (t + 1, t + 3, _QUAD_LO), (t + 1, t + 3, _QUAD_HI))
+        for k, (x, y, m) in enumerate(quads):
             e(f"  %{name}u{t + k} = shufflevector {_I8} %{name}t{x}, {_I8} %{name}t{y}, <8 x i32> {m}")
     for q in range(4):  # word q of every row, and word q + 4
         e(f"  %{name}{q} = shufflevector {_I8} %{name}u{q}, {_I8} %{name}u{q + 4}, <8 x i32> {_HALF_LO}")
@@ -46,19 +58,19 @@ def transpose8(e, name: str, rows: list[str]) -> list[str]:
     return [f"%{name}{q}" for q in range(8)]
 
 
-def _store(e, name: str, value: str, ty: str, offset: str) -> None:
+def _store(e: Emit, name: str, value: str, ty: str, offset: str) -> None:
     e(f"  %{name}p = getelementptr i8, ptr %dst, i64 {offset}")
     e(f"  store {ty} {value}, ptr %{name}p, align 1")
 
 
-def _store_transposed(e, name: str, rows: list[str], base: str, offsets: list[int]) -> None:
+def _store_transposed(e: Emit, name: str, rows: list[str], base: str, offsets: list[int]) -> None:
     """The 8 words of transpose8(rows), word q at %dst + `base` + offsets[q]."""
     for q, word in enumerate(transpose8(e, name, rows)):
         e(f"  %{name}o{q} = add i64 {base}, {offsets[q]}")
         _store(e, f"{name}s{q}", word, _I8, f"%{name}o{q}")
 
 
-def _open(e, signature, name: str, kind: str) -> None:
+def _open(e: Emit, signature: KernelSignature, name: str, kind: str) -> None:
     """Entry, the loop over row groups (%r, its rows' %wrow{i} and %drow{i}, %dst), then block `sloop`."""
     frame.entry(e, signature, name, 0)  # it branches to %rloop
     e("rloop:")
@@ -82,7 +94,7 @@ def _open(e, signature, name: str, kind: str) -> None:
     e("  %s = phi i64 [ 0, %gloop ], [ %sn, %sloop ]")
 
 
-def _close(e) -> None:
+def _close(e: Emit) -> None:
     """The end of the row-group loop (block gdone) and of the kernel."""
     e("  br label %gdone")
     e("gdone:")
@@ -94,7 +106,7 @@ def _close(e) -> None:
     e("}")
 
 
-def _code_words(e, kind: str) -> None:
+def _code_words(e: Emit, kind: str) -> None:
     """Per row i of the group, at step %s: %lo{i} and %hi{i} <8 x i32>, its step's two code vectors."""
     e(f"  %wo = mul i64 %s, {STEP_BYTES[kind]}")
     for i in range(8):
@@ -113,7 +125,7 @@ def _code_words(e, kind: str) -> None:
         e(f"  %hi{i} = bitcast {_B32} {high} to {_I8}")
 
 
-def convert_ir(kind: str, name: str, signature) -> str:
+def convert_ir(kind: str, name: str, signature: KernelSignature) -> str:
     """IR of the convert kernel `name` of `kind` ("u5" or "k4"): the module docstring's contract."""
     size = OUTER_BLOCK_BYTES[kind]
     lines: list[str] = []
@@ -152,7 +164,7 @@ def convert_ir(kind: str, name: str, signature) -> str:
     return "\n".join(lines)
 
 
-def _u5_scales(e, size: int) -> None:
+def _u5_scales(e: Emit, size: int) -> None:
     """Each block's 8 f16 scales (one per row) as f32 after its codes."""
     e("  br label %bloop")
     e("bloop:")
@@ -173,7 +185,7 @@ def _u5_scales(e, size: int) -> None:
     e("bexit:")
 
 
-def _k4_scales(e, size: int) -> None:
+def _k4_scales(e: Emit, size: int) -> None:
     """Per super-block, each row's d * scale and -dmin * min of its 8 blocks (exact in f32),
     transposed to one vector of 8 rows per block, after its codes."""
     e("  %nsup = lshr i64 %nsteps, 2")
@@ -203,7 +215,7 @@ def _k4_scales(e, size: int) -> None:
 
 
 
-def _u6_scales(e, size: int) -> None:
+def _u6_scales(e: Emit, size: int) -> None:
     """Per super-block, each sub-block's 8 rows' int8 scales as int32 (after the 16
     sub-blocks' codes, at 2048 + 32 m), then the 8 rows' f16 d as f32 (at 2560)."""
     e("  %nsup = lshr i64 %nsteps, 2")
@@ -224,7 +236,8 @@ def _u6_scales(e, size: int) -> None:
             e(f"  %qh{half}_{i} = shufflevector <16 x i32> %qs{i}, <16 x i32> poison, <8 x i32> <{lanes}>")
     e(f"  %kb = mul i64 %k, {size}")
     for half in range(2):
-        _store_transposed(e, f"ys{half}", [f"%qh{half}_{i}" for i in range(8)], "%kb", [2048 + 32 * (8 * half + m) for m in range(8)])
+        offsets = [2048 + 32 * (8 * half + m) for m in range(8)]
+        _store_transposed(e, f"ys{half}", [f"%qh{half}_{i}" for i in range(8)], "%kb", offsets)
     e(f"  %df = fpext <8 x half> %d8 to {_F8}")
     e("  %od = add i64 %kb, 2560")
     _store(e, "sd", "%df", _F8, "%od")

@@ -1,4 +1,4 @@
-"""The integer dot product of the int8 kernels (kernels/int8_ir.py), per instruction set.
+"""The integer dot product of the int8 kernels (ir.py), per instruction set.
 
 Per int32 lane, acc + the sum of 4 products of an unsigned byte (u) by a signed byte (s):
 - "vnni": one vpdpbusd (AVX512-VNNI with AVX512VL).
@@ -16,7 +16,7 @@ Operands are IR values of type <8 x i32> (4 bytes a lane); each call appends lin
 
 from __future__ import annotations
 
-from zinfer.kernels.cpu_fast.int8.ir_scales import splat
+from zinfer.kernels.cpu_fast.int8.ir_scales import Emit, splat
 
 DECLS = """
 declare <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32>, <8 x i32>, <8 x i32>)
@@ -37,14 +37,14 @@ def host_isa(features: str) -> str | None:
     return "avx2" if {"+avx2", "+fma", "+f16c"} <= flags else None
 
 
-def _pairs16(e, name: str, u: str, s: str) -> None:
+def _pairs16(e: Emit, name: str, u: str, s: str) -> None:
     """%name = <16 x i16>: the pair sums of u's unsigned by s's signed bytes (vpmaddubsw)."""
     e(f"  %{name}u = bitcast {_I8} {u} to {_B32}")
     e(f"  %{name}s = bitcast {_I8} {s} to {_B32}")
     e(f"  %{name} = call {_W16} @llvm.x86.avx2.pmadd.ub.sw({_B32} %{name}u, {_B32} %{name}s)")
 
 
-def _widen_add(e, name: str, acc: str, pairs: str) -> None:
+def _widen_add(e: Emit, name: str, acc: str, pairs: str) -> None:
     """%name = acc + the <16 x i16> `pairs` summed two by two into int32 lanes (vpmaddwd by 1)."""
     widened = f"call {_I8} @llvm.x86.avx2.pmadd.wd({_W16} {pairs}, {_W16} {splat(16, 'i16', 1)})"
     if acc == "zeroinitializer":
@@ -54,7 +54,7 @@ def _widen_add(e, name: str, acc: str, pairs: str) -> None:
     e(f"  %{name} = add {_I8} {acc}, %{name}w")
 
 
-def dot(e, isa: str, name: str, acc: str, u: str, s: str) -> None:
+def dot(e: Emit, isa: str, name: str, acc: str, u: str, s: str) -> None:
     """%name = acc + per lane the dot of u's 4 unsigned by s's 4 signed bytes."""
     if isa == "vnni":
         e(f"  %{name} = call {_I8} @llvm.x86.avx512.vpdpbusd.256({_I8} {acc}, {_I8} {u}, {_I8} {s})")
@@ -63,7 +63,7 @@ def dot(e, isa: str, name: str, acc: str, u: str, s: str) -> None:
     _widen_add(e, name, acc, f"%{name}p")
 
 
-def dot2_small(e, isa: str, name: str, acc: str, u1: str, s1: str, u2: str, s2: str) -> None:
+def dot2_small(e: Emit, isa: str, name: str, acc: str, u1: str, s1: str, u2: str, s2: str) -> None:
     """%name = acc + dot(u1, s1) + dot(u2, s2), where u1 and u2 are codes below 32: on AVX2
     the two int16 pair sums are added before widening (|sum| <= 4 * 31 * 127 = 15748)."""
     if isa == "vnni":

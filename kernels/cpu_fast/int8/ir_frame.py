@@ -1,4 +1,4 @@
-"""The loops around the step loop of every int8 kernel (kernels/int8_ir.py, int8_ir_super.py):
+"""The loops around the step loop of every int8 kernel (ir.py, ir_super.py):
 the entry (pointers to each activation row of the tile), the pass over `rows` weight rows,
 u4's and k4's offsets loop, and the store of each 8-lane sum to out[t, r].
 
@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import itertools
 
-from zinfer.kernels.cpu_fast.int8.ir_scales import K4_SUPER_BYTES, k4_mins, scale_vector
+from zinfer.kernels.cpu_fast.int8.ir_scales import Emit, K4_SUPER_BYTES, k4_mins, scale_vector
 from zinfer.kernels.cpu_fast.kernel_signature import KernelSignature
 
-_LOOP_IDS = itertools.count(1_000_000, 2)  # metadata numbers of never-unrolled loops (and + 1), unique in a process's modules
+# metadata numbers of never-unrolled loops (and + 1), unique in a process's modules
+_LOOP_IDS = itertools.count(1_000_000, 2)
 
 
 def never_unrolled(meta: list[str]) -> str:
@@ -30,7 +31,7 @@ def never_unrolled(meta: list[str]) -> str:
 _F8 = "<8 x float>"
 
 
-def entry(e, signature: KernelSignature, name: str, tile: int) -> None:
+def entry(e: Emit, signature: KernelSignature, name: str, tile: int) -> None:
     """Open kernel `name`: its pointers, and per activation row t its A, S, N rows and out offset."""
     e(signature.define(name))
     e("entry:")
@@ -38,14 +39,15 @@ def entry(e, signature: KernelSignature, name: str, tile: int) -> None:
         e(f"  %{p}p = inttoptr i64 %{p} to ptr")
     for t in range(tile):
         e(f"  %trow{t} = add i64 %t0, {t}")
-        for v, base, stride in (("a", "Ap", "astride"), ("s", "Sp", "sstride"), ("n", "Np", "nstride"), ("c", "Cp", "cstride")):
+        rows_of = (("a", "Ap", "astride"), ("s", "Sp", "sstride"), ("n", "Np", "nstride"), ("c", "Cp", "cstride"))
+        for v, base, stride in rows_of:
             e(f"  %{v}off{t} = mul i64 %trow{t}, %{stride}")
             e(f"  %{v}row{t} = getelementptr i8, ptr %{base}, i64 %{v}off{t}")
         e(f"  %ooff{t} = mul i64 %trow{t}, %ostride")
     e("  br label %rloop")
 
 
-def row_pass(e, rows: int, first: str) -> None:
+def row_pass(e: Emit, rows: int, first: str) -> None:
     """The block `rloop` over passes of `rows` weight rows from %r0 (entered from entry),
     with row i's W, D and M pointers; it falls into block `first`."""
     e("rloop:")
@@ -60,7 +62,9 @@ def row_pass(e, rows: int, first: str) -> None:
     e(f"  br label %{first}")
 
 
-def offsets_loop(e, kind: str, half: bool, pairs: list[tuple[int, int]], rows: int, tile: int, after: str, accs: str) -> str:
+def offsets_loop(
+    e: Emit, kind: str, half: bool, pairs: list[tuple[int, int]], rows: int, tile: int, after: str, accs: str
+) -> str:
     """The block `mloop` (entered from block `after` with the step loop's sums %{accs}{i}_{t}):
     out += sum over 32-blocks of m_w * N, 8 blocks per vector (u4: m_w stored; k4: -dmin *
     min formed from D). It branches to rlatch; returns the prefix of its sums."""
@@ -87,7 +91,7 @@ def offsets_loop(e, kind: str, half: bool, pairs: list[tuple[int, int]], rows: i
     return "maccn"
 
 
-def store(e, pairs: list[tuple[int, int]], rows: int, accs: str) -> None:
+def store(e: Emit, pairs: list[tuple[int, int]], rows: int, accs: str) -> None:
     """The block `rlatch`: each pair's 8 lanes %{accs}{i}_{t} summed into out[t, r]; the next
     pass or the end of the kernel."""
     e("rlatch:")

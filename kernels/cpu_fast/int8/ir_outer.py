@@ -1,12 +1,12 @@
 """u5 (Q5_0) and k4 (Q4_K) prefill as outer products: 8 weight rows per vector.
 
-The row kernels (kernels/int8_ir_blocks.py, int8_ir_super.py) sum dot products along a
+The row kernels (ir_blocks.py, ir_super.py) sum dot products along a
 row: each int32 lane holds part of one (weight row, activation row) pair, and the weights
 are unpacked again for every tile of 4 activation rows. Here int32 lane r of a vector is
 weight row r of a group of 8 (as in llama.cpp's repacked layouts): a step multiplies 4
 columns of 8 rows by 4 activations broadcast to every lane, a vector's 8 sums are 8 rows'
 outputs, and no horizontal sum is needed. The weights are unpacked once per task into a
-scratch (kernels/int8_ir_convert.py), which the product then reads for every tile.
+scratch (ir_convert.py), which the product then reads for every tile.
 
 Scratch (per group of 8 rows, per 32-column block, OUTER_BLOCK_BYTES[kind] bytes): 8 code
 vectors of 32 bytes (byte 4i + c of vector k: row i, column c of the block's k-step k),
@@ -26,23 +26,25 @@ d_a) (and k4's fma of the mins): the float work is once per 8 vpdpbusd. The inte
 are the row kernels' (exact); the float sums run over the blocks in order, so a result
 differs from the row kernels' by f32 rounding only.
 
-The product kernel has int8_ir.Int8Args: out[t, r] for t in [t0, t1) (t1 - t0 a multiple
+The product kernel has ir.Int8Args: out[t, r] for t in [t0, t1) (t1 - t0 a multiple
 of its tile) and r in [r0, r1), 16 rows a pass, from a scratch at W (the row group of row
 r at W + (r - r0) * wstride, wstride = nb * OUTER_BLOCK_BYTES / 8, nb = 2 * nsteps).
-cpu_int8._run uses it for tasks of OUTER_MIN_ROWS activation rows or more.
+products._run uses it for tasks of OUTER_MIN_ROWS activation rows or more.
 """
 
 from __future__ import annotations
 
 from zinfer.kernels.cpu_fast.int8 import ir_frame as frame
 from zinfer.kernels.cpu_fast.int8.ir_dot import dot
-from zinfer.kernels.cpu_fast.int8.ir_scales import broadcast
+from zinfer.kernels.cpu_fast.int8.ir_scales import Emit, broadcast
+from zinfer.kernels.cpu_fast.kernel_signature import KernelSignature
 
 OUTER_KINDS = ("u5", "k4", "u6")
 OUTER_BLOCK_COLUMNS = {"u5": 32, "k4": 32, "u6": 256}  # the columns of a block of the product's loop
 OUTER_BLOCK_BYTES = {"u5": 256 + 32, "k4": 256 + 64, "u6": 2048 + 512 + 32}  # scratch per row group and block
 GROUPS = 2  # row groups of 8 per pass of the product
-OUTER_MIN_ROWS = 32  # activation rows of a task from which cpu_int8._run converts (16 rows' conversion costs about a product by a few)
+# activation rows of a task from which products._run converts (16 rows' conversion costs about a product by a few)
+OUTER_MIN_ROWS = 32
 
 _F8 = "<8 x float>"
 _I8 = "<8 x i32>"
@@ -53,7 +55,7 @@ def scratch_bytes_per_row_step(kind: str) -> int:
     return OUTER_BLOCK_BYTES[kind] * 64 // OUTER_BLOCK_COLUMNS[kind] // 8
 
 
-def _block_position(e, kind: str) -> None:
+def _block_position(e: Emit, kind: str) -> None:
     """Of block %b: %sl (S's lane of its d_a; u5: also C's first lane of the block), %ab (its
     first activation), as i64 (lanes in 4-byte units); k4's N index is %b itself."""
     if kind == "u5":  # 4 blocks per group of 128; S and C: 16 lanes per group, the block's 2b, 2b + 1
@@ -79,7 +81,7 @@ def _step_offset(kind: str, k: int) -> int:
     return 32 * hi + 4 * h if kind == "u5" else 64 * hi + 32 * h
 
 
-def _block_sums(e, kind: str, tile: int, pairs, isa: str) -> dict:
+def _block_sums(e: Emit, kind: str, tile: int, pairs: list[tuple[int, int]], isa: str) -> dict[tuple[int, int], str]:
     """A u5 or k4 block (32 columns, at %wb{gi}): per pair its int32 sums over 8 k-steps."""
     _block_position(e, kind)
     sums = {p: "zeroinitializer" for p in pairs}
@@ -97,7 +99,9 @@ def _block_sums(e, kind: str, tile: int, pairs, isa: str) -> dict:
     return sums
 
 
-def _k_step(e, isa: str, tile: int, sums: dict, k: int, weights: str, activations: int) -> None:
+def _k_step(
+    e: Emit, isa: str, tile: int, sums: dict[tuple[int, int], str], k: int, weights: str, activations: int
+) -> None:
     """k-step k: row group gi's code vector at %wb{gi} + `weights` (an i64 constant or
     value), activation row t's 4 activations at %arow{t} + %ab + `activations` broadcast
     to every lane, and one dot per pair onto `sums` (updated: pair -> its IR value)."""
@@ -114,7 +118,7 @@ def _k_step(e, isa: str, tile: int, sums: dict, k: int, weights: str, activation
             sums[(gi, t)] = f"%q{gi}_{t}_{k}"
 
 
-def _u6_sums(e, tile: int, pairs, isa: str) -> dict:
+def _u6_sums(e: Emit, tile: int, pairs: list[tuple[int, int]], isa: str) -> dict[tuple[int, int], str]:
     """A u6 super-block (at %wb{gi}), by a loop over its 16 sub-blocks of 16 columns (blocks
     mloop, then mdone): per pair, the sum over sub-blocks of each sub-block's integer sum
     (from the codes' offset, -32 times its activations, C's 4 int16 lanes) times its rows'
@@ -166,7 +170,7 @@ def _u6_sums(e, tile: int, pairs, isa: str) -> dict:
     return {(gi, t): f"%itn{gi}_{t}" for gi, t in pairs}
 
 
-def product_ir(kind: str, name: str, signature, tile: int, isa: str) -> str:
+def product_ir(kind: str, name: str, signature: KernelSignature, tile: int, isa: str) -> str:
     """IR of the outer product kernel `name` of `kind` for `tile` activation rows (the module
     docstring's contract)."""
     pairs = [(gi, t) for gi in range(GROUPS) for t in range(tile)]
@@ -187,7 +191,8 @@ def product_ir(kind: str, name: str, signature, tile: int, isa: str) -> str:
     e("  %tt = phi i64 [ %t0, %rloop ], [ %ttn, %tlatch ]")
     for t in range(tile):
         e(f"  %trow{t} = add i64 %tt, {t}")
-        for v, base, stride in (("a", "Ap", "astride"), ("s", "Sp", "sstride"), ("c", "Cp", "cstride"), ("n", "Np", "nstride")):
+        rows_of = (("a", "Ap", "astride"), ("s", "Sp", "sstride"), ("c", "Cp", "cstride"), ("n", "Np", "nstride"))
+        for v, base, stride in rows_of:
             e(f"  %{v}off{t} = mul i64 %trow{t}, %{stride}")
             e(f"  %{v}row{t} = getelementptr i8, ptr %{base}, i64 %{v}off{t}")
         e(f"  %ooff{t} = mul i64 %trow{t}, %ostride")

@@ -10,12 +10,12 @@ row,
 
     acc[t] += float(isum) * (d_w * d_a[t])
 
-where the kernels of kernels/int8_ir.py convert, multiply and fma per step. u6 runs the
+where the kernels of ir.py convert, multiply and fma per step. u6 runs the
 same instructions on AVX2 and AVX-512 hosts (no VNNI needed); k4 uses VNNI where it can.
 
 Both read 4 steps of 64 columns per super-block, a low- and a high-nibble vector each:
 
-- k4, in an order of its own (kernels/int8_layouts.K4_COLUMNS, and its activations'):
+- k4, in its order (products.py's table; layouts.K4_COLUMNS, and its activations'):
   bytes 4b..4b + 3 of every vector of the super-block lie in its 32-block b. With VNNI,
   int32 lane b of each (weight row, activation row) sums block b over the super-block
   by 2 vpdpbusd a step, and one vpmulld by the blocks' 6-bit scales gives the scaled sums
@@ -25,8 +25,8 @@ Both read 4 steps of 64 columns per super-block, a low- and a high-nibble vector
   vpmaddubsw pair sum belongs to block l // 2: the pair sums of all 8 vectors add up in
   int16 (|.| <= 16 * 15 * 127 = 30480), then one vpmaddwd by the scales (lanes [s0, s0,
   s1, s1, ..., s7, s7]). The mins after the super-blocks, in float: -dmin * min * N
-  (int8_ir_frame.offsets_loop), N = d_a times the block's code sum.
-- u6, in an order of its own (kernels/int8_layouts.py's, and cpu_int8's activations):
+  (ir_frame.offsets_loop), N = d_a times the block's code sum.
+- u6, in its order (products.py's table; layouts.U6_LOW, U6_HIGH, and its activations'):
   byte k of both vectors lies in the step's 16-group k // 8, so their pair sums add
   before one vpmaddwd by the 4 groups' int8 scales. Codes 0..63 are the file's plus 32,
   so the sum is that of the codes by a minus that of 32 by a (each exact in int16, <= 4
@@ -41,7 +41,8 @@ f32 rounding of the scale products and of the sums across super-blocks.
 from __future__ import annotations
 
 from zinfer.kernels.cpu_fast.int8 import ir_frame as frame
-from zinfer.kernels.cpu_fast.int8.ir_scales import K4_SUPER_BYTES, U6_SUPER_BYTES, high_pairs, shuffle_mask, splat
+from zinfer.kernels.cpu_fast.int8.ir_scales import Emit, K4_SUPER_BYTES, U6_SUPER_BYTES, high_pairs, shuffle_mask, splat
+from zinfer.kernels.cpu_fast.kernel_signature import KernelSignature
 
 KINDS = ("k4", "u6")
 SUPER_STEPS = 4  # steps of 64 columns per super-block of 256
@@ -52,20 +53,30 @@ _F8 = "<8 x float>"
 _I8 = "<8 x i32>"
 _B32 = "<32 x i8>"
 _W16 = "<16 x i16>"
-_MADDUBS = "@llvm.x86.avx2.pmadd.ub.sw"  # declared in int8_ir_dot.DECLS
+_MADDUBS = "@llvm.x86.avx2.pmadd.ub.sw"  # declared in ir_dot.DECLS
 _MADDWD = "@llvm.x86.avx2.pmadd.wd"
 _VPDPBUSD = "@llvm.x86.avx512.vpdpbusd.256"
 
 
-def _pairs(e, name: str, u: str, s: str) -> None:
+def _pairs(e: Emit, name: str, u: str, s: str) -> None:
     """%name = <16 x i16>: the pair sums of u's unsigned by s's signed bytes (vpmaddubsw)."""
     e(f"  %{name} = call {_W16} {_MADDUBS}({_B32} {u}, {_B32} {s})")
 
 
-def kernel_ir(kind: str, tile: int, rows: int, name: str, signature, prefetch: int, locality: int, step_bytes: int, isa: str = "vnni") -> str:
+def kernel_ir(
+    kind: str,
+    tile: int,
+    rows: int,
+    name: str,
+    signature: KernelSignature,
+    prefetch: int,
+    locality: int,
+    step_bytes: int,
+    isa: str = "vnni",
+) -> str:
     """IR of the kernel `name` of kind k4 or u6 for `tile` activation rows and `rows` weight
-    rows per pass (int8_ir.kernel_ir's contract; nsteps a multiple of SUPER_STEPS), prefetching
-    weights `prefetch` bytes ahead with llvm.prefetch's `locality`; `isa` as int8_ir_dot's
+    rows per pass (ir.kernel_ir's contract; nsteps a multiple of SUPER_STEPS), prefetching
+    weights `prefetch` bytes ahead with llvm.prefetch's `locality`; `isa` as ir_dot's
     (k4's integer sums: vpdpbusd with "vnni", else vpmaddubsw)."""
     n = SUPER_STEPS
     pairs = [(i, t) for i in range(rows) for t in range(tile)]
@@ -81,7 +92,8 @@ def kernel_ir(kind: str, tile: int, rows: int, name: str, signature, prefetch: i
     for i, t in pairs:
         e(f"  %acc{i}_{t} = phi {_F8} [ zeroinitializer, %rloop ], [ %accn{i}_{t}, %{latch} ]")
     e(f"  %bs = shl i64 %b, {SUPER_SHIFT}")  # its first step
-    for i in range(rows):  # the super-block's f16 d_w and sub-block scales as int16 (k4: 8, in both 128-bit halves; u6: 16)
+    # the super-block's f16 d_w and sub-block scales as int16 (k4: 8, in both 128-bit halves; u6: 16)
+    for i in range(rows):
         e(f"  %dof{i} = mul i64 %b, {SUPER_BYTES[kind]}")
         e(f"  %dp{i} = getelementptr i8, ptr %drow{i}, i64 %dof{i}")
         e(f"  %dh{i} = load half, ptr %dp{i}, align 1")
@@ -93,7 +105,8 @@ def kernel_ir(kind: str, tile: int, rows: int, name: str, signature, prefetch: i
                 e(f"  %scr{i} = zext <8 x i8> %scb{i} to {_I8}")
             else:  # int16 lanes 2b, 2b + 1: block b's
                 e(f"  %scw{i} = zext <8 x i8> %scb{i} to <8 x i16>")
-                e(f"  %scr{i} = shufflevector <8 x i16> %scw{i}, <8 x i16> poison, <16 x i32> {shuffle_mask([g // 2 for g in range(16)])}")
+                doubled = shuffle_mask([g // 2 for g in range(16)])
+                e(f"  %scr{i} = shufflevector <8 x i16> %scw{i}, <8 x i16> poison, <16 x i32> {doubled}")
         else:
             e(f"  %scp{i} = getelementptr i8, ptr %dp{i}, i64 2")
             e(f"  %scb{i} = load <16 x i8>, ptr %scp{i}, align 1")
@@ -127,11 +140,13 @@ def kernel_ir(kind: str, tile: int, rows: int, name: str, signature, prefetch: i
     return "\n".join(lines + meta)
 
 
-def _k4_steps(e, meta: list[str], rows: int, tile: int, pairs, prefetch: int, locality: int, isa: str) -> None:
+def _k4_steps(
+    e: Emit, meta: list[str], rows: int, tile: int, pairs: list[tuple[int, int]], prefetch: int, locality: int, isa: str
+) -> None:
     """k4's 4 steps of a super-block as a loop (blocks jloop, then jdone): %is3_{i}_{t} = the
     super-block's scaled int32 lanes, lane b: 32-block b's sum times its 6-bit scale.
 
-    In the k4 order every 4 bytes of a vector lie in one block (kernels/int8_layouts.py), so
+    In the k4 order every 4 bytes of a vector lie in one block (layouts.py), so
     with VNNI each step is 2 vpdpbusd per pair into its int32 lanes, and the scales
     multiply once per super-block (vpmulld). AVX2: vpmaddubsw pair sums added in int16
     (lane l: block l // 2) and one vpmaddwd by the scales. A loop, never unrolled
@@ -181,7 +196,16 @@ def _k4_steps(e, meta: list[str], rows: int, tile: int, pairs, prefetch: int, lo
             e(f"  %is{SUPER_STEPS - 1}_{i}_{t} = call {_I8} {_MADDWD}({_W16} %q{i}_{t}, {_W16} %scr{i})")
 
 
-def _u6_step(e, j: int, rows: int, tile: int, pairs, prefetch: int, locality: int, step_bytes: int) -> None:
+def _u6_step(
+    e: Emit,
+    j: int,
+    rows: int,
+    tile: int,
+    pairs: list[tuple[int, int]],
+    prefetch: int,
+    locality: int,
+    step_bytes: int,
+) -> None:
     """u6's step j of the super-block: %is{j}_{i}_{t} = %is{j-1}_{i}_{t} + its scaled int32 lanes."""
     e(f"  %s{j} = add i64 %bs, {j}")
     e(f"  %wo{j} = mul i64 %s{j}, {step_bytes}")
@@ -197,7 +221,8 @@ def _u6_step(e, j: int, rows: int, tile: int, pairs, prefetch: int, locality: in
         high_pairs(e, f"hl{w}", f"hh{w}", f"%wp{w}", 32)
         e(f"  %qlo{w} = or {_B32} %lo{w}, %hl{w}")
         e(f"  %qhi{w} = or {_B32} %hi{w}, %hh{w}")
-        e(f"  %sc{w} = shufflevector {_W16} %scr{i}, {_W16} poison, <16 x i32> {shuffle_mask([4 * j + g for g in range(4) for _ in range(4)])}")
+        spread = shuffle_mask([4 * j + g for g in range(4) for _ in range(4)])
+        e(f"  %sc{w} = shufflevector {_W16} %scr{i}, {_W16} poison, <16 x i32> {spread}")
     for t in range(tile):
         a = f"{t}_{j}"
         e(f"  %ao{a} = shl i64 %s{j}, 6")

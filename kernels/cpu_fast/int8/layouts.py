@@ -1,42 +1,19 @@
-"""The weight layouts cpu-fast's int8 kernels read: Q5_0, Q4_K and Q6_K at the file's width
-(u5: kernels/int8_ir.py; k4, u6: kernels/int8_ir_super.py), and p8, u4, i8.
+"""The int8 weight layouts of products.py's table, written and read back: u5 from Q5_0,
+k4 from Q4_K and u6 from Q6_K (`*_from_*`, applied CHUNK_ROWS rows at a time by `by_rows`),
+and every layout's rows as f32 (`dequantize_rows_*`: embedding lookups of a table kept only
+in this form, bit for bit as oracle.quants.dequantize gives them).
 
-The codes are stored unsigned (Q5_0: 0..31, value (code - 16) * d; Q6_K: 0..63,
-value (code - 32) * d * scale): their low 4 bits as nibbles, their high bits in 8 (u5) or
-16 (u6) bytes per step next to the nibbles of the same step, so that one stream holds
-them. The kernel spreads them to the bytes of its 32-byte code vectors with one shift
-per 64-bit lane and one mask (AVX2's vpsrlvq, vpsllvq), on AVX2 as on AVX-512: u5's
-bit of byte k lies in byte k % 8 at a position set by k // 8 (the 64-bit lane), u6's
-two in byte k % 16 at a position set by k // 16 (the 128-bit half). As 32-bit planes
-they cost AVX2 five instructions each.
-
-- u5, per 64 columns (a step, 40 bytes): 32 nibble bytes, byte k holding the codes of the
-  step's low and high vectors' byte k, then bit 4 of those codes in 8 bytes: byte j
-  holds, of byte 8l + j of each vector (l = 0..3), the low vector's bit at bit l and the
-  high vector's at bit 4 + l. Steps pair into groups of 128 columns (4 blocks) whose 4
-  vectors hold in bytes 8b..8b + 7 columns of block b (U5_COLUMNS), for
-  kernels/int8_ir_blocks.py. d: GGUF's f16 scales, [rows, cols / 32].
-- k4 (Q4_K), per 256 columns (a super-block, 128 bytes): 4 steps of 32 bytes; byte 4b + r
-  of step j holds, low nibble, the code of column 32b + 8j + r and, high nibble, that of
-  32b + 8j + 4 + r (K4_COLUMNS), so every byte's two codes lie in 32-block b whatever the
-  step: the kernel's int16 pair sums keep one block per lane over the whole super-block
-  and take its scales in one vpmaddwd (kernels/int8_ir_super.py). D per 256 columns (20
-  bytes): the file's f16 d and dmin, then its 8 6-bit scales and 8 mins as bytes.
-- u6, per 64 columns (48 bytes), in an order of its own: a low and a high vector of 32
-  codes that share their 16-column groups (byte k of the low vector: column 16 * (k // 8)
-  + k % 8 of the step; of the high one: 8 columns on), their low nibbles in 32 bytes (byte
-  k: the low vector's code k, the high one's above it), then their high two bits in 16
-  bytes: byte j holds those of the low vector's codes j and 16 + j and of the high
-  vector's j and 16 + j, at bits 0-1, 2-3, 4-5, 6-7. D per 256 columns (18 bytes): the
-  file's f16 d, then its 16 int8 scales.
-
-`dequantize_rows_*` give the f32 rows bit for bit as kernels.quants.dequantize does
-(embedding lookups of a table kept only in this form), for these two and for the other
-int8 layouts, which cpu-fast keeps alone too: p8 (Q8_0's int8 codes in the u4 step order),
-u4 (nibbles with f16 or f32 d and m per 32) and i8 (int8 codes, d per 16 or 32).
+u5's and u6's high bits sit beside their step's nibbles so that one stream holds them. The
+kernels spread them to the bytes of their 32-byte code vectors with one shift per 64-bit
+lane and one mask (AVX2's vpsrlvq, vpsllvq), on AVX2 as on AVX-512: u5's bit of byte k lies
+in byte k % 8 at a position set by k // 8 (the 64-bit lane), u6's two in byte k % 16 at a
+position set by k // 16 (the 128-bit half); as 32-bit planes they would cost AVX2 five
+instructions each.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
@@ -52,10 +29,11 @@ U5_STEP_BYTES = 40  # per 64 columns
 U6_STEP_BYTES = 48  # per 64 columns
 
 
+Converter = Callable[[np.ndarray, tuple[int, int]], tuple[np.ndarray, ...]]  # (raw rows, their shape) -> arrays
 CHUNK_ROWS = 1024  # rows converted at a time: the conversions' temporaries (~5 bytes a weight) stay small
 
 
-def by_rows(convert, raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, ...]:
+def by_rows(convert: Converter, raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, ...]:
     """convert(raw rows, their shape) -> arrays [rows, ...], applied CHUNK_ROWS rows at a
     time into arrays allocated once: a large matrix (an embedding table) never holds a
     conversion's temporaries for all its rows at once."""
@@ -76,13 +54,20 @@ def _bit4s(low: np.ndarray, high: np.ndarray) -> np.ndarray:
     low[8l + j] at bit l and of high[8l + j] at bit 4 + l."""
     lo = ((low >> 4) & 1).reshape(*low.shape[:-1], 4, 8)  # [..., l, j]
     hi = ((high >> 4) & 1).reshape(*high.shape[:-1], 4, 8)
-    return sum((lo[..., l, :] << l) | (hi[..., l, :] << (4 + l)) for l in range(4)).astype(np.uint8)
+    bits = (lo[..., 0, :] << 0) | (hi[..., 0, :] << 4)
+    for l in range(1, 4):
+        bits = bits + ((lo[..., l, :] << l) | (hi[..., l, :] << (4 + l)))
+    packed: np.ndarray = bits.astype(np.uint8)
+    return packed
 
 
 def _high_pairs(low: np.ndarray, high: np.ndarray) -> np.ndarray:
     """Two vectors of codes [..., 32] uint8 (below 64) -> [..., 16]: byte j holds bits 4-5
     of low[j], low[16 + j], high[j] and high[16 + j] at bits 0-1, 2-3, 4-5 and 6-7."""
-    return ((low[..., :16] >> 4) | ((low[..., 16:] >> 4) << 2) | ((high[..., :16] >> 4) << 4) | ((high[..., 16:] >> 4) << 6)).astype(np.uint8)
+    low_pairs = (low[..., :16] >> 4) | ((low[..., 16:] >> 4) << 2)
+    pairs = low_pairs | ((high[..., :16] >> 4) << 4) | ((high[..., 16:] >> 4) << 6)
+    packed: np.ndarray = pairs.astype(np.uint8)
+    return packed
 
 
 # U5_COLUMNS[p]: the column of a group of 128 (4 blocks, 2 steps) whose code (and
@@ -107,7 +92,9 @@ def u5_from_q5_0(raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, n
 
 # K4_COLUMNS[p]: the column of a super-block whose code (and activation) sits at position
 # p = 64j + 32h + 4b + r of the k4 order: step j, low (h = 0) or high nibble, block b
-K4_COLUMNS = np.array([32 * b + 8 * j + 4 * h + r for j in range(4) for h in range(2) for b in range(8) for r in range(4)])
+K4_COLUMNS = np.array(
+    [32 * b + 8 * j + 4 * h + r for j in range(4) for h in range(2) for b in range(8) for r in range(4)]
+)
 
 
 def k4_from_q4_k(raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -142,7 +129,7 @@ def u6_from_q6_k(raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, n
 
 
 @cached_njit(parallel=True, nogil=True)
-def dequantize_rows_u5(qs, d, rows, out):
+def dequantize_rows_u5(qs: np.ndarray, d: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
     """out[j] = f32 row rows[j] of a u5 matrix. qs [R, steps * 40] uint8, d [R, steps * 2]
     f16 bits as uint16, out [n, steps * 64]."""
     steps = d.shape[1] // 2
@@ -159,9 +146,9 @@ def dequantize_rows_u5(qs, d, rows, out):
 
 
 @cached_njit(parallel=True, nogil=True)
-def dequantize_rows_u6(qs, sup, rows, out):
+def dequantize_rows_u6(qs: np.ndarray, sup: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
     """out[j] = f32 row rows[j] of a u6 matrix: (code - 32) * (d * scale) per 16 columns,
-    as kernels.quants. qs [R, steps * 48] uint8, sup [R, steps / 4 * 18] uint8, out [n, steps * 64]."""
+    as oracle.quants. qs [R, steps * 48] uint8, sup [R, steps / 4 * 18] uint8, out [n, steps * 64]."""
     steps = qs.shape[1] // U6_STEP_BYTES
     for j in prange(rows.shape[0]):
         q, dr, o = qs[rows[j]], sup[rows[j]], out[j]
@@ -178,7 +165,7 @@ def dequantize_rows_u6(qs, sup, rows, out):
 
 
 @cached_njit(parallel=True, nogil=True)
-def dequantize_rows_p8(qs, d, rows, out):
+def dequantize_rows_p8(qs: np.ndarray, d: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
     """out[j] = f32 row rows[j] of a p8 matrix. qs [R, steps * 64] int8 in the u4 step order
     ([block0 0..15, block1 0..15, block0 16..31, block1 16..31]), d [R, steps * 2] f32 or
     f16 bits as uint16, out [n, steps * 64]."""
@@ -194,9 +181,9 @@ def dequantize_rows_p8(qs, d, rows, out):
 
 
 @cached_njit(parallel=True, nogil=True)
-def dequantize_rows_u4(qs, d, m, rows, out):
+def dequantize_rows_u4(qs: np.ndarray, d: np.ndarray, m: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
     """out[j] = f32 row rows[j] of a u4 matrix: code * d + m per 32-block (the product is
-    exact, so one rounding, as kernels.quants). qs [R, blocks * 16] uint8 (byte i of a
+    exact, so one rounding, as oracle.quants). qs [R, blocks * 16] uint8 (byte i of a
     block: codes i and i + 16), d, m [R, blocks] f32 or f16 bits as uint16, out [n, blocks * 32]."""
     blocks = qs.shape[1] // 16
     for j in prange(rows.shape[0]):
@@ -210,7 +197,7 @@ def dequantize_rows_u4(qs, d, m, rows, out):
 
 
 @cached_njit(parallel=True, nogil=True)
-def dequantize_rows_i8(qs, d, rows, out):
+def dequantize_rows_i8(qs: np.ndarray, d: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
     """out[j] = f32 row rows[j] of an i8 matrix. qs [R, cols] int8, d [R, cols / group] f32
     or f16 bits as uint16, out [n, cols]."""
     group = qs.shape[1] // d.shape[1]
@@ -221,9 +208,9 @@ def dequantize_rows_i8(qs, d, rows, out):
 
 
 @cached_njit(parallel=True, nogil=True)
-def dequantize_rows_k4(qs, sup, rows, out):
+def dequantize_rows_k4(qs: np.ndarray, sup: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
     """out[j] = f32 row rows[j] of a k4 matrix: code * (d * scale) - dmin * min per 32-block,
-    as kernels.quants. qs [R, cols / 2] uint8 (the k4 order), sup [R, cols / 256 * 20] uint8, out [n, cols]."""
+    as oracle.quants. qs [R, cols / 2] uint8 (the k4 order), sup [R, cols / 256 * 20] uint8, out [n, cols]."""
     blocks = qs.shape[1] // 16
     for j in prange(rows.shape[0]):
         q, dr, o = qs[rows[j]], sup[rows[j]], out[j]

@@ -1,13 +1,68 @@
-"""Quantized products with int8 activations on VNNI or AVX2 (kernels/int8_ir.py), driven by numba.
+"""cpu-fast's quantized products with int8 activations (VNNI vpdpbusd, or AVX2's vpmaddubsw):
+the entry point of kernels/cpu_fast/int8/, and its one table of the weight layouts.
 
-llama.cpp's recipe: round each 32-block of activations to int8 with a float scale
-(d = amax / 127; per 256 columns for Q4_K and Q6_K, as llama.cpp's Q8_K), multiply by
-the integer weight codes exactly, apply the scales in float. Our scales stay f32 (llama.cpp rounds them to fp16), so the rounding is never
-coarser than llama.cpp's. `prepare` adds what the kernels need to a packed matrix of
-kernels/cpu_quant.py (or, for Q5_0, Q4_K and Q6_K, `from_gguf` reads the file's blocks at their
-own width), `matmul` computes out [T, rows] = x [T, cols] @ W.T: by the row kernels of
-int8_ir.SHAPES, or for u5, k4 and u6 tasks of 32+ activation rows by outer products
-(kernels/int8_ir_outer.py).
+llama.cpp's recipe: round each group of activations to int8 with a float scale (d_a =
+amax / 127, kept in f32), multiply by the integer weight codes exactly, apply the scales in
+float. `from_gguf` reads a Q5_0, Q4_K or Q6_K matrix from the file's blocks at about their
+own width; `prepare` takes any other matrix from its cpu_quant repack (Packed u4 or i8).
+`matmul` / `matmul_many` compute out [T, rows] = x [T, cols] @ W.T in one parallel launch
+(_run): row kernels (ir.py, ir_blocks.py, ir_super.py) tile by tile, or, for a task of
+OUTER_MIN_ROWS (32) activation rows or more of u5, k4 and u6, outer products (ir_outer.py,
+from a scratch ir_convert.py fills). Without VNNI or AVX2 (`available()` False) the device
+uses cpu_quant's float kernels instead.
+
+Weight type -> int8 layout. Step: the kernels' unit of columns (8 int32 lanes). Bytes: of
+codes per step and weight row. D: the scales the kernels read; "f16 if exact": f16 where
+every scale survives the trip, else f32. Order: how activations are laid out for it (below).
+Round: columns per activation scale. Kernels: row / prefill. Bits: per weight with scales.
+
+| type | layout | when | step | bytes | D | order | round | kernels | bits |
+|------|--------|------|------|-------|---|-------|-------|---------|------|
+| Q4_0, Q4_1 | u4 | cols % 64 == 0 | 64 | 32 | d, m per 32 (f16 if exact) | u4 | 32 | ir.py | 5 |
+| Q8_0 | p8 | cols % 64 == 0 | 64 | 64 | d per 32 (f16) | u4 | 32 | ir.py | 8.5 |
+| Q8_0 | i8 | cols % 32 == 0 | 32 | 32 | d per 32 (f16) | plain | 32 | ir.py | 8.5 |
+| Q5_0 | u5 | cols % 128 == 0 | 64 | 40 | the file's f16 d per 32 | u5 | 32 | ir_blocks / outer | 5.5 |
+| Q5_0 | p8, i8 | else, as Q8_0 | | | d per 32 (f16) | | 32 | ir.py | 8.5 |
+| Q4_K | k4 | always | 64 | 32 | 20 bytes per 256 | k4 | 256 | ir_super / outer | 4.625 |
+| Q6_K | u6 | always | 64 | 48 | 18 bytes per 256 | u6 | 256 | ir_super / outer | 6.5625 |
+
+Every other type (F32, F16, BF16, Q5_1, Q2_K, Q3_K, Q5_K), and Q4_0 / Q4_1 of other widths,
+has no int8 layout (the device multiplies it in float).
+
+The bytes of a weight row, per step (k: a byte's index in a 32-byte vector):
+
+- u4: two 32-blocks of cpu_quant's U4 nibbles (byte i of a block: code i, low nibble, and
+  i + 16); value = code * d + m. M: m [rows + pad, cols / 32], zero rows past the last
+  (the offsets loop reads whole vectors of 8 blocks).
+- p8: Q8_0's int8 codes of two 32-blocks in the u4 order: [block0 0..15, block1 0..15,
+  block0 16..31, block1 16..31]; two vpdpbusd fill the same lanes, half i8's float work.
+- i8: 32 int8 codes; d one number a step (group 32) or two (group 16: cpu_quant's Q6_K,
+  the float kernels' layout); vpdpbusd multiplies |w| by a * sign(w) (llama.cpp's trick).
+- u5 (Q5_0, codes 0..31 = the file's plus 16): 32 nibble bytes (byte k: the low vector's
+  code k, the high vector's above it), then 8 bytes of bit 4: byte j holds, of byte 8l + j
+  of each vector (l = 0..3), the low vector's bit at bit l and the high's at bit 4 + l.
+  Two steps make a group of 128 columns (4 blocks) whose 4 vectors hold in bytes 8b..8b + 7
+  columns of block b (layouts.U5_COLUMNS), so a lane pair sums one block over the group.
+- k4 (Q4_K): 4 steps per super-block of 256; byte 4b + r of step j holds, low nibble,
+  column 32b + 8j + r and, high nibble, 32b + 8j + 4 + r (layouts.K4_COLUMNS): every byte
+  lies in 32-block b whatever the step, so a lane sums one block over the super-block.
+  D: the file's f16 d and dmin, its 8 6-bit scales and 8 mins as bytes.
+- u6 (Q6_K, codes 0..63 = the file's plus 32): a low and a high vector sharing their
+  16-column groups (byte k of the low: column 16 * (k // 8) + k % 8; of the high: 8 on,
+  layouts.U6_LOW, U6_HIGH): 32 nibble bytes as u5's, then 16 bytes of bits 4-5: byte j
+  holds those of the low vector's codes j and 16 + j and the high's j and 16 + j, at bits
+  0-1, 2-3, 4-5, 6-7. D: the file's f16 d, then its 16 int8 scales.
+
+u5's and u6's high bits sit beside the nibbles of their step (one stream); the kernels
+spread them to their bytes with one shift per 64-bit lane and a mask (ir_scales.bit4s,
+high_pairs). The codes' offset (16 or 32 times the activations) is taken off in integers,
+from C, which the activations carry (it depends on them alone).
+
+Activation orders (activations.py writes A [T, cols] int8 in them, with S [T, nsteps * 8]
+f32, d_a per lane; N [T, nchunks * 8], d_a times each 32-block's code sum, for u4 and k4;
+C, the code offsets, for u5 and u6): plain, column order; u4, per 64 columns as p8's bytes;
+u5, k4 and u6, per group as their weights' columns. What a kernel reads is Int8Args (ir.py):
+W, D, M the weights, A, S, N, C the activations.
 """
 
 from __future__ import annotations
@@ -21,26 +76,36 @@ from numba import prange
 
 from zinfer.kernels.cpu_fast.code_cache import cached_njit
 from zinfer.kernels.cpu_fast.int8 import layouts as bp
-from zinfer.kernels.cpu_fast.int8 import ir as int8_ir, ir_outer as int8_ir_outer, ir_super as int8_ir_super
+from zinfer.kernels.cpu_fast.int8 import ir, ir_outer, ir_super
 from zinfer.kernels.cpu_fast.cpu_ops import PARALLEL_ROWS, specialize
 from zinfer.kernels.cpu_fast.cpu_quant import Packed
-from zinfer.kernels.cpu_fast.int8.activations import K4_ORDER, ORDER_NAMES, ORDERS, PLAIN, QUANTIZERS, U4_ORDER, U5_ORDER, U6_ORDER
+from zinfer.kernels.cpu_fast.int8.activations import (
+    K4_ORDER,
+    ORDER_NAMES,
+    ORDERS,
+    PLAIN,
+    QUANTIZERS,
+    U4_ORDER,
+    U5_ORDER,
+    U6_ORDER,
+)
 from zinfer.kernels.cpu_fast.int8.ir import Int8Args
 from zinfer.kernels.cpu_fast.kernel_signature import call_kernel
+from zinfer.kernels.cpu_fast.numba_types import Int
 
 ROWS_PER_TASK = 16  # weight rows per parallel task
-ROWS_PER_BLOCK = 128  # activation rows per parallel task (an outer-product task converts its weight rows once: at 64 rows that cost ~5%)
+ROWS_PER_BLOCK = 128  # activation rows per parallel task (an outer-product task converts its weight rows once a task)
 
 
 class Int8Weight(NamedTuple):
     """A packed matrix as the int8 kernels read it."""
 
-    kind: str  # "u4", "p8", "i8", "u5", "u6" or "k4" (kernels/int8_ir.py's layouts)
+    kind: str  # "u4", "p8", "i8", "u5", "u6" or "k4" (the layout table above)
     dps: int  # d numbers per 8-lane step
     half: bool  # d and m stored as f16 (exactly: GGUF's own scales), else f32
-    qs: np.ndarray  # [rows, cols/2] uint8 (u4), [rows, cols] int8 (p8: in u4's order), u5/u6: [rows, steps * step bytes] uint8
+    qs: np.ndarray  # [rows, cols/2] uint8 (u4, k4), [rows, cols] int8 (p8, i8), [rows, steps * bytes] uint8 (u5, u6)
     d: np.ndarray  # [rows, groups] scales (k4, u6: [rows, cols/256 * 20 or 18] bytes, the super-blocks' scales)
-    m: np.ndarray  # [rows + pad, blocks] u4 offsets, zero rows after the last (the kernel reads 8 past it); i8: d again (not read)
+    m: np.ndarray  # [rows + pad, blocks] u4 offsets, zero rows after the last (read 8 past it); others: d (not read)
     nsteps: int  # 8-lane steps per row
 
     @property
@@ -51,12 +116,13 @@ class Int8Weight(NamedTuple):
     @property
     def nbytes(self) -> int:
         """The bytes one product streams."""
-        return self.qs.nbytes + self.d.nbytes + (self.m[: self.qs.shape[0]].nbytes if self.kind == "u4" else 0)  # u4: not its pad rows
+        offsets = self.m[: self.qs.shape[0]].nbytes if self.kind == "u4" else 0  # u4: not its pad rows
+        return self.qs.nbytes + self.d.nbytes + offsets
 
 
 def available() -> bool:
     """Whether the int8 kernels run on this machine (VNNI or AVX2, and llvmlite compiles for it)."""
-    return int8_ir.available()
+    return ir.available()
 
 
 def _as_f16_if_exact(*arrays: np.ndarray) -> tuple[bool, list[np.ndarray]]:
@@ -70,7 +136,7 @@ def _as_f16_if_exact(*arrays: np.ndarray) -> tuple[bool, list[np.ndarray]]:
 def from_gguf(qt: QT, raw: np.ndarray, shape: tuple[int, int]) -> Int8Weight | None:
     """The file's blocks of a Q5_0 (cols % 128 == 0), Q4_K or Q6_K matrix [rows, cols] read
     near their own width (u5: 5.5 bits per weight, k4: 4.625, u6: 6.5625, the file's), or None for
-    other types and shapes (then `prepare` on kernels/cpu_quant's repack)."""
+    other types and shapes (then `prepare` on cpu_quant's repack)."""
     rows, cols = shape
     if qt == QT.Q5_0 and cols % 128 == 0:
         qs, d = bp.by_rows(bp.u5_from_q5_0, raw, shape)
@@ -85,7 +151,7 @@ def from_gguf(qt: QT, raw: np.ndarray, shape: tuple[int, int]) -> Int8Weight | N
 
 
 def dequantize_rows(w: Int8Weight, rows: np.ndarray, out: np.ndarray) -> None:
-    """out [n, cols] = the f32 values of rows [n] int64 of w, as kernels.quants.dequantize gives them."""
+    """out [n, cols] = the f32 values of rows [n] int64 of w, as oracle.quants.dequantize gives them."""
     d, m = (w.d.view(np.uint16), w.m.view(np.uint16)) if w.half else (w.d, w.m)
     if w.kind == "u4":
         bp.dequantize_rows_u4(w.qs, d, m, rows, out)
@@ -94,7 +160,8 @@ def dequantize_rows(w: Int8Weight, rows: np.ndarray, out: np.ndarray) -> None:
     elif w.kind == "u6":
         bp.dequantize_rows_u6(w.qs, w.d, rows, out)
     else:
-        {"u5": bp.dequantize_rows_u5, "p8": bp.dequantize_rows_p8, "i8": bp.dequantize_rows_i8}[w.kind](w.qs, d, rows, out)
+        by_kind = {"u5": bp.dequantize_rows_u5, "p8": bp.dequantize_rows_p8, "i8": bp.dequantize_rows_i8}
+        by_kind[w.kind](w.qs, d, rows, out)
 
 
 def prepare(p: Packed) -> Int8Weight | None:
@@ -123,23 +190,32 @@ def prepare(p: Packed) -> Int8Weight | None:
 
 # columns of a job row: one weight matrix, where its product starts in `out` (at
 # T * first_row floats, as a C-contiguous [T, rows] block), the addresses of its
-# layout's kernels in int8_ir.SHAPES' order, then of its outer-product prefill kernels
+# layout's kernels in ir.SHAPES' order, then of its outer-product prefill kernels
 # (u5, k4, u6: convert, product, and their scratch bytes per weight row and step; others 0, 0, 0)
 _W, _D, _M, _WSTRIDE, _DSTRIDE, _ROWS, _FIRST_ROW, _KERNELS = range(8)
-_KTILE, _KROWS = int8_ir.TILE, int8_ir.ROWS
-assert int8_ir.SHAPES == ((1, 1), (1, _KROWS), (_KTILE, 1), (_KTILE, _KROWS))
+_KTILE, _KROWS = ir.TILE, ir.ROWS
+assert ir.SHAPES == ((1, 1), (1, _KROWS), (_KTILE, 1), (_KTILE, _KROWS))
 _CONVERT, _OUTER, _SCRATCH = _KERNELS + 4, _KERNELS + 5, _KERNELS + 6
 JOB_COLUMNS = _SCRATCH + 1  # 7 columns, 4 row-kernel addresses, 3 of the outer products
-_OUTER_ROWS = 8 * int8_ir_outer.GROUPS  # weight rows per pass of the outer product
+_OUTER_ROWS = 8 * ir_outer.GROUPS  # weight rows per pass of the outer product
 assert ROWS_PER_TASK % _OUTER_ROWS == 0
 
 
 @cached_njit(parallel=True, nogil=True)
-def _run(jobs, A, S, N, C, nsteps, nchunks, out):
+def _run(
+    jobs: np.ndarray,
+    A: np.ndarray,
+    S: np.ndarray,
+    N: np.ndarray,
+    C: np.ndarray,
+    nsteps: int,
+    nchunks: int,
+    out: np.ndarray,
+) -> None:
     """Each job's product [T, rows] into its block of the flat buffer out, by tasks of
     ROWS_PER_TASK weight rows x ROWS_PER_BLOCK activation rows; jobs [n, JOB_COLUMNS] int64
     (the job columns above). A task of a job with outer-product kernels and at least
-    int8_ir_outer.OUTER_MIN_ROWS activation rows converts its weight rows once into a
+    ir_outer.OUTER_MIN_ROWS activation rows converts its weight rows once into a
     scratch, then multiplies them by its activation rows TILE at a time from there."""
     T = A.shape[0]
     n_t = (T + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK
@@ -158,26 +234,30 @@ def _run(jobs, A, S, N, C, nsteps, nchunks, out):
         r_even = r0 + (r1 - r0) // _KROWS * _KROWS
         o = out.ctypes.data + T * job[_FIRST_ROW] * 4
         t, t_end = tb * ROWS_PER_BLOCK, min(T, (tb + 1) * ROWS_PER_BLOCK)
-        if job[_OUTER] != 0 and t_end - t >= int8_ir_outer.OUTER_MIN_ROWS and (r1 - r0) % _OUTER_ROWS == 0:
+        if job[_OUTER] != 0 and t_end - t >= ir_outer.OUTER_MIN_ROWS and (r1 - r0) % _OUTER_ROWS == 0:
             scratch = np.empty((r1 - r0) * nsteps * job[_SCRATCH], np.uint8)
-            call_kernel(job[_CONVERT], Int8Args(W=job[_W], D=job[_D], M=job[_M], A=A.ctypes.data, S=S.ctypes.data, N=N.ctypes.data,
-                                                C=C.ctypes.data, nsteps=nsteps, nchunks=nchunks, r0=r0, r1=r1, wstride=job[_WSTRIDE], dstride=job[_DSTRIDE],
-                                                t0=t, t1=t, astride=A.strides[0], sstride=S.strides[0], nstride=N.strides[0], cstride=C.strides[0],
-                                                out=scratch.ctypes.data, ostride=0))
+            call_kernel(job[_CONVERT], Int8Args(
+                W=job[_W], D=job[_D], M=job[_M], A=A.ctypes.data, S=S.ctypes.data, N=N.ctypes.data, C=C.ctypes.data,
+                nsteps=nsteps, nchunks=nchunks, r0=r0, r1=r1, wstride=job[_WSTRIDE], dstride=job[_DSTRIDE], t0=t, t1=t,
+                astride=A.strides[0], sstride=S.strides[0], nstride=N.strides[0], cstride=C.strides[0],
+                out=scratch.ctypes.data, ostride=0))
             t_tiles = t + (t_end - t) // _KTILE * _KTILE
-            call_kernel(job[_OUTER], Int8Args(W=scratch.ctypes.data, D=scratch.ctypes.data, M=job[_M], A=A.ctypes.data, S=S.ctypes.data, N=N.ctypes.data,
-                                              C=C.ctypes.data, nsteps=nsteps, nchunks=nchunks, r0=r0, r1=r1, wstride=nsteps * job[_SCRATCH],
-                                              dstride=0, t0=t, t1=t_tiles, astride=A.strides[0], sstride=S.strides[0], nstride=N.strides[0],
-                                              cstride=C.strides[0], out=o, ostride=job[_ROWS]))
+            call_kernel(job[_OUTER], Int8Args(
+                W=scratch.ctypes.data, D=scratch.ctypes.data, M=job[_M], A=A.ctypes.data, S=S.ctypes.data,
+                N=N.ctypes.data, C=C.ctypes.data, nsteps=nsteps, nchunks=nchunks, r0=r0, r1=r1,
+                wstride=nsteps * job[_SCRATCH], dstride=0, t0=t, t1=t_tiles, astride=A.strides[0],
+                sstride=S.strides[0], nstride=N.strides[0], cstride=C.strides[0], out=o, ostride=job[_ROWS]))
             t = t_tiles
         while t < t_end:
             wide = t + _KTILE <= t_end
             tile = _KTILE if wide else 1
             for k, a, b in ((2 * wide + 1, r0, r_even), (2 * wide, r_even, r1)):
                 if a < b:
-                    call_kernel(job[_KERNELS + k], Int8Args(W=job[_W], D=job[_D], M=job[_M], A=A.ctypes.data, S=S.ctypes.data, N=N.ctypes.data,
-                                                     C=C.ctypes.data, nsteps=nsteps, nchunks=nchunks, r0=a, r1=b, wstride=job[_WSTRIDE], dstride=job[_DSTRIDE],
-                                                     t0=t, t1=t + tile, astride=A.strides[0], sstride=S.strides[0], nstride=N.strides[0], cstride=C.strides[0], out=o, ostride=job[_ROWS]))
+                    call_kernel(job[_KERNELS + k], Int8Args(
+                        W=job[_W], D=job[_D], M=job[_M], A=A.ctypes.data, S=S.ctypes.data, N=N.ctypes.data,
+                        C=C.ctypes.data, nsteps=nsteps, nchunks=nchunks, r0=a, r1=b, wstride=job[_WSTRIDE],
+                        dstride=job[_DSTRIDE], t0=t, t1=t + tile, astride=A.strides[0], sstride=S.strides[0],
+                        nstride=N.strides[0], cstride=C.strides[0], out=o, ostride=job[_ROWS]))
             t += tile
 
 
@@ -189,20 +269,21 @@ def rounded(x: np.ndarray, group: int = 32) -> np.ndarray:
     amax = np.abs(xb).max(axis=-1, keepdims=True)
     with np.errstate(divide="ignore"):
         inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    return (np.rint(xb * inv) * (amax / np.float32(127))).astype(np.float32).reshape(T, cols)
+    values: np.ndarray = (np.rint(xb * inv) * (amax / np.float32(127))).astype(np.float32)
+    return values.reshape(T, cols)
 
 
 def rounding_group(w: Int8Weight) -> int:
     """The columns that share one activation scale for w's kernels: 256 for k4 and u6
     (a super-block: their sub-block scales apply as integers), else 32."""
-    return 256 if w.kind in int8_ir_super.KINDS else 32
+    return 256 if w.kind in ir_super.KINDS else 32
 
 
 def activation_order(w: Int8Weight) -> int:
     """The order w's kernels read activations in: plain (32 per step, i8), u4's (p8, u5
-    and u4), k4's or u6's (kernels/int8_layouts.py)."""
+    and u4), k4's or u6's (layouts.py)."""
     orders = {"u6": U6_ORDER, "k4": K4_ORDER, "u5": U5_ORDER}
-    return orders.get(w.kind, U4_ORDER if w.kind in int8_ir.STEP64 else PLAIN)
+    return orders.get(w.kind, U4_ORDER if w.kind in ir.STEP64 else PLAIN)
 
 
 def same_layout(a: Int8Weight, b: Int8Weight) -> bool:
@@ -228,8 +309,11 @@ def jobs_for(ws: list[Int8Weight]) -> Jobs:
     reading array addresses from Python costs microseconds."""
     assert all(same_layout(ws[0], w) for w in ws)
     first = np.cumsum([0] + [w.qs.shape[0] for w in ws])
-    table = np.array([(w.qs.ctypes.data, w.d.ctypes.data, w.m.ctypes.data, w.qs.strides[0], w.d.strides[0],
-                       w.qs.shape[0], row, *_kernels(w.kind, w.dps, w.half), *_outer_kernels(w.kind)) for w, row in zip(ws, first)], np.int64)
+    table = np.array([
+        (w.qs.ctypes.data, w.d.ctypes.data, w.m.ctypes.data, w.qs.strides[0], w.d.strides[0], w.qs.shape[0], row,
+         *_kernels(w.kind, w.dps, w.half), *_outer_kernels(w.kind))
+        for w, row in zip(ws, first)
+    ], np.int64)
     return Jobs(ws, table, [(int(a), int(b)) for a, b in zip(first[:-1], first[1:])])
 
 
@@ -253,7 +337,7 @@ def _launch(jobs: Jobs, x: np.ndarray, out: np.ndarray) -> None:
     PRODUCTS[activation_order(w)](jobs.table, x, rounding_group(w), w.nsteps, w.nchunks, out)
 
 
-def _product_in(jobs, x, group, nsteps, nchunks, out):
+def _product_in(jobs: np.ndarray, x: np.ndarray, group: Int, nsteps: int, nchunks: int, out: np.ndarray) -> None:
     """x [T, cols] rounded per `group` columns for the jobs' kernels by _QUANTIZE (each
     copy's own order, cpu_ops.specialize), then _run: one call from Python per launch
     (each numba call costs microseconds, and decode makes ~120 per token)."""
@@ -269,7 +353,9 @@ PRODUCTS = dict(zip(ORDERS, (_product_plain, _product_u4, _product_u6, _product_
 
 
 @cached_njit(nogil=True)
-def _product(jobs, x, order, group, nsteps, nchunks, out):
+def _product(
+    jobs: np.ndarray, x: np.ndarray, order: Int, group: Int, nsteps: int, nchunks: int, out: np.ndarray
+) -> None:
     """PRODUCTS[order] for an activation `order` known only at run time (the decode tape's)."""
     if order == U5_ORDER:
         _product_u5(jobs, x, group, nsteps, nchunks, out)
@@ -285,12 +371,13 @@ def _product(jobs, x, order, group, nsteps, nchunks, out):
 
 @functools.cache
 def _kernels(kind: str, dps: int, half: bool) -> tuple[int, ...]:
-    """Addresses of the kernels of one layout, in int8_ir.SHAPES' order."""
-    addr = int8_ir.addresses()
-    return tuple(addr[(kind, dps, half, tile, rows)] for tile, rows in int8_ir.SHAPES)
+    """Addresses of the kernels of one layout, in ir.SHAPES' order."""
+    addr = ir.addresses()
+    assert addr is not None  # only weights of a host that runs the int8 kernels get here
+    return tuple(addr[(kind, dps, half, tile, rows)] for tile, rows in ir.SHAPES)
 
 
 def _outer_kernels(kind: str) -> tuple[int, int, int]:
     """A layout's outer-product prefill kernels (u5's, k4's, u6's) and scratch bytes per row and step, else zeros."""
-    outer = int8_ir.outer_addresses(kind)
-    return (0, 0, 0) if outer is None else (*outer, int8_ir_outer.scratch_bytes_per_row_step(kind))
+    outer = ir.outer_addresses(kind)
+    return (0, 0, 0) if outer is None else (*outer, ir_outer.scratch_bytes_per_row_step(kind))
