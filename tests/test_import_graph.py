@@ -66,12 +66,6 @@ KNOWN_FUNCTION_IMPORTS: dict[str, set[str]] = {
         "zinfer.kernels.cpu_fast.cpu_quant",
         "zinfer.kernels.cpu_fast.gemm_ir",
     },
-    # issue #34 item 3: kernels/ is reorganised by its own change
-    "zinfer.kernels": {"numba", "platformdirs", "zinfer.kernels.cpu_fast.compile_cache"},
-    "zinfer.kernels.cpu_fast.compile_cache": {"numba", "importlib"},
-    "zinfer.kernels.cpu_fast.int8.ir": {"platformdirs"},
-    "zinfer.kernels.llama_cpp.llama_numerics": {"numba"},
-    "zinfer.kernels.cpu_fast.llvm_host": {"llvmlite"},
 }
 """Function-level imports of required dependencies that remain, by importing module."""
 
