@@ -9,7 +9,8 @@ views of the map: no repack, no copy, and pages come in as the kernels first rea
 An entry lives under ~/.cache/zinfer/weights/<key>, key = hash of the model file (size,
 mtime and its first and last MiB), the device and its options, the CPU's flags, numpy's
 version and the source of this module and every kernels/ and devices/ module (any edit
-there starts a fresh entry).
+there starts a fresh entry). It caches data, not code, so it keeps its own key: compiled
+kernels are cached under kernels/cpu_fast/code_cache.py's.
 Only model files of at least MIN_FILE_BYTES are cached (tiny test models never are) and
 the KEEP most recently used entries are kept. ZINFER_WEIGHT_CACHE=0 turns it off.
 Any failure to read or write the cache falls back to uploading, with a warning.
