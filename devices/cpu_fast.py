@@ -251,7 +251,10 @@ class FastCpuDevice(DeviceBase):
         kt = np.zeros((Hkv, hd, n_keys + gemm_ir.NR), np.float32)  # keys transposed, zero-padded
         v = np.zeros((Hkv, n_keys + gemm_ir.NR, hd), np.float32)
         prefill.gather_keys_values(k_pool, v_pool, np.asarray(block_table, np.int32), block_size, k0, kt, v)
-        prefill.chunk_attention(gemm_ir.address(), q, kt, v, positions, k0, np.float32(scale), int(window), out)
+        gemm = gemm_ir.address()
+        if gemm is None:  # registry.cpu_fast_problem refuses such a host before a device is made
+            raise RuntimeError("the f32 GEMM kernel did not compile for this CPU")
+        prefill.chunk_attention(gemm, q, kt, v, positions, k0, np.float32(scale), int(window), out)
 
     def glu(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
         gate = np.ascontiguousarray(gate, dtype=np.float32)  # strided rows would not vectorize
