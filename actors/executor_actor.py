@@ -38,7 +38,7 @@ from zinfer.messages.engine import (
     SchedulerInbox,
     Shutdown,
 )
-from zinfer.models.forward import round_layers
+from zinfer.models.forward import LayerMarks, round_layers
 from zinfer.models.loader import ModelSource
 from zinfer.models.weight_cache import build_device_weights
 from zinfer.traces.rounds import RoundTracer
@@ -126,7 +126,7 @@ class ExecutorActor:
         self.busy_seconds += time.perf_counter() - t0
         return RoundLogits(r.round_id, seq_ids, logits, r.sampler_updates, r.traceparents, candidates)
 
-    def compute(self, batch: ForwardBatch, wanting: list[RoundSeq], marks: object = None) -> ShippedLogits:
+    def compute(self, batch: ForwardBatch, wanting: list[RoundSeq], marks: LayerMarks | None = None) -> ShippedLogits:
         """One round on the device (worker thread), its logits cut on the device to what the
         sampler needs of each of wanting's rows (devices/reductions.py): (seq ids of the full
         rows, those rows [S_full, vocab] on the host, the others' candidates or None). With
