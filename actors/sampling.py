@@ -128,7 +128,7 @@ class RequestSampler:
 
     def sample_candidates(self, ids: np.ndarray, values: np.ndarray, row_max: float) -> SampledToken:
         """Choose the next token from the best candidates of its raw logits row: ids [K] and
-        values [K] in (-value, id) order (kernels/topk.py), row_max the row's max over
+        values [K] in (-value, id) order (kernels/oracle/topk.py), row_max the row's max over
         the whole vocabulary. Gives the token sample() gives on the full row, with the same
         checks and the one draw, for params whose logits_needed(params) is k with 1 <= k <= K
         (actors/logits_need.py says why that is exact). Does not record it (see accept)."""

@@ -29,7 +29,7 @@ from zinfer.models.weights import build_weights
 
 class Int8Rounded(NamedTuple):
     """An oracle matrix [out, in] whose products FastCpuDevice gives its int8 kernels, and
-    the columns that share one activation scale there (cpu_int8.rounding_group)."""
+    the columns that share one activation scale there (int8 products.rounding_group)."""
 
     w: np.ndarray
     group: int
@@ -113,7 +113,7 @@ depend on the host's float noise (numba's vector width, LLVM's reduction order):
 AVX2 host (AMD Zen 1, the int8 kernels' AVX2 build, the same integers) Gemma 3 picked the
 runner-up at margin 0.69 (greedy, step 1), with its centered logits up to 2.2 off the
 oracle's, while every step's TV distance stayed under the 0.3 bound; hence 1.0. Gemma 3's
-Q4_K and Q6_K activations are rounded per 256 columns (kernels/int8_ir_super.py), so a
+Q4_K and Q6_K activations are rounded per 256 columns (kernels/cpu_fast/int8/ir_super.py), so a
 flip costs a larger quantum: on the AVX2 host the mixed round's TV reached 0.325 and its
 prefill rows picked the runner-up at margins 0.76 and 1.1; hence 0.4 and 1.5. On an AMD
 Zen 4 host (AVX512-VNNI) SmolLM2's second prompt's prefill picked the runner-up at margin

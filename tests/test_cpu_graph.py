@@ -172,7 +172,7 @@ def test_a_traced_replay_is_one_graph_replay_kernel_span(tiny_paths):
 
 
 def test_a_tape_node_with_a_missing_or_mistyped_field_fails_when_built():
-    """Nodes are typed records (kernels/cpu_tape.py): a missing field, a float where an
+    """Nodes are typed records (kernels/cpu_fast/cpu_tape.py): a missing field, a float where an
     address or count goes, an array where a float goes, a flag that is not a bool or a null
     address is a TypeError naming the field, raised before anything is appended or run."""
     x, w, out = (np.zeros((2, 8), np.float32) for _ in range(3))

@@ -49,7 +49,7 @@ DEVICES = {
     "cpu-fast-float-f16kv": (lambda: FastCpuDevice(int8=False, kv_f16=True), 1e-4),
     "cpu-fast-float-f32kv": (lambda: FastCpuDevice(int8=False, kv_f16=False), 1e-4),
 }
-# heads of 64: llama.cpp's dot products (kernels/llama_ops.py) run in 64-value steps
+# heads of 64: llama.cpp's dot products (kernels/llama_cpp/llama_ops.py) run in 64-value steps
 SHAPE = dict(hidden_size=128, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64)
 
 

@@ -1,4 +1,4 @@
-"""The oracle's rows do not depend on the batch (kernels/reference.py, the `cpu` device).
+"""The oracle's rows do not depend on the batch (kernels/oracle/reference.py, the `cpu` device).
 
 A token's output is a function of its own row (and, in attention, of its sequence's keys
 up to its position) only: computed alone, in a batch of any size, in a prefill, a chunk or

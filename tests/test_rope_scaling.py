@@ -162,7 +162,7 @@ def test_yarn_parameters_follow_llama_cpp():
 @pytest.mark.parametrize("interleaved", [True, False])
 def test_every_rope_path_agrees_with_the_oracle(scaling, interleaved):
     """llama_ops' exact float steps, cpu-fast's numba table and the array code the CUDA
-    device runs (kernels/rope.py, here on numpy) against the oracle."""
+    device runs (kernels/oracle/rope.py, here on numpy) against the oracle."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 3, 16), dtype=np.float32)
     pos = np.array([0, 9, 100, 250])

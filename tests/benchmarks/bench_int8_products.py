@@ -5,7 +5,7 @@
 Prints (1) the peak: a loop of nothing but independent vpdpbusd on registers, GMAC/s on 1
 and on N threads (the ceiling no product can pass); (2) each matrix of layer 0 with an
 int8 kernel: GMAC/s of `--rows` activation rows as cpu-fast multiplies them (outer
-products for u5, k4 and u6 tasks of 32+ rows, kernels/int8_ir_outer.py) and by the row
+products for u5, k4 and u6 tasks of 32+ rows, kernels/cpu_fast/int8/ir_outer.py) and by the row
 kernels alone (the same job table with its outer-product columns zeroed), each as a share
 of the N-thread peak. Best of `--repeat`. Needs AVX512-VNNI (the peak loop is vpdpbusd).
 """

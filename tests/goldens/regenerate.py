@@ -120,7 +120,7 @@ def token_goldens(path: Path) -> dict:
 
 
 def has_repacked_weights(path: Path) -> bool:
-    """Whether llama.cpp repacks any weight of this file (kernels/llama_repack.py's rule)."""
+    """Whether llama.cpp repacks any weight of this file (kernels/llama_cpp/llama_repack.py's rule)."""
     from zinfer.kernels.llama_cpp.llama_repack import repacks
     from zinfer.models.loader import open_model
 
