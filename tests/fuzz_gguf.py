@@ -36,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 FUZZ = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
 CASE_TIMEOUT = 120.0  # seconds for one case (a first cpu-fast compile included): longer is a hang
 BASES = (("llama", "F32"), ("qwen2", "Q8_0"), ("gemma3", "Q5_0"), ("llama", "Q4_1"))
-EXTREME_U64 = [0, 1, 2, 3, 255, 2**16, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**32 + 1, 2**62, 2**63 - 1, 2**63, 2**64 - 1]
+EXTREME_U64 = [0, 1, 2, 3, 255, 2**16, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**32 + 1,
+               2**62, 2**63 - 1, 2**63, 2**64 - 1]
 
 
 # ---- base files and their layout ----------------------------------------------------------
@@ -51,7 +52,8 @@ class Base:
         self.path = path
         self.blob = path.read_bytes()
         f = GGUFFile(path)
-        self.spans = sorted((int(t.data.ctypes.data - f._map.ctypes.data), int(t.data.nbytes)) for t in f.tensors.values())
+        self.spans = sorted((int(t.data.ctypes.data - f._map.ctypes.data), int(t.data.nbytes))
+                            for t in f.tensors.values())
         self.header_end = self.spans[0][0]  # the data section starts at the first tensor
 
 
@@ -75,7 +77,8 @@ def _mutation(region: str) -> st.SearchStrategy:
         return st.one_of(
             flips,
             st.tuples(st.just("f16"), st.just(region), pos, st.sampled_from([0x7C00, 0xFC00, 0x7E00, 0x7BFF, 0x0400])),
-            st.tuples(st.just("f32"), st.just(region), pos, st.sampled_from([1e30, -3e38, 65504.0, 1e-40])),  # finite, but overflows
+            # finite, but overflows
+            st.tuples(st.just("f32"), st.just(region), pos, st.sampled_from([1e30, -3e38, 65504.0, 1e-40])),
         )
     return st.one_of(
         flips,
@@ -91,7 +94,8 @@ def apply(base: Base, edits: list[tuple]) -> bytes:
     """base's bytes with the edits applied in order (positions wrap into their region)."""
     blob = bytearray(base.blob)
     for kind, region, pos, arg in edits:
-        lo, hi = (0, base.header_end) if region == "header" else (base.header_end, len(blob)) if region == "data" else (0, len(blob))
+        lo, hi = ((0, base.header_end) if region == "header"
+                  else (base.header_end, len(blob)) if region == "data" else (0, len(blob)))
         at = lo + pos % max(1, hi - lo)
         if kind == "flip" and at < len(blob):
             blob[at] ^= arg
@@ -117,7 +121,8 @@ def apply(base: Base, edits: list[tuple]) -> bytes:
 def header_cases(n_bases: int) -> st.SearchStrategy:
     """(base index, edits) damaging the header, sometimes the data too; or a file written
     from scratch with hostile nested metadata (base index -1, the depth)."""
-    damaged = st.tuples(st.integers(0, n_bases - 1), st.lists(_mutation("header") | _mutation("data"), min_size=1, max_size=4))
+    damaged = st.tuples(st.integers(0, n_bases - 1),
+                        st.lists(_mutation("header") | _mutation("data"), min_size=1, max_size=4))
     nested = st.tuples(st.just(-1), st.integers(1, 20_000))
     return st.one_of(damaged, damaged, damaged, nested)
 
@@ -179,7 +184,8 @@ def serve_case(path: str) -> dict:
     async def run() -> dict:
         params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
         ends = []
-        async with open_engine(EngineConfig(model=path, device="cpu-fast", max_running=4)) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
+        async with (open_engine(EngineConfig(model=path, device="cpu-fast", max_running=4)) as engine,
+                    AsyncClient(engine.ctx, engine.addrs.frontend) as client):
             with trio.fail_after(CASE_TIMEOUT / 2):
                 for prompt in ("hello there", "the cat is"):
                     events = [ev async for ev in client.generate(prompt, params=params)]
@@ -224,7 +230,8 @@ class Worker:
     def run(self, mode: str, path: Path) -> dict:
         """One case's outcome; "crash" (the worker died: its exit status) or "hang"."""
         if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            self.proc = subprocess.Popen([sys.executable, __file__, "--worker"],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.DEVNULL, text=True, bufsize=1)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps([mode, str(path)]) + "\n")
@@ -236,7 +243,8 @@ class Worker:
         hung = not ready
         self.close()
         self.restarts += 1
-        return {"outcome": "hang" if hung else "crash", "detail": f"worker exit status {self.proc.returncode if self.proc else None}"}
+        return {"outcome": "hang" if hung else "crash",
+                "detail": f"worker exit status {self.proc.returncode if self.proc else None}"}
 
     def close(self) -> None:
         if self.proc is not None:
@@ -250,7 +258,8 @@ GOOD = {"load": {"loaded", "refused"}, "serve": {"refused", "served", "failed-cl
 
 def check(result: dict, mode: str, case: object) -> None:
     """Raise AssertionError naming the case when its outcome breaks the property."""
-    assert result["outcome"] in GOOD[mode], f"{mode} case {str(case)[:400]}: {result['outcome']}: {result.get('detail')}\n{result.get('traceback', '')}"
+    assert result["outcome"] in GOOD[mode], (
+        f"{mode} case {str(case)[:400]}: {result['outcome']}: {result.get('detail')}\n{result.get('traceback', '')}")
 
 
 # ---- standalone: run for a while, print the counts -------------------------------------------
@@ -303,7 +312,8 @@ def main() -> None:
         run_mode("serve", data_cases(len(bases)), total - (time.monotonic() - start))
     finally:
         w.close()
-    print(f"{sum(outcomes.values())} cases in {(time.monotonic() - start) / 60:.1f} min, worker restarts {w.restarts}, failures {len(failures)}")
+    print(f"{sum(outcomes.values())} cases in {(time.monotonic() - start) / 60:.1f} min, "
+          f"worker restarts {w.restarts}, failures {len(failures)}")
     for (mode, outcome), count in sorted(outcomes.items()):
         print(f"  {mode} {outcome}: {count}")
     sys.exit(1 if failures else 0)

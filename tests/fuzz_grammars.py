@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fuzz_surfaces import ServerUnderTest  # noqa: E402
 from hostile_grammars import EMPTY_LANGUAGES, gbnf_chain, lark_chain, ref_chain_schema  # noqa: E402
 
-FIELD = {"json_schema": "guided_json", "regex": "guided_regex", "lark": "guided_grammar", "gbnf": "grammar", "choice": "guided_choice"}
+FIELD = {"json_schema": "guided_json", "regex": "guided_regex", "lark": "guided_grammar", "gbnf": "grammar",
+         "choice": "guided_choice"}
 DEAD_END = "the grammar allows nothing after"
 HEALTH_LIMIT = 0.5
 
@@ -42,20 +43,25 @@ words = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_siz
 
 leaf_schemas = st.one_of(
     st.sampled_from([{"type": t} for t in ("string", "integer", "number", "boolean", "null", "object", "array")]),
-    st.builds(lambda lo, hi: {"type": "integer", "minimum": lo, "maximum": hi}, st.integers(-10**20, 10**20), st.integers(-10**20, 10**20)),
+    st.builds(lambda lo, hi: {"type": "integer", "minimum": lo, "maximum": hi},
+              st.integers(-10**20, 10**20), st.integers(-10**20, 10**20)),
     st.builds(lambda n: {"type": "string", "maxLength": n}, st.integers(0, 10**7)),
     st.builds(lambda n: {"type": "array", "maxItems": n, "items": {"type": "integer"}}, st.integers(0, 10**7)),
-    st.builds(lambda p: {"type": "string", "pattern": p}, st.sampled_from(["^[a-z]+$", "(x{100}){1000}", r"[^\s\S]", "(", "a{2,1}"])),
+    st.builds(lambda p: {"type": "string", "pattern": p},
+              st.sampled_from(["^[a-z]+$", "(x{100}){1000}", r"[^\s\S]", "(", "a{2,1}"])),
     st.lists(words, max_size=5).map(lambda e: {"enum": e}),
-    st.sampled_from([True, False, {}, {"not": {}}, {"type": "nope"}, {"$ref": "#"}, {"$ref": "#/nowhere"}, {"$ref": "http://x/y"}]),
+    st.sampled_from([True, False, {}, {"not": {}}, {"type": "nope"},
+                     {"$ref": "#"}, {"$ref": "#/nowhere"}, {"$ref": "http://x/y"}]),
 )
 
 
 def _wrap(children: st.SearchStrategy) -> st.SearchStrategy:
     return st.one_of(
-        st.dictionaries(names, children, max_size=6).map(lambda p: {"type": "object", "properties": p, "required": sorted(p)[:2]}),
+        st.dictionaries(names, children, max_size=6).map(
+            lambda p: {"type": "object", "properties": p, "required": sorted(p)[:2]}),
         children.map(lambda c: {"type": "array", "items": c}),
-        st.lists(children, min_size=1, max_size=4).flatmap(lambda cs: st.sampled_from(["anyOf", "oneOf", "allOf"]).map(lambda k: {k: cs})),
+        st.lists(children, min_size=1, max_size=4).flatmap(
+            lambda cs: st.sampled_from(["anyOf", "oneOf", "allOf"]).map(lambda k: {k: cs})),
     )
 
 
@@ -70,7 +76,9 @@ def ref_graphs(draw) -> dict:
     for i in range(n):
         targets = draw(st.lists(st.integers(0, n - 1), max_size=3))
         props = {f"p{j}": {"$ref": f"#/$defs/d{t}"} for j, t in enumerate(targets)}
-        defs[f"d{i}"] = draw(st.sampled_from([{"type": "object", "properties": props, "required": sorted(props)}, {"anyOf": [*props.values(), {"type": "null"}]}])) if props else draw(leaf_schemas)
+        defs[f"d{i}"] = (draw(st.sampled_from([{"type": "object", "properties": props, "required": sorted(props)},
+                                               {"anyOf": [*props.values(), {"type": "null"}]}]))
+                         if props else draw(leaf_schemas))
     return {"$defs": defs, "$ref": f"#/$defs/d{draw(st.integers(0, n - 1))}"}
 
 
@@ -88,7 +96,8 @@ json_schemas = st.one_of(
     st.integers(1, 2000).map(lambda n: json.loads(ref_chain_schema(n))),
 ).map(json.dumps)
 
-regex_atoms = st.sampled_from(["a", "[a-z]", r"\d", ".", r"[^\s\S]", r"\p{L}", "(a|b)", "x*", "y+", "z?", "", "\\", "[", "(?P<n>a)", "(?=a)", "\\1"])
+regex_atoms = st.sampled_from(["a", "[a-z]", r"\d", ".", r"[^\s\S]", r"\p{L}", "(a|b)", "x*", "y+", "z?", "",
+                               "\\", "[", "(?P<n>a)", "(?=a)", "\\1"])
 
 
 @st.composite
@@ -117,13 +126,16 @@ def lark_grammars(draw) -> str:
     if kind == "self":
         return "start: start" if draw(st.booleans()) else 'start: "a" b\nb: b'
     if kind == "repeat":
-        return f'start: ("x" ~ {draw(st.integers(0, 2000))}..{draw(st.integers(0, 2000))}) ~ {draw(st.integers(0, 2000))}'
+        return (f'start: ("x" ~ {draw(st.integers(0, 2000))}..{draw(st.integers(0, 2000))}) '
+                f'~ {draw(st.integers(0, 2000))}')
     if kind == "json":
         return f'start: "say " %json {draw(json_schemas)}'
     n = draw(st.integers(1, 30))
     rules = []
     for i in range(n):
-        alts = draw(st.lists(st.lists(st.one_of(st.integers(0, n - 1).map(lambda t: f"r{t}"), words.map(json.dumps), st.just("/[a-z]+/")), min_size=1, max_size=4), min_size=1, max_size=3))
+        alts = draw(st.lists(st.lists(st.one_of(st.integers(0, n - 1).map(lambda t: f"r{t}"), words.map(json.dumps),
+                                                st.just("/[a-z]+/")), min_size=1, max_size=4),
+                             min_size=1, max_size=3))
         rules.append(f"r{i}: " + " | ".join(" ".join(a) for a in alts))
     return "start: r0\n" + "\n".join(rules)
 
@@ -137,7 +149,9 @@ def gbnf_grammars(draw) -> str:
         return "root ::= foo\nfoo ::= foo"
     n = draw(st.integers(1, 30))
     item = st.one_of(st.integers(0, n - 1).map(lambda t: f"r{t}"), words.map(json.dumps), st.just("[a-z]*"))
-    rules = [f"r{i} ::= " + " | ".join(" ".join(a) for a in draw(st.lists(st.lists(item, min_size=1, max_size=4), min_size=1, max_size=3))) for i in range(n)]
+    rules = [f"r{i} ::= " + " | ".join(" ".join(a) for a in draw(st.lists(st.lists(item, min_size=1, max_size=4),
+                                                                          min_size=1, max_size=3)))
+             for i in range(n)]
     return "root ::= r0\n" + "\n".join(rules)
 
 
@@ -242,7 +256,8 @@ def main() -> None:
     finally:
         poller.close()
         sut.close()
-    print(f"{sum(outcomes.values())} cases in {args.minutes:g} min, server restarts {sut.restarts}, slowest /health {slowest[0] * 1e3:.0f} ms")
+    print(f"{sum(outcomes.values())} cases in {args.minutes:g} min, server restarts {sut.restarts}, "
+          f"slowest /health {slowest[0] * 1e3:.0f} ms")
     for key, count in sorted(outcomes.items()):
         print(f"  {key}: {count}")
 

@@ -76,7 +76,8 @@ class StdioUnderTest:
             check(*args)
         except Exception as exc:
             if self.proc.poll() is not None:
-                raise AssertionError(f"zinfer stdio exited with {self.proc.returncode} on this case:\ncase: {case!r}\nstderr:\n{self.stderr_tail()}") from exc
+                raise AssertionError(f"zinfer stdio exited with {self.proc.returncode} on this case:\n"
+                                     f"case: {case!r}\nstderr:\n{self.stderr_tail()}") from exc
             raise
 
     def stderr_tail(self) -> str:
@@ -107,13 +108,15 @@ class StdioUnderTest:
 
     def greedy(self) -> str:
         params = {"temperature": 0, "max_tokens": GREEDY["max_tokens"]}
-        events = self.request({"type": "generate", "request_id": "@greedy", "prompt": GREEDY["prompt"], "params": params})
+        events = self.request({"type": "generate", "request_id": "@greedy", "prompt": GREEDY["prompt"],
+                               "params": params})
         assert events[-1]["type"] == "finished", events
         return "".join(e.get("text", "") for e in events if e["type"] == "delta")
 
     def check_healthy(self, case: object) -> None:
         """The process lives, the engine is idle with no KV block held, and answers as before."""
-        assert self.proc.poll() is None, f"zinfer stdio exited with {self.proc.returncode} on this case:\ncase: {case!r}\nstderr:\n{self.stderr_tail()}"
+        assert self.proc.poll() is None, (f"zinfer stdio exited with {self.proc.returncode} on this case:\n"
+                                          f"case: {case!r}\nstderr:\n{self.stderr_tail()}")
         deadline = time.monotonic() + 30
         while True:
             stats = self.request({"type": "stats", "request_id": "@stats"})[-1]

@@ -20,11 +20,13 @@ from hypothesis import strategies as st
 
 HUGE_INTS = [2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**64 + 1, -(2**63) - 1, 10**30, -(10**30), 10**400]
 ODD_FLOATS = [math.nan, math.inf, -math.inf, -0.0, 5e-324, 1e308, -1e308]
-ODD_STRINGS = ["", " ", "\x00", "\u202e", "\ufeff", "🙂" * 40, "<|bos|>", "<|eos|>", "a" * 5000, "hi " * 2000, "é" * 300]
+ODD_STRINGS = ["", " ", "\x00", "\u202e", "\ufeff", "🙂" * 40, "<|bos|>", "<|eos|>", "a" * 5000, "hi " * 2000,
+               "é" * 300]
 TOKEN = st.integers(0, 297)  # an id in the tiny model's vocabulary (and in any real one)
 STOP = st.text(min_size=1, max_size=6)  # a well-formed stop string (hostile ones come from `mutated`)
 IDS = ["a", "b", "c"]
-# 1-4 tokens mostly; sometimes a long run (with ignore_eos drawn too) that a cancel or a leaving client can catch mid-stream
+# 1-4 tokens mostly; sometimes a long run (with ignore_eos drawn too) that a cancel or a leaving
+# client can catch mid-stream
 MAX_TOKENS = st.sampled_from([1, 2, 3, 4, 1, 2, 3, 4, 200])  # few, so requests of one case collide on ids
 ROLES = ["user", "user", "assistant", "system", "tool", "", "x" * 200]
 
@@ -108,7 +110,10 @@ def hostile(wire: str = "json") -> st.SearchStrategy[Any]:
     """Any one value of a wrong type or a hostile size: a field's replacement."""
     scalars = st.one_of(ints(wire), floats(), strings(wire), st.booleans(), st.none())
     deep = st.builds(Deep, st.sampled_from([64, 1000, 100_000]), st.sampled_from(["list", "dict"]))
-    small = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=6)
+    small = st.recursive(scalars,
+                         lambda inner: (st.lists(inner, max_size=3)
+                                        | st.dictionaries(st.text(max_size=5), inner, max_size=3)),
+                         max_leaves=6)
     return st.one_of(scalars, small, deep, st.just([]), st.just({}))
 
 
@@ -133,7 +138,9 @@ def extreme_like(value: Any, wire: str = "json") -> st.SearchStrategy[Any]:
         return strings(wire)
     if not isinstance(value, (list, dict)):
         return hostile(wire)
-    return st.one_of(st.just(type(value)()), st.builds(Deep, st.sampled_from([64, 1000, 100_000]), st.just("list" if isinstance(value, list) else "dict")))
+    return st.one_of(st.just(type(value)()),
+                     st.builds(Deep, st.sampled_from([64, 1000, 100_000]),
+                               st.just("list" if isinstance(value, list) else "dict")))
 
 
 def _hostile_for(draw, value: Any, wire: str) -> Any:
@@ -142,13 +149,17 @@ def _hostile_for(draw, value: Any, wire: str) -> Any:
 
 def _replace_one(draw, obj: Any, wire: str) -> Any:
     """obj with one value, at a path drawn by walking into dicts and lists, replaced by a hostile one."""
-    keys = sorted((k for k in obj if k != "type"), key=repr) if isinstance(obj, dict) else []  # unknown types: drawn as such
+    # unknown types: drawn as such
+    keys = sorted((k for k in obj if k != "type"), key=repr) if isinstance(obj, dict) else []
     if keys:
         key = draw(st.sampled_from(keys))
-        return {**obj, key: _replace_one(draw, obj[key], wire) if draw(st.booleans()) else _hostile_for(draw, obj[key], wire)}
+        return {**obj, key: _replace_one(draw, obj[key], wire) if draw(st.booleans())
+                else _hostile_for(draw, obj[key], wire)}
     if isinstance(obj, list) and obj:
         i = draw(st.integers(0, len(obj) - 1))
-        return [*obj[:i], _replace_one(draw, obj[i], wire) if draw(st.booleans()) else _hostile_for(draw, obj[i], wire), *obj[i + 1 :]]
+        return [*obj[:i],
+                _replace_one(draw, obj[i], wire) if draw(st.booleans()) else _hostile_for(draw, obj[i], wire),
+                *obj[i + 1 :]]
     return _hostile_for(draw, obj, wire)
 
 
@@ -158,7 +169,8 @@ def unknown_fields(wire: str = "json") -> st.SearchStrategy[dict]:
 
 def _with_extra(base: st.SearchStrategy[dict], wire: str = "json") -> st.SearchStrategy[dict]:
     """base, sometimes with unknown fields added, then mutated."""
-    return mutated(st.builds(lambda b, extra: {**extra, **b}, base, weighted((4, st.just({})), (1, unknown_fields(wire)))), wire)
+    return mutated(st.builds(lambda b, extra: {**extra, **b}, base,
+                             weighted((4, st.just({})), (1, unknown_fields(wire)))), wire)
 
 
 # ---- the OpenAI HTTP bodies -----------------------------------------------------------
@@ -166,7 +178,8 @@ def _with_extra(base: st.SearchStrategy[dict], wire: str = "json") -> st.SearchS
 
 def chat_messages(wire: str = "json") -> st.SearchStrategy:
     message = st.fixed_dictionaries({"role": st.sampled_from(ROLES), "content": strings(wire)})
-    parts = st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]), "text": strings(wire)}), max_size=2)
+    parts = st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]), "text": strings(wire)}),
+                     max_size=2)
     message = message | st.fixed_dictionaries({"role": st.just("user"), "content": parts})
     return st.lists(message, min_size=1, max_size=3)
 
@@ -194,13 +207,15 @@ def _openai_sampling(wire: str = "json") -> dict[str, st.SearchStrategy]:
 
 
 def chat_body() -> st.SearchStrategy[dict]:
-    optional = {**_openai_sampling(), "logprobs": st.booleans(), "top_logprobs": st.integers(0, 5), "max_completion_tokens": st.integers(1, 4)}
+    optional = {**_openai_sampling(), "logprobs": st.booleans(), "top_logprobs": st.integers(0, 5),
+                "max_completion_tokens": st.integers(1, 4)}
     base = st.fixed_dictionaries({"messages": chat_messages(), "max_tokens": MAX_TOKENS}, optional=optional)
     return _with_extra(base)
 
 
 def completion_body() -> st.SearchStrategy[dict]:
-    prompt = st.one_of(strings(), st.lists(ints(), max_size=5), st.lists(strings(), min_size=1, max_size=2), st.lists(st.lists(TOKEN, max_size=3), max_size=2))
+    prompt = st.one_of(strings(), st.lists(ints(), max_size=5), st.lists(strings(), min_size=1, max_size=2),
+                       st.lists(st.lists(TOKEN, max_size=3), max_size=2))
     optional = {**_openai_sampling(), "logprobs": st.integers(0, 5), "echo": st.booleans()}
     return _with_extra(st.fixed_dictionaries({"prompt": prompt, "max_tokens": MAX_TOKENS}, optional=optional))
 
@@ -213,7 +228,8 @@ def detokenize_body() -> st.SearchStrategy[dict]:
     return _with_extra(st.fixed_dictionaries({"tokens": st.lists(TOKEN, max_size=6)}))
 
 
-GARBAGE_TEXT = [b"", b"{", b"[", b"null", b"1", b'"x"', b"{}", b"[]", b'{"a":', b"\xff\xfe", b"\x00" * 10, b"NaN", b'{"messages": NaN}']
+GARBAGE_TEXT = [b"", b"{", b"[", b"null", b"1", b'"x"', b"{}", b"[]", b'{"a":', b"\xff\xfe", b"\x00" * 10,
+                b"NaN", b'{"messages": NaN}']
 
 
 def garbage_bytes() -> st.SearchStrategy[bytes]:
@@ -223,7 +239,8 @@ def garbage_bytes() -> st.SearchStrategy[bytes]:
 
 def http_body(route: str) -> st.SearchStrategy[bytes]:
     """A request body for a POST route: a hostile-valued JSON object, or garbage bytes."""
-    body = {"/v1/chat/completions": chat_body, "/v1/completions": completion_body, "/tokenize": tokenize_body, "/detokenize": detokenize_body}[route]()
+    body = {"/v1/chat/completions": chat_body, "/v1/completions": completion_body,
+            "/tokenize": tokenize_body, "/detokenize": detokenize_body}[route]()
     return weighted((3, body.map(to_json)), (1, garbage_bytes()))
 
 
@@ -259,8 +276,10 @@ def request_id(wire: str) -> st.SearchStrategy:
 def engine_request(wire: str) -> st.SearchStrategy[dict]:
     """One client request map: generate, cancel, tokenize, detokenize, stats or an unknown type."""
     rid = request_id(wire)
-    prompt_keys = {"prompt": strings(wire), "messages": chat_messages(wire), "prompt_ids": st.lists(TOKEN, min_size=1, max_size=5)}
-    prompts = st.one_of(*[st.fixed_dictionaries({k: v}) for k, v in prompt_keys.items()], st.fixed_dictionaries({}, optional=prompt_keys))
+    prompt_keys = {"prompt": strings(wire), "messages": chat_messages(wire),
+                   "prompt_ids": st.lists(TOKEN, min_size=1, max_size=5)}
+    prompts = st.one_of(*[st.fixed_dictionaries({k: v}) for k, v in prompt_keys.items()],
+                        st.fixed_dictionaries({}, optional=prompt_keys))
     generate = st.builds(
         lambda p, rest: {**rest, **p},
         prompts,
@@ -270,10 +289,14 @@ def engine_request(wire: str) -> st.SearchStrategy[dict]:
         ),
     )
     cancel = st.fixed_dictionaries({"type": st.just("cancel"), "request_id": rid})
-    text = st.one_of(st.fixed_dictionaries({"text": strings(wire)}), st.fixed_dictionaries({"messages": chat_messages(wire)}),
+    text = st.one_of(st.fixed_dictionaries({"text": strings(wire)}),
+                     st.fixed_dictionaries({"messages": chat_messages(wire)}),
                      st.fixed_dictionaries({}, optional={"text": strings(wire), "messages": chat_messages(wire)}))
-    tokenize = st.builds(lambda t, rest: {**rest, **t}, text, st.fixed_dictionaries({"type": st.just("tokenize"), "request_id": rid}, optional={"add_special": st.booleans()}))
-    detokenize = st.fixed_dictionaries({"type": st.just("detokenize"), "request_id": rid, "token_ids": st.lists(TOKEN, max_size=5)})
+    tokenize = st.builds(lambda t, rest: {**rest, **t}, text,
+                         st.fixed_dictionaries({"type": st.just("tokenize"), "request_id": rid},
+                                               optional={"add_special": st.booleans()}))
+    detokenize = st.fixed_dictionaries({"type": st.just("detokenize"), "request_id": rid,
+                                        "token_ids": st.lists(TOKEN, max_size=5)})
     stats = st.fixed_dictionaries({"type": st.just("stats"), "request_id": rid})
     other = st.fixed_dictionaries({"type": st.sampled_from(["explode", "Generate", ""]), "request_id": rid})
     kinds = weighted((4, generate), (1, cancel), (1, tokenize), (1, detokenize), (1, stats), (1, other))
@@ -300,7 +323,8 @@ def ws_message() -> st.SearchStrategy:
     generate = st.builds(
         lambda p, rest: {**rest, **p},
         prompts,
-        st.fixed_dictionaries({"type": st.just("generate"), "id": wid, "params": sampling_params("json")}, optional={"add_special": st.booleans()}),
+        st.fixed_dictionaries({"type": st.just("generate"), "id": wid, "params": sampling_params("json")},
+                              optional={"add_special": st.booleans()}),
     )
     cancel = st.fixed_dictionaries({"type": st.just("cancel"), "id": wid})
     ping = st.just({"type": "ping"})

@@ -54,11 +54,14 @@ class Ledger:
         key = rid if isinstance(rid, str) and rid else None
         if key is not None:
             assert key in self.sent, f"an event for an id never sent: {event}\ncase: {self.case!r}"
-            assert self.seen[key] < self.sent[key], f"an event after the id's last terminal: {event}\ncase: {self.case!r}"
+            assert self.seen[key] < self.sent[key], (f"an event after the id's last terminal: {event}\n"
+                                                     f"case: {self.case!r}")
         self.seen[key] += terminal
         if terminal:
-            note_event(f"terminal: {event.get('type')} {event.get('code', '')}".rstrip())  # --hypothesis-show-statistics
-        assert self.total <= self.expected, f"more terminal events than requests ({self.total} > {self.expected}); last {event}\ncase: {self.case!r}"
+            # --hypothesis-show-statistics
+            note_event(f"terminal: {event.get('type')} {event.get('code', '')}".rstrip())
+        assert self.total <= self.expected, (f"more terminal events than requests ({self.total} > {self.expected}); "
+                                             f"last {event}\ncase: {self.case!r}")
 
     @property
     def total(self) -> int:
@@ -68,7 +71,8 @@ class Ledger:
         return self.total == self.expected
 
     def missing(self) -> str:
-        return f"{self.expected - self.total} request(s) got no terminal event in time (seen {dict(self.seen)})\ncase: {self.case!r}"
+        return (f"{self.expected - self.total} request(s) got no terminal event in time (seen {dict(self.seen)})\n"
+                f"case: {self.case!r}")
 
 
 # ---- the HTTP server ------------------------------------------------------------------
@@ -108,7 +112,8 @@ class ServerUnderTest:
             check(*args)
         except Exception as exc:
             if not self.alive():
-                raise AssertionError(f"the server died on this case:\ncase: {case!r}\nlog:\n{self.server.log_tail(3000)}") from exc
+                raise AssertionError(f"the server died on this case:\ncase: {case!r}\n"
+                                     f"log:\n{self.server.log_tail(3000)}") from exc
             raise
 
     def greedy(self) -> str:
@@ -120,7 +125,8 @@ class ServerUnderTest:
         """The process lives, is idle with no sequence or KV block held, and answers as before."""
         assert self.alive(), f"the server died on this case:\ncase: {case!r}\nlog:\n{self.server.log_tail(3000)}"
         m = self.server.wait_idle(timeout=30)
-        held = {k: m[k] for k in ("zinfer_requests_in_flight", "zinfer_engine_open_requests", "zinfer_running_sequences", "zinfer_queue_depth", "zinfer_kv_used_blocks")}
+        held = {k: m[k] for k in ("zinfer_requests_in_flight", "zinfer_engine_open_requests",
+                                  "zinfer_running_sequences", "zinfer_queue_depth", "zinfer_kv_used_blocks")}
         assert not any(held.values()), f"not idle after the case: {held}\ncase: {case!r}"
         assert self.greedy() == self.reference, f"greedy text changed after the case\ncase: {case!r}"
 
@@ -149,7 +155,8 @@ def http_case(sut: ServerUnderTest, method: str, route: str, body: bytes = b"") 
         assert not [c for c in chunks if "error" in c], f"error in a 200 stream: {chunks}\ncase: {case!r}"
         ends = Counter(ch["index"] for c in chunks for ch in c["choices"] if ch.get("finish_reason"))
         indexes = {ch["index"] for c in chunks for ch in c["choices"]}
-        assert indexes and all(ends[i] == 1 for i in indexes), f"finish_reason per choice: {dict(ends)} of {indexes}\ncase: {case!r}"
+        assert indexes and all(ends[i] == 1 for i in indexes), (f"finish_reason per choice: {dict(ends)} of {indexes}\n"
+                                                                f"case: {case!r}")
     else:
         choices = r.json()["choices"]
         assert choices and all(c["finish_reason"] in ("stop", "length") for c in choices), f"{choices}\ncase: {case!r}"
@@ -267,7 +274,8 @@ def engine_expects(request: object, decode) -> tuple[object, bool]:
 _MSGPACK = msgspec.msgpack.Decoder(ClientRequest)
 
 
-def zmq_case(ctx: zmq.Context, server: Server, frames: list[bytes | list[bytes]], case: object, timeout: float = REPLY_TIMEOUT) -> None:
+def zmq_case(ctx: zmq.Context, server: Server, frames: list[bytes | list[bytes]], case: object,
+             timeout: float = REPLY_TIMEOUT) -> None:
     """Send a burst of frames on a fresh DEALER; every request but a cancel gets one terminal event."""
     ledger = Ledger(case)
     sock = ctx.socket(zmq.DEALER)

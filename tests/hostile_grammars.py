@@ -9,7 +9,8 @@ import json
 def ref_chain_schema(n: int) -> str:
     """A JSON schema of n object schemas, each holding the next through a `$ref` (n=1,500 is
     113 KB and ended `serve` with signal 11 before grammars were measured)."""
-    defs = {f"d{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/d{i + 1}"}}, "required": ["a"]} for i in range(n)}
+    defs = {f"d{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/d{i + 1}"}}, "required": ["a"]}
+            for i in range(n)}
     defs[f"d{n}"] = {"type": "string"}
     return json.dumps({"$ref": "#/$defs/d0", "$defs": defs})
 

@@ -59,7 +59,8 @@ class Server:
         deadline = time.monotonic() + timeout
         while True:
             m = self.metrics()
-            idle = m["zinfer_requests_in_flight"] == 0 and m["zinfer_engine_open_requests"] == 0 and m["zinfer_running_sequences"] == 0 and m["zinfer_queue_depth"] == 0
+            idle = (m["zinfer_requests_in_flight"] == 0 and m["zinfer_engine_open_requests"] == 0
+                    and m["zinfer_running_sequences"] == 0 and m["zinfer_queue_depth"] == 0)
             if (idle and m["zinfer_kv_used_blocks"] == 0) or time.monotonic() > deadline:
                 return m
             time.sleep(0.2)
@@ -69,7 +70,8 @@ class Server:
 
 
 @contextlib.contextmanager
-def running_server(model: Path | str, *args: str, api_key: str | None = None, max_waiting: int | None = None, timeout: float = 180.0) -> Iterator[Server]:
+def running_server(model: Path | str, *args: str, api_key: str | None = None, max_waiting: int | None = None,
+                   timeout: float = 180.0) -> Iterator[Server]:
     """Start `zinfer serve --model MODEL ARGS...`, wait for /health 200, stop it on exit."""
     port, zmq_port = free_port(), free_port()
     serve_args = ["serve", "--model", str(model), "--port", str(port), "--zmq", f"tcp://127.0.0.1:{zmq_port}", *args]
@@ -84,7 +86,8 @@ def running_server(model: Path | str, *args: str, api_key: str | None = None, ma
     os.close(fd)
     log = Path(log_name)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    server = Server(f"http://127.0.0.1:{port}", f"tcp://127.0.0.1:{zmq_port}", str(model), api_key, log, headers=headers)
+    server = Server(f"http://127.0.0.1:{port}", f"tcp://127.0.0.1:{zmq_port}", str(model), api_key, log,
+                    headers=headers)
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:

@@ -143,7 +143,8 @@ class Harness:
         wanting = self.wanting_logits()
         assert set(wanting) <= self.sampler_seqs, "the sampler has no state for a sequence it samples"
         errors = errors or {}
-        samples = [TokenSample(i, tokens[i]) if i in tokens else TokenSample(i, -1, error=SeqError("engine_failed", errors[i]))
+        samples = [TokenSample(i, tokens[i]) if i in tokens
+                   else TokenSample(i, -1, error=SeqError("engine_failed", errors[i]))
                    for i in wanting]
         self._record(self.core.update(Sampled(r.round_id, samples)))
 

@@ -25,7 +25,8 @@ class Color(str, Enum):
 
 def _field(rng: random.Random, depth: int) -> tuple[Any, Any]:
     """(annotation, default) of one drawn field; nested objects while depth allows."""
-    kind = rng.choice(["str", "int", "float", "bool", "enum", "literal", "list", "optional", "union", "object"] if depth < 2
+    kind = rng.choice(["str", "int", "float", "bool", "enum", "literal", "list", "optional", "union", "object"]
+                      if depth < 2
                       else ["str", "int", "float", "bool", "enum", "literal", "list", "optional", "union"])
     if kind == "str":
         return (str, Field(max_length=rng.choice([12, 24, 40]))) if rng.random() < 0.7 else (str, ...)
@@ -59,7 +60,8 @@ def _model(rng: random.Random, depth: int, name: str) -> type[BaseModel]:
 def ask_messages(model: type[BaseModel]) -> list[dict[str, str]]:
     """The chat that asks for an instance of model, its JSON schema in the prompt."""
     schema = json.dumps(model.model_json_schema())
-    return [{"role": "user", "content": f"Give an example of a {model.__name__} as JSON matching this schema: {schema}"}]
+    return [{"role": "user",
+             "content": f"Give an example of a {model.__name__} as JSON matching this schema: {schema}"}]
 
 
 def models(count: int, seed: int = 17) -> list[type[BaseModel]]:

@@ -16,7 +16,8 @@ from zinfer.gateway.cli import main
 
 # 24 prompts of 64 tokens against the scheduler's 512-token budget: the first 8 finish
 # their 2 tokens while the last ones are still in prefill (the 64-stream bug, scaled down).
-SMALL = ["--prefill-len", "32", "--prefill-requests", "1", "--prompt-len", "64", "--output-len", "2", "--decode-requests", "1", "--streams", "24"]
+SMALL = ["--prefill-len", "32", "--prefill-requests", "1", "--prompt-len", "64", "--output-len", "2",
+         "--decode-requests", "1", "--streams", "24"]
 
 
 def bench_json(capsys, *argv: str) -> dict:
@@ -47,20 +48,25 @@ def test_bench_reports_every_figure_at_a_concurrency_where_streams_do_not_overla
     assert streams["first_completion_s"] < streams["last_first_token_s"]  # the case the old window was empty in
     assert streams["tokens"] == 48 and streams["e2e_tok_s"] > 0 and streams["decode_tok_s"] > 0
     labels = {r["label"]: r for r in report["rows"]}
-    for label in ("prefill, 32-token prompts", "decode, batch 1, 64-token prompts", "24 streams, end to end", "24 streams, decode window"):
+    for label in ("prefill, 32-token prompts", "decode, batch 1, 64-token prompts", "24 streams, end to end",
+                  "24 streams, decode window"):
         assert labels[label]["zinfer"] > 0 and labels[label]["llama_cpp"] is None
 
     # GB/s: the bytes every decoded token reads (all tensors but the embedding table) x batch-1 tok/s
     reader = gguf.GGUFReader(str(tiny_path))
     file_bytes = sum(int(t.n_bytes) for t in reader.tensors if t.name != "token_embd.weight")
-    f32_bytes = sum(4 * int(t.n_elements) for t in reader.tensors if t.name != "token_embd.weight")  # the oracle holds f32
+    # the oracle holds f32
+    f32_bytes = sum(4 * int(t.n_elements) for t in reader.tensors if t.name != "token_embd.weight")
     c = tiny_config("qwen2")
-    kv = 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * (64 + 1) * 4  # f32 K and V, mean context 65
+    # f32 K and V, mean context 65
+    kv = 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * (64 + 1) * 4
     roof = report["roofline"]
-    assert (roof["weight_file_bytes"], roof["weight_resident_bytes"], roof["kv_bytes_per_token"]) == (file_bytes, f32_bytes, kv)
+    assert (roof["weight_file_bytes"], roof["weight_resident_bytes"], roof["kv_bytes_per_token"]) == (
+        file_bytes, f32_bytes, kv)
     tok_s = report["zinfer"]["decode_b1"]["decode_tok_s"]
     assert roof["zinfer_gb_s"] == pytest.approx((f32_bytes + kv) * tok_s / 1e9)
-    assert roof["peak_read_gb_s"] > 0 and roof["zinfer_peak_pct"] == pytest.approx(100 * roof["zinfer_gb_s"] / roof["peak_read_gb_s"])
+    assert roof["peak_read_gb_s"] > 0 and roof["zinfer_peak_pct"] == pytest.approx(
+        100 * roof["zinfer_gb_s"] / roof["peak_read_gb_s"])
 
     print_table(report)  # what `zinfer bench` prints without --json: a line per row
     table = capsys.readouterr().out
@@ -76,9 +82,11 @@ def test_bench_refuses_sizes_with_nothing_to_decode(capsys, tiny_path):
 
 def test_llama_cpp_side_by_side_in_separate_and_unified_kv(capsys, tiny_path):
     pytest.importorskip("llama_cpp")
-    report = bench_json(capsys, "--model", str(tiny_path), "--device", "cpu", *SMALL, "--bandwidth-mib", "0", "--compare-llama-cpp")
+    report = bench_json(capsys, "--model", str(tiny_path), "--device", "cpu", *SMALL, "--bandwidth-mib", "0",
+                        "--compare-llama-cpp")
     labels = {r["label"]: r for r in report["rows"]}
-    for label in ("prefill, 32-token prompts", "decode, batch 1, 64-token prompts", "24 streams, end to end", "24 streams, decode window",
+    for label in ("prefill, 32-token prompts", "decode, batch 1, 64-token prompts", "24 streams, end to end",
+                  "24 streams, decode window",
                   "24 streams, end to end, llama.cpp unified KV", "24 streams, decode window, llama.cpp unified KV"):
         row = labels[label]
         assert row["llama_cpp"] > 0 and row["ratio"] == pytest.approx(row["zinfer"] / row["llama_cpp"])

@@ -69,15 +69,18 @@ class Page:
         return value
 
     def click(self, selector: str) -> None:
-        x, y = self.js(f"(() => {{ const r = document.querySelector({selector!r}).getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; }})()")
+        x, y = self.js(f"(() => {{ const r = document.querySelector({selector!r}).getBoundingClientRect(); "
+                       f"return [r.x + r.width / 2, r.y + r.height / 2]; }})()")
         for kind in ("mousePressed", "mouseReleased"):
             self.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
 
     def press_enter(self, shift: bool = False) -> None:
         """Enter (or Shift+Enter) in the focused element, as a keyboard sends it."""
         mods = 8 if shift else 0
-        self.call("Input.dispatchKeyEvent", type="keyDown", key="Enter", code="Enter", windowsVirtualKeyCode=13, text="\r", modifiers=mods)
-        self.call("Input.dispatchKeyEvent", type="keyUp", key="Enter", code="Enter", windowsVirtualKeyCode=13, modifiers=mods)
+        self.call("Input.dispatchKeyEvent", type="keyDown", key="Enter", code="Enter", windowsVirtualKeyCode=13,
+                  text="\r", modifiers=mods)
+        self.call("Input.dispatchKeyEvent", type="keyUp", key="Enter", code="Enter", windowsVirtualKeyCode=13,
+                  modifiers=mods)
 
     def screenshot(self, path) -> None:
         path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
@@ -104,7 +107,8 @@ def server(smollm2_path):
 @pytest.fixture
 def page(tmp_path):
     profile = tmp_path / "profile"
-    proc = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         port_file = profile / "DevToolsActivePort"
         deadline = time.monotonic() + 30
@@ -127,7 +131,9 @@ def page(tmp_path):
 def engine_text(server, messages, max_tokens: int) -> str:
     """The engine's greedy answer over ZeroMQ: what the page must show."""
     with Client(server.zmq, timeout_s=120) as c:
-        return "".join(ev.text for ev in c.generate(messages=messages, params=SamplingParams(temperature=0.0, max_tokens=max_tokens)) if isinstance(ev, Delta))
+        return "".join(ev.text for ev in c.generate(messages=messages,
+                                                    params=SamplingParams(temperature=0.0, max_tokens=max_tokens))
+                       if isinstance(ev, Delta))
 
 
 LAST_ANSWER = "[...document.querySelectorAll('.msg.assistant')].at(-1)"
@@ -166,12 +172,15 @@ def test_chat_page_streams_the_engines_answer_and_stops(server, page, tmp_path):
     assert a1 and a1 == engine_text(server, [{"role": "user", "content": q1}], 16)
     # the speed line: time to first token, tokens/s, and the usage the server reported
     usage = page.js(f"{MESSAGES}.at(-1).stats")
-    assert usage["completion_tokens"] > 1 and usage["prompt_tokens"] > 0 and usage["tps"] > 0 and 0 < usage["ttft_ms"] <= usage["total_ms"]
+    assert (usage["completion_tokens"] > 1 and usage["prompt_tokens"] > 0 and usage["tps"] > 0
+            and 0 < usage["ttft_ms"] <= usage["total_ms"])
     line = page.js(f"{LAST_ANSWER}.querySelector('.stats').textContent")
     assert "s to first token" in line and "tok/s" in line and f"{usage['completion_tokens']} tokens" in line, line
     # actions: copy and regenerate on the answer, copy and edit on the question; no trace link (tracing is off)
-    assert page.js(f"[...{LAST_ANSWER}.querySelectorAll('.actions button')].map(b => b.textContent)") == ["Copy", "Regenerate"]
-    assert page.js("[...document.querySelector('.msg.user .actions').children].map(b => b.textContent)") == ["Copy", "Edit"]
+    assert page.js(f"[...{LAST_ANSWER}.querySelectorAll('.actions button')].map(b => b.textContent)") == [
+        "Copy", "Regenerate"]
+    assert page.js("[...document.querySelector('.msg.user .actions').children].map(b => b.textContent)") == [
+        "Copy", "Edit"]
     assert page.js("document.querySelector('.trace')") is None
 
     # the second turn is sent with the first in its messages: same answer as the engine gives that history
@@ -235,10 +244,12 @@ def test_renderer_highlights_code_and_shows_html_as_text(server, page):
     page.click("#fixed")  # (and a mouse over it)
     time.sleep(0.3)  # an image's onerror would have fired by now
     assert page.js("window.pwned") is None
-    assert page.js("document.querySelectorAll('#fixed script, #fixed img, #fixed b, #fixed [onerror], #fixed [onmouseover]').length") == 0
+    assert page.js("document.querySelectorAll("
+                   "'#fixed script, #fixed img, #fixed b, #fixed [onerror], #fixed [onmouseover]').length") == 0
     text = page.js("document.getElementById('fixed').textContent")
     assert '<script>window.pwned = "script"</script>' in text and "<img src=\"x\" onerror=" in text
-    assert page.js("[...document.querySelectorAll('#fixed a')].every(a => !a.getAttribute('href') || !a.getAttribute('href').startsWith('javascript'))")
+    assert page.js("[...document.querySelectorAll('#fixed a')]"
+                   ".every(a => !a.getAttribute('href') || !a.getAttribute('href').startsWith('javascript'))")
 
 
 def test_html_in_a_models_answer_does_not_run(server, page):
@@ -296,7 +307,8 @@ def test_chats_are_kept_across_a_reload_and_can_be_switched(server, page):
     assert page.js(f"{MESSAGES}.map(m => m.content)") == [q3, engine_text(server, [{"role": "user", "content": q3}], 8)]
 
     # copy buttons put the answer's markdown on the clipboard
-    page.call("Browser.grantPermissions", permissions=["clipboardReadWrite", "clipboardSanitizedWrite"], origin=server.url)
+    page.call("Browser.grantPermissions", permissions=["clipboardReadWrite", "clipboardSanitizedWrite"],
+              origin=server.url)
     page.click("#log > .msg.assistant:last-child .actions .copy")
     page.wait_for(f"{LAST_ANSWER}.querySelector('.actions .copy').textContent === 'Copied'", 5)
     assert page.js("navigator.clipboard.readText()") == page.js(f"{MESSAGES}.at(-1).content")
@@ -308,7 +320,8 @@ CODE_CHAT = {
         {"role": "assistant", "id": "x", "state": "done", "finish_reason": "stop",
          "content": "Here it is:\n\n```python\ndef add_numbers(num1, num2):\n    \"\"\"The sum of two numbers.\"\"\"\n"
                     "    return num1 + num2\n```\n\nIt **returns** the sum; call it as `add_numbers(2, 3)`.",
-         "stats": {"prompt_tokens": 44, "completion_tokens": 52, "cached_tokens": 0, "ttft_ms": 180.5, "tps": 41.2, "total_ms": 1420}},
+         "stats": {"prompt_tokens": 44, "completion_tokens": 52, "cached_tokens": 0, "ttft_ms": 180.5, "tps": 41.2,
+                   "total_ms": 1420}},
     ]}
 
 

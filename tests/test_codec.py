@@ -233,7 +233,8 @@ def strategy_of(t: mi.Type) -> st.SearchStrategy:
     if isinstance(t, mi.TupleType):
         return st.tuples(*(strategy_of(u) for u in t.item_types))
     if isinstance(t, mi.DictType):
-        return st.dictionaries(strategy_of(t.key_type), strategy_of(t.value_type), min_size=t.min_length or 0, max_size=min(t.max_length or 3, 3))
+        return st.dictionaries(strategy_of(t.key_type), strategy_of(t.value_type), min_size=t.min_length or 0,
+                               max_size=min(t.max_length or 3, 3))
     if isinstance(t, mi.IntType):
         assert t.multiple_of is None, t
         lo, hi, ex_lo, ex_hi = _bounded(*_INT64, t.gt, t.ge, t.lt, t.le)
@@ -244,7 +245,8 @@ def strategy_of(t: mi.Type) -> st.SearchStrategy:
     if isinstance(t, mi.StrType):
         lo, hi = t.min_length or 0, min(t.max_length or 12, 12)
         if t.pattern is not None:
-            return st.from_regex(t.pattern, fullmatch=True).filter(lambda v: (t.min_length or 0) <= len(v) <= (t.max_length or len(v)))
+            return st.from_regex(t.pattern, fullmatch=True).filter(
+                lambda v: (t.min_length or 0) <= len(v) <= (t.max_length or len(v)))
         return st.text(min_size=lo, max_size=max(lo, hi))
     if isinstance(t, mi.LiteralType):
         return st.sampled_from(t.values)

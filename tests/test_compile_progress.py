@@ -49,7 +49,8 @@ def test_a_first_compile_prints_progress_lines_and_then_its_total(probe, capfd):
     lines = capfd.readouterr().err.splitlines()
     assert lines[0] == compile_cache.FIRST_COMPILE_NOTE
     assert re.fullmatch(r"zinfer: compiled 2 cpu-fast kernels in \d+ s; later runs start from cache", lines[-1]), lines
-    progress = [re.fullmatch(r"zinfer: compiling cpu-fast kernels: (\d+) s, [01] done, now \S+scaled_sum", line) for line in lines[1:-1]]
+    progress = [re.fullmatch(r"zinfer: compiling cpu-fast kernels: (\d+) s, [01] done, now \S+scaled_sum", line)
+                for line in lines[1:-1]]
     assert progress and all(progress), lines
     seconds = [int(m.group(1)) for m in progress]
     assert seconds == sorted(seconds)
@@ -69,13 +70,15 @@ def test_progress_lines_come_while_kernels_compile_even_when_each_is_quicker_tha
     time.sleep(0.5)
     lines = capfd.readouterr().err.splitlines()
     assert len(lines) >= 3, lines
-    done = [int(re.fullmatch(r"zinfer: compiling cpu-fast kernels: \d+ s, (\d+) done, now cpu_ops\.kernel_\d+", line).group(1)) for line in lines[:-1]]
+    done = [int(re.fullmatch(r"zinfer: compiling cpu-fast kernels: \d+ s, (\d+) done, now cpu_ops\.kernel_\d+",
+                             line).group(1)) for line in lines[:-1]]
     assert done == sorted(done) and done[-1] > done[0]
     assert re.fullmatch(r"zinfer: compiled 20 cpu-fast kernels in \d+ s; later runs start from cache", lines[-1])
     progress.begin("cpu_tape.replay")
     time.sleep(0.5)
     assert capfd.readouterr().err == ""
     progress._at_exit()
-    assert re.fullmatch(r"zinfer: compiled 20 cpu-fast kernels in \d+ s; cpu_tape.replay finishes compiling in the background\n", capfd.readouterr().err)
+    assert re.fullmatch(r"zinfer: compiled 20 cpu-fast kernels in \d+ s; "
+                        r"cpu_tape.replay finishes compiling in the background\n", capfd.readouterr().err)
     progress.end()
     progress.told_total = True  # nothing more at pytest's exit

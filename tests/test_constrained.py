@@ -99,13 +99,15 @@ def test_a_regex_forces_matching_output_from_random_weights(oai, server):
     free = oai.completions.create(model=server.model, prompt="The price:", max_tokens=24, seed=1)
     assert not re.fullmatch(PRICE, free.choices[0].text)  # what random weights say unconstrained
     for seed in range(6):
-        r = oai.completions.create(model=server.model, prompt="The price:", max_tokens=64, seed=seed, extra_body={"guided_regex": PRICE})
+        r = oai.completions.create(model=server.model, prompt="The price:", max_tokens=64, seed=seed,
+                                   extra_body={"guided_regex": PRICE})
         assert re.fullmatch(PRICE, r.choices[0].text), r.choices[0].text
         assert r.choices[0].finish_reason == "stop"
 
 
 def test_structured_outputs_regex_and_a_streamed_chat(oai, server):
-    stream = oai.chat.completions.create(model=server.model, messages=HI, max_tokens=64, seed=4, stream=True, extra_body={"structured_outputs": {"regex": PRICE}})
+    stream = oai.chat.completions.create(model=server.model, messages=HI, max_tokens=64, seed=4, stream=True,
+                                         extra_body={"structured_outputs": {"regex": PRICE}})
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert re.fullmatch(PRICE, text), text
@@ -114,13 +116,16 @@ def test_structured_outputs_regex_and_a_streamed_chat(oai, server):
 
 def test_choice_picks_one_of_the_choices_for_every_n(oai, server):
     choices = ["red", "green", "blue"]
-    r = oai.chat.completions.create(model=server.model, messages=HI, max_tokens=16, n=4, seed=2, extra_body={"guided_choice": choices})
+    r = oai.chat.completions.create(model=server.model, messages=HI, max_tokens=16, n=4, seed=2,
+                                    extra_body={"guided_choice": choices})
     assert len(r.choices) == 4
     assert all(c.message.content in choices and c.finish_reason == "stop" for c in r.choices)
 
 
 def test_a_gbnf_grammar_from_llama_server_clients(server):
-    r = httpx.post(server.url + "/v1/completions", json={"model": server.model, "prompt": "Answer:", "max_tokens": 16, "seed": 3, "grammar": 'root ::= ("yes" | "no") "!"'}, timeout=60)
+    r = httpx.post(server.url + "/v1/completions",
+                   json={"model": server.model, "prompt": "Answer:", "max_tokens": 16, "seed": 3,
+                         "grammar": 'root ::= ("yes" | "no") "!"'}, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["text"] in ("yes!", "no!")
 
@@ -128,7 +133,8 @@ def test_a_gbnf_grammar_from_llama_server_clients(server):
 @pytest.mark.parametrize("field", ["response_format", "guided_json", "json_schema", "structured_outputs"])
 def test_a_json_schema_yields_json_it_admits(oai, server, field):
     body = {
-        "response_format": {"response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}},
+        "response_format": {"response_format": {"type": "json_schema",
+                                                "json_schema": {"name": "person", "schema": PERSON, "strict": True}}},
         "guided_json": {"guided_json": json.dumps(PERSON)},
         "json_schema": {"json_schema": PERSON},
         "structured_outputs": {"structured_outputs": {"json": PERSON}},
@@ -140,21 +146,27 @@ def test_a_json_schema_yields_json_it_admits(oai, server, field):
 
 
 def test_strict_closes_every_object_a_schema_leaves_open(oai, server):
-    open_schema = {"type": "object", "properties": {"a": {"enum": ["x"]}, "b": {"type": "object", "properties": {"c": {"type": "boolean"}}, "required": ["c"]}}, "required": ["a", "b"]}
+    open_schema = {"type": "object",
+                   "properties": {"a": {"enum": ["x"]},
+                                  "b": {"type": "object", "properties": {"c": {"type": "boolean"}}, "required": ["c"]}},
+                   "required": ["a", "b"]}
     for seed in range(3):
         strict = {"type": "json_schema", "json_schema": {"name": "o", "schema": open_schema, "strict": True}}
-        r = oai.chat.completions.create(model=server.model, messages=HI, max_tokens=60, seed=seed, response_format=strict)
+        r = oai.chat.completions.create(model=server.model, messages=HI, max_tokens=60, seed=seed,
+                                        response_format=strict)
         out = json.loads(r.choices[0].message.content)
         assert set(out) == {"a", "b"} and set(out["b"]) == {"c"}, out  # no invented keys
 
 
 def test_json_object_starts_an_object_and_text_is_free(oai, server):
-    r = oai.chat.completions.create(model=server.model, messages=HI, max_tokens=48, seed=5, response_format={"type": "json_object"})
+    r = oai.chat.completions.create(model=server.model, messages=HI, max_tokens=48, seed=5,
+                                    response_format={"type": "json_object"})
     out = r.choices[0].message.content
     assert out.startswith("{")
     if r.choices[0].finish_reason == "stop":  # random weights may well run to the length limit inside the object
         assert isinstance(json.loads(out), dict)
-    free = oai.chat.completions.create(model=server.model, messages=HI, max_tokens=24, seed=5, response_format={"type": "text"})
+    free = oai.chat.completions.create(model=server.model, messages=HI, max_tokens=24, seed=5,
+                                       response_format={"type": "text"})
     assert free.choices[0].finish_reason == "length"  # no constraint: random weights never stop at 24
 
 
@@ -165,12 +177,16 @@ def test_a_number_the_schema_leaves_unbounded_still_ends(oai, server):
     """A model that keeps writing digits (here: told to by logit_bias) meets the end of a
     15-digit integer, not max_tokens: an unbounded integer or number has at most 15 digits
     before the point. A bounded one keeps its bounds."""
-    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "m": {"type": "integer", "minimum": 3, "maximum": 7}}, "required": ["n", "m"], "additionalProperties": False}
-    r = oai.chat.completions.create(model=server.model, messages=HI, max_tokens=64, seed=1, logit_bias=DIGITS, extra_body={"guided_json": schema})
+    schema = {"type": "object",
+              "properties": {"n": {"type": "integer"}, "m": {"type": "integer", "minimum": 3, "maximum": 7}},
+              "required": ["n", "m"], "additionalProperties": False}
+    r = oai.chat.completions.create(model=server.model, messages=HI, max_tokens=64, seed=1, logit_bias=DIGITS,
+                                    extra_body={"guided_json": schema})
     assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
     out = json.loads(r.choices[0].message.content)
     assert len(str(out["n"])) == 15 and 3 <= out["m"] <= 7, out
-    r = oai.completions.create(model=server.model, prompt="x", max_tokens=64, seed=1, logit_bias=DIGITS, extra_body={"guided_json": {"type": "number", "minimum": 0}})
+    r = oai.completions.create(model=server.model, prompt="x", max_tokens=64, seed=1, logit_bias=DIGITS,
+                               extra_body={"guided_json": {"type": "number", "minimum": 0}})
     assert len(r.choices[0].text.split(".")[0]) == 15, r.choices[0].text  # digits after the point are not bounded
 
 
@@ -183,7 +199,8 @@ def test_bounded_numbers_keeps_what_a_schema_bounds():
     assert out["properties"]["a"] == {"type": "integer", "exclusiveMinimum": 0, "maximum": NUMBER_LIMIT}
     assert out["properties"]["b"] == {"type": ["number", "null"], "maximum": 2.5, "minimum": -NUMBER_LIMIT}
     assert out["properties"]["c"] == {"type": "number", "minimum": 1e20}  # above the limit: left open above
-    assert out["properties"]["d"] == schema["properties"]["d"] and "minimum" not in schema["properties"]["a"]  # schema itself untouched
+    # schema itself untouched
+    assert out["properties"]["d"] == schema["properties"]["d"] and "minimum" not in schema["properties"]["a"]
 
 
 # ---- refusals before any work ----------------------------------------------------------------
@@ -191,8 +208,10 @@ def test_bounded_numbers_keeps_what_a_schema_bounds():
 BAD = [
     ({"response_format": {"type": "sound"}}, "response_format", "text, json_object, json_schema"),
     ({"response_format": "json"}, "response_format", "object"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}}, "response_format", "Invalid type"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"if": {}}}}}, "response_format", "Unimplemented"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
+     "response_format", "Invalid type"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"if": {}}}}},
+     "response_format", "Unimplemented"),
     ({"guided_json": "{not json"}, "guided_json", "not valid JSON"),
     ({"guided_json": [1, 2]}, "guided_json", "schema"),
     ({"guided_regex": "[a-"}, "guided_regex", "unclosed character class"),
@@ -288,7 +307,8 @@ def test_a_bad_constraint_over_zeromq_is_refused_alone(engine):
             return results
 
     r = trio.run(main)
-    assert isinstance(r["bad"], Rejected) and r["bad"].code == "bad_constraint", r["bad"]  # refused at the front door, never queued
+    # refused at the front door, never queued
+    assert isinstance(r["bad"], Rejected) and r["bad"].code == "bad_constraint", r["bad"]
     assert "invalid regex" in r["bad"].message and "unclosed character class" in r["bad"].message
     assert isinstance(r["kind"], Rejected) and r["kind"].code == "bad_request" and "constraint" in r["kind"].message
     assert isinstance(r["free"], Finished) and r["free"].usage.completion_tokens == 8
@@ -305,22 +325,27 @@ def test_compile_grammar_names_the_problem():
 def test_stdio_passes_a_constraint_through_and_refuses_a_bad_kind(tiny_model):
     cmd = [sys.executable, "-m", "zinfer.gateway.cli", "stdio", "--model", str(tiny_model)]
     lines = [
-        {"type": "generate", "request_id": "c", "prompt": "x", "params": {"max_tokens": 16, "seed": 1, "constraint": {"kind": "choice", "spec": '["alpha", "beta"]'}}},
-        {"type": "generate", "request_id": "k", "prompt": "x", "params": {"constraint": {"kind": "sound", "spec": "x"}}},
+        {"type": "generate", "request_id": "c", "prompt": "x",
+         "params": {"max_tokens": 16, "seed": 1, "constraint": {"kind": "choice", "spec": '["alpha", "beta"]'}}},
+        {"type": "generate", "request_id": "k", "prompt": "x",
+         "params": {"constraint": {"kind": "sound", "spec": "x"}}},
     ]
-    r = subprocess.run(cmd, input="".join(json.dumps(x) + "\n" for x in lines), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(cmd, input="".join(json.dumps(x) + "\n" for x in lines), capture_output=True, text=True,
+                       timeout=120)
     events = [json.loads(line) for line in r.stdout.splitlines()]
     text = "".join(e.get("text", "") for e in events if e.get("request_id") == "c" and e["type"] == "delta")
     assert text in ("alpha", "beta"), events
     assert [e["type"] for e in events if e.get("request_id") == "c"][-1] == "finished"
     refused = [e for e in events if e.get("request_id") == "k"]
-    assert refused[-1]["type"] == "rejected" and refused[-1]["code"] == "bad_request" and "constraint" in refused[-1]["message"]
+    assert (refused[-1]["type"] == "rejected" and refused[-1]["code"] == "bad_request"
+            and "constraint" in refused[-1]["message"])
 
 
 # ---- slow tier: real models, the official client's parse(), varied schemas --------------------
 
 SLOW_MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b"]
-SCHEMA_RUN = 6  # of tests/structured_schemas.py's models (12 took 71 s of CI on the 0.5B); tests/benchmarks/schema_acceptance.py runs 50
+SCHEMA_RUN = 6  # of tests/structured_schemas.py's models (12 took 71 s of CI on the 0.5B);
+                # tests/benchmarks/schema_acceptance.py runs 50
 SCHEMA_MAX_TOKENS = 800
 
 
@@ -346,7 +371,9 @@ def real_oai(real_server):
 
 @pytest.mark.slow
 def test_the_openai_client_parses_into_a_pydantic_model(real_oai, real_server):
-    r = real_oai.chat.completions.parse(model=real_server.model, messages=[{"role": "user", "content": "Describe Lisbon as a city record."}], response_format=City, temperature=0, max_tokens=200)
+    r = real_oai.chat.completions.parse(model=real_server.model,
+                                        messages=[{"role": "user", "content": "Describe Lisbon as a city record."}],
+                                        response_format=City, temperature=0, max_tokens=200)
     city = r.choices[0].message.parsed
     assert isinstance(city, City) and city.name and city.population >= 0
 
@@ -377,7 +404,8 @@ def test_varied_schemas_at_temperature_0_8_all_parse_and_validate(real_oai, real
         schema = m.model_json_schema()
         r = real_oai.chat.completions.create(
             model=real_server.model, temperature=0.8, seed=i, max_tokens=SCHEMA_MAX_TOKENS, messages=ask_messages(m),
-            response_format={"type": "json_schema", "json_schema": {"name": m.__name__, "schema": schema, "strict": True}},
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": m.__name__, "schema": schema, "strict": True}},
         )
         return m, r.choices[0]
 
@@ -385,7 +413,8 @@ def test_varied_schemas_at_temperature_0_8_all_parse_and_validate(real_oai, real
         results = list(pool.map(ask, range(SCHEMA_RUN)))
     for m, c in results:
         if c.finish_reason == "length" and "smollm2" in real_server.model.lower():
-            assert inside_a_string(c.message.content), f"{m.__name__} cut outside a string: ...{c.message.content[-200:]}"
+            assert inside_a_string(c.message.content), (f"{m.__name__} cut outside a string: "
+                                                        f"...{c.message.content[-200:]}")
             continue
         assert c.finish_reason == "stop", f"{m.__name__}: {c.finish_reason} ...{c.message.content[-200:]}"
         m.model_validate_json(c.message.content)  # raises on any output the schema does not admit
@@ -394,6 +423,7 @@ def test_varied_schemas_at_temperature_0_8_all_parse_and_validate(real_oai, real
 @pytest.mark.slow
 def test_a_constraint_holds_when_the_sampler_is_its_own_process(tiny_model):
     with EngineThread(EngineConfig(model=str(tiny_model), topology="ipc")) as e:
-        events = list(e.client().generate("x", params=SamplingParams(max_tokens=16, seed=1, constraint=Constraint("choice", '["alpha", "beta"]'))))
+        events = list(e.client().generate(
+            "x", params=SamplingParams(max_tokens=16, seed=1, constraint=Constraint("choice", '["alpha", "beta"]'))))
     assert "".join(ev.text for ev in events if isinstance(ev, Delta)) in ("alpha", "beta")
     assert isinstance(events[-1], Finished) and events[-1].finish_reasons == ["stop"]

@@ -46,13 +46,15 @@ class Model:
         first, out = logits, []
         for p in range(len(ids), len(ids) + n):
             out.append(int(np.argmax(logits)))
-            logits = round_logits(self.spec, self.w, self.dev, kv, ForwardBatch.build([(out[-1:], p, table, True)], BLOCK))[0]
+            logits = round_logits(self.spec, self.w, self.dev, kv,
+                                  ForwardBatch.build([(out[-1:], p, table, True)], BLOCK))[0]
         return out, first
 
 
 def same_spec(a, b) -> bool:
     """Specs equal but for the RoPE flavour and float32 rounding of rms_eps."""
-    norm = lambda s: msgspec.structs.replace(s, rope_interleaved=False, rms_eps=float(np.float32(s.rms_eps)))  # noqa: E731
+    norm = lambda s: msgspec.structs.replace(s, rope_interleaved=False,  # noqa: E731
+                                             rms_eps=float(np.float32(s.rms_eps)))
     return norm(a) == norm(b)
 
 
@@ -67,7 +69,8 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
 def test_tiny_converted_dir_computes_what_the_gguf_does(tmp_path, arch):
     gguf_path = write_tiny_gguf(tmp_path / "m.gguf", arch, seed=7, qtype=QT.Q4_0)
     out = convert_gguf_to_hf(gguf_path, tmp_path / "hf")
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
+                                                     "tokenizer_config.json"]
     gg, hf = Model(gguf_path), Model(out)
     assert hf.src.format == "safetensors"
     assert same_spec(hf.spec, gg.spec)
@@ -157,7 +160,8 @@ def test_real_converted_tokenizer_matches_llama_cpp(converted):
     assert (from_dir.bos_id, from_dir.eos_id, from_dir.add_bos) == (sp.bos_id, sp.eos_id, sp.add_bos)
     assert from_dir.chat_template == sp.chat_template  # SmolLM2 has one, this Gemma 3 GGUF none
     assert (sp.chat_template is not None) == (name == "smollm2")
-    goldens = json.loads((GOLDENS / f"tokens_{ {'smollm2': 'smollm2-135m', 'gemma3': 'gemma3-270m'}[name]}.json").read_text())
+    goldens = json.loads((GOLDENS / f"tokens_{ {'smollm2': 'smollm2-135m', 'gemma3': 'gemma3-270m'}[name]}.json")
+                         .read_text())
     for case in goldens["cases"]:
         assert hf.encode(case["text"]).ids == case["ids"], case["text"]  # BOS added as the model says
         assert from_dir.encode(case["text"]) == case["ids"], case["text"]

@@ -116,7 +116,8 @@ def test_linear_on_real_tensors(smollm2_path, gemma3_path):
 
 
 def cq_only(w: cpu_fast_linears.FastWeight) -> cpu_fast_linears.FastWeight:
-    """w's quantized forms only (no f32 copy): embed reads the packed blocks, or the int8 view where it is all (Q5_0, Q6_K)."""
+    """w's quantized forms only (no f32 copy): embed reads the packed blocks, or the int8 view where it is all
+    (Q5_0, Q6_K)."""
     return cpu_fast_linears.FastWeight(w.shape, w.packed, None, w.int8)
 
 
@@ -133,7 +134,8 @@ def test_rms_norm_glu_rope(shape):
         close(dev.glu(g, u, act), ref.glu(g, u, act))
     if len(shape) == 3:
         pos = np.array([0, 7, 1000])
-        ctx = dev.begin_round(ForwardBatch.build([([0], int(p), [0], False) for p in pos], 1024))  # a round at these positions
+        # a round at these positions
+        ctx = dev.begin_round(ForwardBatch.build([([0], int(p), [0], False) for p in pos], 1024))
         for inter in (True, False):
             for rope_dim in (64, 32):
                 close(dev.rope(x, ctx, 10000.0, rope_dim, inter), ref.rope(x, pos, 10000.0, rope_dim, inter), 1e-4)
@@ -146,7 +148,8 @@ def test_attention_mixed_round(window, hd, kv_f16):
     and decodes (the paged kernel) in one round, over f16 or f32 K/V pools."""
     H, Hkv, bs = 6, 2, 4
     rng = np.random.default_rng(window)
-    chunks = [(list(range(40)), 3, [9, 2, 7, 0, 5, 11, 1, 3, 4, 6, 8], False), ([1], 0, [10], True), ([1, 2, 3], 6, [12, 13, 14], True), ([1], 17, [15, 16, 17, 18, 19], True)]
+    chunks = [(list(range(40)), 3, [9, 2, 7, 0, 5, 11, 1, 3, 4, 6, 8], False), ([1], 0, [10], True),
+              ([1, 2, 3], 6, [12, 13, 14], True), ([1], 17, [15, 16, 17, 18, 19], True)]
     batch = ForwardBatch.build(chunks, bs)
     q = rng.standard_normal((batch.n_tokens, H, hd), dtype=np.float32)
     fast = FastCpuDevice(kv_f16=kv_f16)
@@ -192,10 +195,12 @@ def test_write_kv_rounds_to_f16_as_numpy(T):
     k[0, 0, :4] = [1e-6, 7e4, -1e-8, 0.1]
     v = rng.standard_normal((T, 3, 64)).astype(np.float32)
     slots = rng.permutation(64)[:T]
-    ctx = dev.begin_round(ForwardBatch.build([(list(range(T)), 0, slots, False)], 1))  # one-slot blocks: ctx.slots == slots
+    # one-slot blocks: ctx.slots == slots
+    ctx = dev.begin_round(ForwardBatch.build([(list(range(T)), 0, slots, False)], 1))
     with np.errstate(over="ignore"):
         dev.write_kv(kv, 0, k, v, ctx)
-        assert np.array_equal(kv.k[0][slots], k.astype(np.float16)) and np.array_equal(kv.v[0][slots], v.astype(np.float16))
+        assert (np.array_equal(kv.k[0][slots], k.astype(np.float16))
+                and np.array_equal(kv.v[0][slots], v.astype(np.float16)))
     untouched = np.setdiff1d(np.arange(64), slots)
     assert not kv.k[0][untouched].any() and not kv.v[0][untouched].any()
 
@@ -240,7 +245,8 @@ def test_each_weight_gets_its_kernel_at_upload_and_the_oracles_product(qt, int8,
     wf = dequantize(t.data, qt, t.shape).astype(np.float64)
     switch = getattr(w, "small_rows", 4)
     if type(w).__name__ == "QuantLinear":
-        assert (w.f32 is not None, switch) == ((True, cpu_fast_linears.SMALL_BATCH) if cache else (False, cpu_fast_linears.SMALL_BATCH_NO_COPY))
+        assert (w.f32 is not None, switch) == ((True, cpu_fast_linears.SMALL_BATCH) if cache
+                                               else (False, cpu_fast_linears.SMALL_BATCH_NO_COPY))
     if type(w).__name__ == "Int8Linear":
         assert w.f32 is None and w.int8 is not None  # no f32 copy: the int8 kernels serve every T
     for T in (1, switch, switch + 1, 33):

@@ -61,7 +61,8 @@ class F16KV:
     """An oracle that rounds K and V to f16 as they are stored, as cpu-fast keeps them."""
 
     def write_kv(self, kv, layer, k, v, ctx):
-        super().write_kv(kv, layer, k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32), ctx)
+        super().write_kv(kv, layer, k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32),
+                         ctx)
 
 
 class F16Oracle(F16KV, CpuDevice):
@@ -83,14 +84,16 @@ class Pair:
         self.ws = [build_weights(self.spec, src.tensors, d.upload) for d in self.devs]
 
     def kvs(self, n_blocks=32):
-        return [d.alloc_kv(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim, n_blocks, 16) for d in self.devs]
+        return [d.alloc_kv(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim, n_blocks, 16)
+                for d in self.devs]
 
     def round(self, kvs, chunks):
         b = ForwardBatch.build(chunks, 16)
         return [round_logits(self.spec, w, d, kv, b) for d, w, kv in zip(self.devs, self.ws, kvs)]
 
 
-@pytest.fixture(scope="module", params=[pytest.param(p, marks=pytest.mark.slow) for p in ("smollm2", "gemma3", "smollm2-int8", "gemma3-int8")])
+@pytest.fixture(scope="module", params=[pytest.param(p, marks=pytest.mark.slow)
+                                        for p in ("smollm2", "gemma3", "smollm2-int8", "gemma3-int8")])
 def pair(request):
     model, _, int8 = request.param.partition("-")
     if int8 and not int8_ir.available():

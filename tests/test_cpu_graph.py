@@ -3,9 +3,10 @@
 Tiny random models of each architecture the forward switches on (llama; gemma3 with
 sliding windows, GeGLU, sandwich and q/k norms, the embedding scale; qwen2 with biases,
 in f32 so its products are Python steps of the tape; llama in Q4_K (tests/goldens/tiny_q4k.py)
-and Q5_0, whose int8 kernels read the file's blocks; K/V in f32; the float kernels), decoded for many rounds with graphs and without, on
-batches that fill a bucket and batches padded up to one, with sequences joining and
-leaving and tables growing past block edges: the logits must be equal bit for bit.
+and Q5_0, whose int8 kernels read the file's blocks; K/V in f32; the float kernels), decoded
+for many rounds with graphs and without, on batches that fill a bucket and batches padded up
+to one, with sequences joining and leaving and tables growing past block edges: the logits
+must be equal bit for bit.
 Then what must never happen: a round replaying another KV pool's graphs, an op fed an
 array made outside the recorded ops (which must run eagerly and still be right), and a
 tape node with a missing or wrongly typed field (a TypeError while the tape is built).
@@ -56,7 +57,8 @@ class Pair:
         self.spec = src.spec
         self.devs = [FastCpuDevice(decode_graphs=False, **opts), FastCpuDevice(decode_graphs=True, **opts)]
         self.ws = [build_weights(self.spec, src.tensors, d.upload) for d in self.devs]
-        self.kvs = [d.alloc_kv(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim, N_BLOCKS, BLOCK) for d in self.devs]
+        self.kvs = [d.alloc_kv(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim, N_BLOCKS, BLOCK)
+                    for d in self.devs]
         self.devs[1].replay_compile.start()
         assert self.devs[1].settle(600)  # replay compiled up front, so every eligible round takes a graph
 
@@ -65,10 +67,12 @@ class Pair:
         return [round_logits(self.spec, w, d, kv, b) for d, w, kv in zip(self.devs, self.ws, self.kvs)]
 
 
-OPTIONS = {"f32kv": dict(kv_f16=False), "float": dict(int8=False)}  # K/V in f32; the float kernels, whose products are Python steps
+# K/V in f32; the float kernels, whose products are Python steps
+OPTIONS = {"f32kv": dict(kv_f16=False), "float": dict(int8=False)}
 
 
-@pytest.fixture(scope="module", params=["llama-q8_0", "gemma3-q8_0", "qwen2-f32", "llama-q4_k", "llama-q5_0", "gemma3-q8_0-f32kv", "llama-q8_0-float"])
+@pytest.fixture(scope="module", params=["llama-q8_0", "gemma3-q8_0", "qwen2-f32", "llama-q4_k", "llama-q5_0",
+                                        "gemma3-q8_0-f32kv", "llama-q8_0-float"])
 def pair(request, tiny_paths):
     model, _, options = request.param.partition("-q8_0-")
     return Pair(tiny_paths[model + "-q8_0" if options else request.param], **OPTIONS.get(options, {}))

@@ -16,7 +16,8 @@ try:
 except Exception:  # not installed, or no driver
     cupy, _GPU = None, False
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _GPU, reason="no CUDA GPU (cupy missing or cupy.cuda.is_available() is False)")]
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not _GPU, reason="no CUDA GPU (cupy missing or cupy.cuda.is_available() is False)")]
 
 from zinfer.devices.cpu import CpuDevice, CpuKV  # noqa: E402
 from zinfer.devices.cuda import CudaConfig, CudaDevice  # noqa: E402
@@ -44,7 +45,8 @@ def random_tensor(qtype: int, rows: int, cols: int, rng) -> TensorData:
     epb, bpb = BLOCK_SHAPES[qtype]
     blocks = rng.integers(0, 256, (rows * cols // epb, bpb), dtype=np.uint8)
     for off in SCALE_OFFSETS[qtype]:
-        blocks[:, off:off + 2] = (rng.uniform(0.005, 0.02, blocks.shape[0]).astype(np.float16)).view(np.uint8).reshape(-1, 2)
+        blocks[:, off:off + 2] = (rng.uniform(0.005, 0.02, blocks.shape[0])
+                                  .astype(np.float16)).view(np.uint8).reshape(-1, 2)
     return TensorData(qtype, (rows, cols), blocks.reshape(rows, -1))
 
 
@@ -91,7 +93,8 @@ def test_rope(dev, interleaved, T, heads, hd, rope_dim):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((T, heads, hd)).astype(np.float32)
     pos = rng.integers(0, 4000, T).astype(np.int64)
-    ctx = dev.begin_round(ForwardBatch.build([([0], int(p), [0], False) for p in pos], 4096))  # a round at these positions
+    # a round at these positions
+    ctx = dev.begin_round(ForwardBatch.build([([0], int(p), [0], False) for p in pos], 4096))
     got = dev.to_numpy(dev.rope(dev.from_numpy(x), ctx, 10000.0, rope_dim, interleaved))
     assert rel_err(got, ref.rope(x, pos, 10000.0, rope_dim, interleaved)) < 1e-4
 
@@ -119,7 +122,8 @@ def test_paged_attention_matches_cpu(dev, window, H, Hkv, hd):
         chunks.append((list(range(n)), first, perm[used:used + need], True))
         used += need
     batch = ForwardBatch.build(chunks, bs)
-    cpu, cpu_kv = CpuDevice(), CpuKV([np.zeros(((n_blocks) * bs, Hkv, hd), np.float32)], [np.zeros(((n_blocks) * bs, Hkv, hd), np.float32)], n_blocks, bs)
+    cpu, cpu_kv = CpuDevice(), CpuKV([np.zeros(((n_blocks) * bs, Hkv, hd), np.float32)],
+                                     [np.zeros(((n_blocks) * bs, Hkv, hd), np.float32)], n_blocks, bs)
     gpu_kv = dev.alloc_kv(1, Hkv, hd, n_blocks, bs)
     # earlier context of every sequence (every slot of the pool), then this round's K/V
     k0, v0 = (rng.standard_normal((n_blocks * bs, Hkv, hd)).astype(np.float32) for _ in range(2))
@@ -182,7 +186,8 @@ def test_tiny_model_greedy_tokens_equal_cpu(tmp_path, arch, qtype, graphs):
     kv_cpu = cpu.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, 16, 8)
     kv_gpu = gpu.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, 16, 8)
     want = _greedy(lambda b: round_logits(spec, w_cpu, cpu, kv_cpu, b), prompt, 12)
-    got = _greedy(lambda b: round_logits(spec, w_gpu, gpu, kv_gpu, b), prompt, 12)  # run_round: graphs replay decode rounds
+    # run_round: graphs replay decode rounds
+    got = _greedy(lambda b: round_logits(spec, w_gpu, gpu, kv_gpu, b), prompt, 12)
     assert got == want
 
 

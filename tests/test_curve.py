@@ -36,7 +36,8 @@ def tiny_model(tmp_path_factory):
 def keys(tmp_path_factory):
     """`zinfer keygen` output, and a client allowlist directory holding only client.key."""
     out = tmp_path_factory.mktemp("keys")
-    subprocess.run([sys.executable, "-m", "zinfer.gateway.cli", "keygen", str(out / "k")], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "zinfer.gateway.cli", "keygen", str(out / "k")], check=True,
+                   capture_output=True)
     allowed = out / "allowed"
     allowed.mkdir()
     shutil.copy(out / "k" / "client.key", allowed)
@@ -44,7 +45,8 @@ def keys(tmp_path_factory):
 
 
 def zinfer(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zinfer.gateway.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "zinfer.gateway.cli", *args], capture_output=True, text=True,
+                          timeout=120)
 
 
 def test_keygen_writes_loadable_keys_with_owner_only_secrets(keys):
@@ -71,27 +73,31 @@ def test_curve_front_door_serves_only_listed_clients(tiny_model, keys):
     kdir, allowed = keys
     authorized = ClientKeys.load(kdir / "client.key_secret", kdir / "server.key")
     stranger = KeyPair.generate()
-    with running_server(tiny_model, "--zmq-curve-secret", str(kdir / "server.key_secret"), "--zmq-curve-clients", str(allowed)) as server:
+    with running_server(tiny_model, "--zmq-curve-secret", str(kdir / "server.key_secret"),
+                        "--zmq-curve-clients", str(allowed)) as server:
         with Client(server.zmq, ctx=zmq.Context(), timeout_s=120, curve=authorized) as c:
             events = generate_text(c)
         assert isinstance(events[-1], Finished) and any(isinstance(e, Delta) for e in events)
 
         no_keys = Client(server.zmq, ctx=zmq.Context(), timeout_s=3)
-        unknown = Client(server.zmq, ctx=zmq.Context(), timeout_s=3, curve=ClientKeys(authorized.server_public, stranger.public, stranger.secret))
+        unknown = Client(server.zmq, ctx=zmq.Context(), timeout_s=3,
+                         curve=ClientKeys(authorized.server_public, stranger.public, stranger.secret))
         for refused in (no_keys, unknown):
             with refused, pytest.raises(EngineError):
                 generate_text(refused)
 
         # still healthy: the gateway's inproc client needs no keys, and listed clients get in
         assert httpx.get(server.url + "/health", timeout=10).status_code == 200
-        r = httpx.post(server.url + "/v1/completions", json={"prompt": "hello", "max_tokens": 3, "temperature": 0}, timeout=60)
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "hello", "max_tokens": 3, "temperature": 0},
+                       timeout=60)
         assert r.status_code == 200, r.text
         with Client(server.zmq, ctx=zmq.Context(), timeout_s=120, curve=authorized) as c:
             assert isinstance(generate_text(c)[-1], Finished)
 
 
 def test_api_key_with_a_reachable_zmq_endpoint_refuses_to_start(tiny_model):
-    p = zinfer("serve", "--model", str(tiny_model), "--port", str(free_port()), "--api-key", "K", "--zmq", f"tcp://0.0.0.0:{free_port()}")
+    p = zinfer("serve", "--model", str(tiny_model), "--port", str(free_port()), "--api-key", "K",
+               "--zmq", f"tcp://0.0.0.0:{free_port()}")
     assert p.returncode == 1
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "--api-key" in lines[0] and "--zmq-curve-secret" in lines[0], p.stderr
@@ -103,7 +109,8 @@ def test_api_key_with_a_loopback_zmq_endpoint_starts(tiny_model):
             assert isinstance(generate_text(c)[-1], Finished)
 
 
-HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
 
 def push_shutdown(ctx: zmq.Context, address: str, curve: ClientKeys | None) -> zmq.Event:
@@ -161,11 +168,13 @@ async def test_tcp_topology_lets_no_foreign_socket_reach_an_actor(tiny_model):
 async def test_async_client_with_listed_keys_gets_in_and_without_gets_nothing(tiny_model, keys):
     kdir, allowed = keys
     public = f"tcp://127.0.0.1:{free_port()}"
-    config = EngineConfig(model=str(tiny_model), zmq_endpoints=(public,), zmq_curve_secret=str(kdir / "server.key_secret"), zmq_curve_clients=str(allowed))
+    config = EngineConfig(model=str(tiny_model), zmq_endpoints=(public,),
+                          zmq_curve_secret=str(kdir / "server.key_secret"), zmq_curve_clients=str(allowed))
     outside = zmq.Context()  # a separate client context, as another program would have
     try:
         async with open_engine(config):
-            async with AsyncClient(outside, public, curve=ClientKeys.load(kdir / "client.key_secret", kdir / "server.key")) as client:
+            async with AsyncClient(outside, public,
+                                   curve=ClientKeys.load(kdir / "client.key_secret", kdir / "server.key")) as client:
                 with trio.fail_after(120):
                     events = [ev async for ev in client.generate("hello there", params=GREEDY)]
                 assert isinstance(events[-1], Finished)

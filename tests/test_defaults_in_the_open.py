@@ -31,8 +31,9 @@ def zinfer(*args: str) -> str:
 def test_version_and_every_default_in_help():
     assert zinfer("--version").startswith("zinfer ")
     run, serve = " ".join(zinfer("run", "--help").split()), " ".join(zinfer("serve", "--help").split())
-    for words in ("--temperature TEMPERATURE 0 is greedy (default: 0.2)", "(default: 0.9)", "the most tokens to generate (default: 256)",
-                  "sequences decoded together (default: 1)", "context length in tokens (default: the model's own)"):
+    for words in ("--temperature TEMPERATURE 0 is greedy (default: 0.2)", "(default: 0.9)",
+                  "the most tokens to generate (default: 256)", "sequences decoded together (default: 1)",
+                  "context length in tokens (default: the model's own)"):
         assert words in run, words
     for words in ("(default: 127.0.0.1)", "the HTTP port (default: 8080)", "sequences decoded together (default: 32)"):
         assert words in serve, words
@@ -58,12 +59,14 @@ def test_http_names_max_tokens_past_the_context(tmp_path):
         r = httpx.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1_000_000_000}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
         card = httpx.get(s.url + "/v1/models", timeout=30).json()["data"][0]
-        assert card["sampling_defaults"] == {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "source": "openai"}
+        assert card["sampling_defaults"] == {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+                                             "repetition_penalty": 1.0, "source": "openai"}
 
 
 def test_a_models_recommended_sampling_fills_unset_fields(tmp_path):
     path = write_tiny_hf(tmp_path / "hf", "qwen2")
-    (path / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}))
+    (path / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.7, "top_p": 0.8,
+                                                             "top_k": 20, "repetition_penalty": 1.05}))
     d = sampling_defaults(SimpleNamespace(format="hf", path=path))
     assert d == SamplingDefaults(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05, source="model")
     req = ChatRequest(messages=[{"role": "user", "content": "hi"}])
@@ -71,5 +74,7 @@ def test_a_models_recommended_sampling_fills_unset_fields(tmp_path):
     assert (p.temperature, p.top_p, p.top_k, p.repetition_penalty) == (0.7, 0.8, 20, 1.05)
     p = sampling_params(ChatRequest(messages=[{"role": "user", "content": "hi"}], temperature=0.0, top_k=0), 512, d)
     assert (p.temperature, p.top_k, p.top_p) == (0.0, 0, 0.8)  # what the request says wins
-    gguf = SimpleNamespace(format="gguf", path=tmp_path, gguf_metadata={"general.sampling.temp": 0.6, "general.sampling.top_k": float("nan")})
-    assert sampling_defaults(gguf) == SamplingDefaults(temperature=0.6, source="model")  # a value out of range is left out
+    gguf = SimpleNamespace(format="gguf", path=tmp_path,
+                           gguf_metadata={"general.sampling.temp": 0.6, "general.sampling.top_k": float("nan")})
+    # a value out of range is left out
+    assert sampling_defaults(gguf) == SamplingDefaults(temperature=0.6, source="model")

@@ -57,7 +57,9 @@ def test_decoded_options_are_validated_and_unknown_fields_refused():
         msgspec.json.decode(b'{"kind": "tpu"}', type=DeviceConfig)
 
 
-@pytest.mark.parametrize("options", [None, CpuConfig(), CpuFastConfig(threads=3, int8=False, kv_f16=False, f32_cache_mib=0), CudaConfig(cuda_graphs=True, graph_buckets=(1, 2))])
+@pytest.mark.parametrize("options", [None, CpuConfig(),
+                                     CpuFastConfig(threads=3, int8=False, kv_f16=False, f32_cache_mib=0),
+                                     CudaConfig(cuda_graphs=True, graph_buckets=(1, 2))])
 def test_engine_config_round_trips_with_device_options(options):
     """The ipc/tcp topologies send EngineConfig to their children as JSON."""
     config = EngineConfig(device="cpu-fast" if isinstance(options, CpuFastConfig) else "auto", device_options=options)
@@ -85,7 +87,8 @@ def test_default_device_is_auto():
 
 
 def test_threads_flag_reaches_the_fast_device(restore_numba_threads):
-    config = engine_config(parser().parse_args(["run", "--device", "cpu-fast", "--threads", "1", "--no-int8", "--kv-f32", "hi"]))
+    config = engine_config(parser().parse_args(["run", "--device", "cpu-fast", "--threads", "1", "--no-int8",
+                                                "--kv-f32", "hi"]))
     assert config.device_options == CpuFastConfig(threads=1, int8=False, kv_f16=False)
     dev = make_device(config.device, config.device_options)
     assert (dev.threads, dev.int8, dev.kv_dtype.__name__) == (1, False, "float32")
@@ -115,9 +118,11 @@ def test_cpu_and_cuda_flags_together_are_refused(capsys):
 
 def test_engine_resolves_auto_and_traces_the_resolved_device(tiny_model, tmp_path, restore_numba_threads):
     async def main_():
-        config = EngineConfig(model=str(tiny_model), device="auto", device_options=CpuFastConfig(threads=1), trace=TraceConfig(dir=str(tmp_path)))
+        config = EngineConfig(model=str(tiny_model), device="auto", device_options=CpuFastConfig(threads=1),
+                              trace=TraceConfig(dir=str(tmp_path)))
         async with open_engine(config) as engine:
-            return engine.config.device, engine.tracing.provider.resource.attributes["zinfer.device"], engine.actors["executor"].device.threads
+            return (engine.config.device, engine.tracing.provider.resource.attributes["zinfer.device"],
+                    engine.actors["executor"].device.threads)
 
     want = resolve_device("auto").name
     if want != "cpu-fast":
@@ -138,7 +143,9 @@ def test_unsupported_tensor_type_is_one_line_naming_tensor_and_type(tmp_path, ca
 @pytest.mark.skipif(cuda_problem() is None, reason="a GPU works here")
 def test_cuda_by_name_without_a_gpu_is_one_line_before_loading(capsys):
     with pytest.raises(SystemExit) as info:
-        main(["run", "--model", "/nonexistent.gguf", "--device", "cuda:0", "hi"])  # refused before the model is looked at
+        # refused before the model is looked at
+        main(["run", "--model", "/nonexistent.gguf", "--device", "cuda:0", "hi"])
     err = capsys.readouterr().err
     assert info.value.code == 1
-    assert err.startswith("zinfer: error: device cuda:0 cannot run here: ") and cuda_problem() in err and err.count("\n") == 1
+    assert (err.startswith("zinfer: error: device cuda:0 cannot run here: ") and cuda_problem() in err
+            and err.count("\n") == 1)

@@ -126,7 +126,8 @@ def test_candidates_of_a_non_finite_row_fail_as_the_full_row(bad):
     row[7] = bad
     _, _, cand = reduce_logits(CpuDevice(), row[None], round_seqs([1]))
     with pytest.raises(ValueError, match="logits of seq 9 are not finite"):
-        RequestSampler(GREEDY, [1], 300, seq_id=9).sample_candidates(cand.ids[0], cand.values[0], float(cand.row_max[0]))
+        RequestSampler(GREEDY, [1], 300, seq_id=9).sample_candidates(cand.ids[0], cand.values[0],
+                                                                     float(cand.row_max[0]))
 
 
 # ---- through a real engine ------------------------------------------------------------
@@ -162,7 +163,8 @@ async def generate(client: AsyncClient, prompt: str, params: SamplingParams) -> 
 
 
 async def test_engine_tokens_equal_with_and_without_reductions(tiny_model):
-    async with open_engine(EngineConfig(model=str(tiny_model), device="cpu")) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
+    async with (open_engine(EngineConfig(model=str(tiny_model), device="cpu")) as engine,
+                AsyncClient(engine.ctx, engine.addrs.frontend) as client):
         with trio.fail_after(120):
             seen = tap_sampler(engine)
             reduced = [await generate(client, "hello there world", p) for p in (SAMPLED, GREEDY)]
@@ -177,7 +179,8 @@ async def test_engine_tokens_equal_with_and_without_reductions(tiny_model):
 
 
 async def test_engine_greedy_rounds_ship_no_full_rows_and_logprobs_get_theirs(tiny_model):
-    async with open_engine(EngineConfig(model=str(tiny_model), device="cpu")) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
+    async with (open_engine(EngineConfig(model=str(tiny_model), device="cpu")) as engine,
+                AsyncClient(engine.ctx, engine.addrs.frontend) as client):
         with trio.fail_after(120):
             seen = tap_sampler(engine)
             greedy, _ = await generate(client, "zebra quartz", GREEDY)

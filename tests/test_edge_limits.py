@@ -77,11 +77,14 @@ def test_zmq_out_of_range_values_get_one_rejection_each(server):
     try:
         reference = client.greedy_text("ref")
         nested = msgspec.msgpack.encode({"type": "generate", "request_id": "deep", "prompt": "Hi"})
-        nested = b"\x84" + nested[1:] + msgspec.msgpack.encode("messages") + b"\x91" * 5000 + b"\xc0"  # a 4th field, 5000 deep
+        # a 4th field, 5000 deep
+        nested = b"\x84" + nested[1:] + msgspec.msgpack.encode("messages") + b"\x91" * 5000 + b"\xc0"
         bad = [
             # (request, words in the rejection)
-            ({"type": "generate", "request_id": "s", "prompt": "Hi", "params": {"seed": 1e30}}, "params.seed"),  # 10**30 as a JS client sends it
-            ({"type": "generate", "request_id": "t", "prompt_ids": [1, 2**64 - 1]}, "prompt_ids[1]"),  # the largest int msgpack carries
+            # 10**30 as a JS client sends it
+            ({"type": "generate", "request_id": "s", "prompt": "Hi", "params": {"seed": 1e30}}, "params.seed"),
+            # the largest int msgpack carries
+            ({"type": "generate", "request_id": "t", "prompt_ids": [1, 2**64 - 1]}, "prompt_ids[1]"),
             ({"type": "generate", "request_id": "k", "prompt": "Hi", "params": {"top_k": 2**64 - 1}}, "params.top_k"),
             ({"type": "detokenize", "request_id": "d", "token_ids": [2**64 - 1]}, "token_ids[0]"),
             ({"type": "generate", "request_id": "r" * 300, "prompt": "Hi"}, "request_id"),
@@ -89,14 +92,16 @@ def test_zmq_out_of_range_values_get_one_rejection_each(server):
         ]
         for request, words in bad:
             events = client.answers_to(request)
-            assert len(events) == 1 and events[0]["type"] == "rejected" and events[0]["code"] == "bad_request", (words, events)
+            assert (len(events) == 1 and events[0]["type"] == "rejected"
+                    and events[0]["code"] == "bad_request"), (words, events)
             assert words in events[0]["message"], events[0]
             if isinstance(request, dict) and len(request["request_id"]) <= 256:  # the client can match its refusal
                 assert events[0]["request_id"] == request["request_id"], events[0]
             assert_alive(server)
             assert client.greedy_text(f"after-{words}") == reference, words
         # a seed in unsigned 64-bit range with n=2: choice 1's seed is seed + 1, which must still encode
-        client.send({"type": "generate", "request_id": "u", "prompt": "Hi", "params": {"seed": 2**64 - 1, "n": 2, "max_tokens": 2}})
+        client.send({"type": "generate", "request_id": "u", "prompt": "Hi",
+                     "params": {"seed": 2**64 - 1, "n": 2, "max_tokens": 2}})
         two = client.until("u")
         assert two[-1]["type"] == "finished" and len(two[-1]["finish_reasons"]) == 2, two[-1]
         assert_alive(server)
@@ -127,13 +132,15 @@ def test_websocket_out_of_range_values_get_one_error_each(server):
         (gen("seed", params={"seed": 10**30}), "seed", "seed"),
         (gen("topk", params={"top_k": 2**64}), "topk", "top_k"),
         (gen("bias", params={"logit_bias": {str(2**70): 1}}), "bias", "logit_bias"),
-        (json.dumps({"type": "generate", "id": "many", "messages": [{"role": "user", "content": "Hi"}] * 1025}), "many", "messages"),
+        (json.dumps({"type": "generate", "id": "many", "messages": [{"role": "user", "content": "Hi"}] * 1025}),
+         "many", "messages"),
         (gen("i" * 300), "i" * 300, "length <= 200 - at `$.id`"),
         ('{"type": "generate", "id": "deep", "prompt": "Hi", "params": ' + DEEP + "}", None, "nested too deeply"),
         ('{"type": "generate", "id": "deeper", "prompt": "Hi", "extra": ' + DEEP + "}", None, "nested too deeply"),
         ("[x", None, "not a JSON message"),  # the typed decoder stops at "[", the untyped one read on and raised
         ("1x", None, "not a JSON message"),
-        ('{"id": ' + DEEP + ', "type": "cancel"}', None, "nested too deeply"),  # skipping a field before the tag recurses too
+        # skipping a field before the tag recurses too
+        ('{"id": ' + DEEP + ', "type": "cancel"}', None, "nested too deeply"),
         (gen("binary").encode(), None, "binary frames"),  # receive_text raised KeyError: the socket closed with 1011
     ]
     with connect(server.ws, open_timeout=30) as ws:
@@ -166,7 +173,8 @@ def test_stdio_out_of_range_values_get_one_rejection_each(smollm2_path):
         (json.dumps({"type": "generate", "request_id": "n", "prompt": "Hi", "params": {"n": 2**64}}), "n", "params.n"),
         (json.dumps({"type": "detokenize", "request_id": "d", "token_ids": [10**30]}), "d", "token_ids"),
         ('{"type": "generate", "request_id": "deep", "messages": ' + DEEP + "}", "", "messages"),
-        ('{"request_id": ' + DEEP + ', "type": "cancel"}', "", "nested too deeply"),  # skipping a field before the tag recurses
+        # skipping a field before the tag recurses
+        ('{"request_id": ' + DEEP + ', "type": "cancel"}', "", "nested too deeply"),
     ]
     try:
         assert z.read()["type"] == "ready"

@@ -61,8 +61,9 @@ def test_validate_names_the_field_out_of_range(field, value):
 
 
 def test_validate_takes_the_edges_of_every_range():
-    SamplingParams(temperature=0, top_k=2**31 - 1, top_p=1, min_p=1, repetition_penalty=100, presence_penalty=-2, max_tokens=2**31 - 1,
-                   logit_bias={i: 100.0 for i in range(1024)}, stop_token_ids=list(range(1024)), stop=["x" * 512] * 16, logprobs=20, n=16).validate()
+    SamplingParams(temperature=0, top_k=2**31 - 1, top_p=1, min_p=1, repetition_penalty=100, presence_penalty=-2,
+                   max_tokens=2**31 - 1, logit_bias={i: 100.0 for i in range(1024)}, stop_token_ids=list(range(1024)),
+                   stop=["x" * 512] * 16, logprobs=20, n=16).validate()
     for seed in (-(2**63), 2**63 - 1, 2**63, 2**64 - 1, None):
         SamplingParams(seed=seed).validate()
 
@@ -86,15 +87,22 @@ BAD_REQUESTS = [
     ("token id over 64 bits", {"type": "generate", "request_id": "a", "prompt_ids": [2**64 - 1]}, "prompt_ids[0]"),
     ("negative token id", {"type": "detokenize", "request_id": "a", "token_ids": [-1]}, "token_ids[0]"),
     ("long request id", {"type": "generate", "request_id": "r" * 257, "prompt": "Hi"}, "request_id"),
-    ("too many messages", {"type": "generate", "request_id": "a", "messages": [{"role": "user", "content": "Hi"}] * 1025}, "messages"),
+    ("too many messages",
+     {"type": "generate", "request_id": "a", "messages": [{"role": "user", "content": "Hi"}] * 1025}, "messages"),
     ("float seed", {"type": "generate", "request_id": "a", "prompt": "Hi", "params": {"seed": 1e30}}, "params.seed"),
-    ("top_k over int64", {"type": "generate", "request_id": "a", "prompt": "Hi", "params": {"top_k": 2**64 - 1}}, "params.top_k"),
-    ("logit_bias key over int64", {"type": "generate", "request_id": "a", "prompt": "Hi", "params": {"logit_bias": {2**63: 1.0}}}, "params.logit_bias"),
+    ("top_k over int64", {"type": "generate", "request_id": "a", "prompt": "Hi", "params": {"top_k": 2**64 - 1}},
+     "params.top_k"),
+    ("logit_bias key over int64",
+     {"type": "generate", "request_id": "a", "prompt": "Hi", "params": {"logit_bias": {2**63: 1.0}}},
+     "params.logit_bias"),
     # "$" matches before a final newline: the name would reach the prompt and the grammar with it
-    ("tool name ending in a newline", {"type": "generate", "request_id": "a", "messages": [{"role": "user", "content": "Hi"}],
-                                       "tools": [{"name": "get_weather\n"}]}, "tools[0].name"),
-    ("called name ending in a newline", {"type": "tokenize", "request_id": "a", "messages": [{"role": "assistant", "tool_calls": [
-        {"id": "c", "function": {"name": "f\n", "arguments": "{}"}}]}]}, "messages[0].tool_calls[0].function.name"),
+    ("tool name ending in a newline",
+     {"type": "generate", "request_id": "a", "messages": [{"role": "user", "content": "Hi"}],
+      "tools": [{"name": "get_weather\n"}]}, "tools[0].name"),
+    ("called name ending in a newline",
+     {"type": "tokenize", "request_id": "a",
+      "messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f\n", "arguments": "{}"}}]}]},
+     "messages[0].tool_calls[0].function.name"),
 ]
 
 
@@ -129,7 +137,8 @@ async def test_async_client_refuses_an_unencodable_request_for_its_caller_only()
         async with trio.open_nursery() as nursery, AsyncClient(ctx, "inproc://edge-front") as client:
             nursery.start_soon(front.serve)
             bad = [ev async for ev in client.generate(prompt_ids=[2**64], request_id="bad")]
-            assert len(bad) == 1 and isinstance(bad[0], Rejected) and bad[0].request_id == "bad" and "prompt_ids" in bad[0].message
+            assert (len(bad) == 1 and isinstance(bad[0], Rejected) and bad[0].request_id == "bad"
+                    and "prompt_ids" in bad[0].message)
             with pytest.raises(EngineError, match="token_ids"):
                 await client.detokenize([2**64])
             with pytest.raises(EngineError, match="request_id"):

@@ -110,21 +110,25 @@ async def test_prefix_cache_skips_shared_prefill(engine):
 
 async def test_stop_string_and_stop_token(engine):
     async with AsyncClient(engine.ctx, engine.address) as client:
-        full, _, events = await collect(client, "The capital of France is", SamplingParams(temperature=0, max_tokens=12))
+        full, _, events = await collect(client, "The capital of France is",
+                                        SamplingParams(temperature=0, max_tokens=12))
         text = "".join(e.text for e in events if isinstance(e, Delta))
         stop = text[len(text) // 2 :][:2]  # two characters from the middle of the greedy answer
         assert stop.strip(), text
-        _, terminal, events = await collect(client, "The capital of France is", SamplingParams(temperature=0, max_tokens=12, stop=[stop]))
+        _, terminal, events = await collect(client, "The capital of France is",
+                                            SamplingParams(temperature=0, max_tokens=12, stop=[stop]))
         cut = "".join(e.text for e in events if isinstance(e, Delta))
         assert stop not in cut and text.startswith(cut)
         assert terminal.finish_reasons == ["stop"]
-        ids, terminal, _ = await collect(client, "The capital of France is", SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[full[2]]))
+        ids, terminal, _ = await collect(client, "The capital of France is",
+                                         SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[full[2]]))
         assert ids == full[:3] and terminal.finish_reasons == ["stop"]
 
 
 async def test_bad_requests_are_rejected_and_engine_lives(engine):
     async with AsyncClient(engine.ctx, engine.address) as client:
-        _, terminal, _ = await collect(client, "word " * (engine.engine.max_model_len + 100))  # one word is a token or more
+        # one word is a token or more
+        _, terminal, _ = await collect(client, "word " * (engine.engine.max_model_len + 100))
         assert isinstance(terminal, Rejected) and terminal.code == "too_long"
         assert terminal.n_prompt_tokens > terminal.n_ctx
         _, terminal, _ = await collect(client, "hi", SamplingParams(temperature=-1))

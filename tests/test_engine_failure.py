@@ -34,7 +34,8 @@ async def test_an_actor_that_raises_fails_every_open_request_once(tmp_path):
             async with trio.open_nursery() as n:
                 for i in range(3):
                     n.start_soon(one, i)
-    assert len(terminals) == 3 and all(isinstance(ev, Failed) and "scheduler failed" in ev.message and "scheduler fault" in ev.message for ev in terminals), terminals
+    assert len(terminals) == 3 and all(isinstance(ev, Failed) and "scheduler failed" in ev.message
+                                       and "scheduler fault" in ev.message for ev in terminals), terminals
     with pytest.raises(ExceptionGroup, match="Trio nursery") as stopped:
         await trio.to_thread.run_sync(thread.stop)  # the engine stopped on the error, and says so
     assert stopped.group_contains(RuntimeError, match="scheduler fault")

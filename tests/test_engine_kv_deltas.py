@@ -20,7 +20,8 @@ PARAMS = SamplingParams(temperature=0, max_tokens=72, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def small_engine(smollm2_path):
-    with EngineThread(EngineConfig(model=str(smollm2_path), device="cpu", max_running=8, num_blocks=BLOCKS, prefix_caching=True)) as e:
+    with EngineThread(EngineConfig(model=str(smollm2_path), device="cpu", max_running=8, num_blocks=BLOCKS,
+                                   prefix_caching=True)) as e:
         yield e
 
 

@@ -24,7 +24,8 @@ BLOCKS = 24  # of 16 tokens: 384 token slots for 6 sequences that grow to ~100 t
 def small_engine(tmp_path_factory):
     # a context longer than the pool, so "cannot fit" is about blocks
     path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf", "llama", max_position_embeddings=4096)
-    with EngineThread(EngineConfig(model=str(path), device="cpu", max_running=8, num_blocks=BLOCKS, prefix_caching=False)) as e:
+    with EngineThread(EngineConfig(model=str(path), device="cpu", max_running=8, num_blocks=BLOCKS,
+                                   prefix_caching=False)) as e:
         yield e
 
 
@@ -34,7 +35,8 @@ async def test_preempted_sequences_resume_and_finish(small_engine):
     async with AsyncClient(small_engine.ctx, small_engine.address) as client:
         alone = {}
         for p in prompts[:2]:
-            alone[p] = [t async for ev in client.generate(p, params=params) if isinstance(ev, Delta) for t in ev.token_ids]
+            alone[p] = [t async for ev in client.generate(p, params=params) if isinstance(ev, Delta)
+                        for t in ev.token_ids]
         before = small_engine.engine.actors["scheduler"].preemptions
         results = {}
 

@@ -110,7 +110,8 @@ first = round_logits(spec, w, dev, kv, ForwardBatch.build([(prompt, 0, [0, 1, 2]
 chunks = [([7], 40, [0, 1, 2], True), ([5, 6, 9], 0, [3], True)]
 second = round_logits(spec, w, dev, kv, ForwardBatch.build(chunks, 16))
 np.save(sys.argv[2], np.concatenate([first, second]))
-kernels = [v for name, m in list(sys.modules.items()) if name.startswith("zinfer.kernels.") for v in vars(m).values() if isinstance(v, Dispatcher)]
+kernels = [v for name, m in list(sys.modules.items()) if name.startswith("zinfer.kernels.") \
+for v in vars(m).values() if isinstance(v, Dispatcher)]
 print("compiled here:", sum(sum(k.stats.cache_misses.values()) for k in kernels))
 """
 
@@ -119,7 +120,8 @@ def _run(model: Path, cache: Path, out: Path) -> tuple[np.ndarray, subprocess.Co
     """The forward's logits [3, vocab] from a new interpreter whose numba cache is `cache`."""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
     env.pop(compile_cache.IN_PROCESS_ENV, None)
-    done = subprocess.run([sys.executable, "-c", _FORWARD, str(model), str(out)], env=env, check=True, timeout=600, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", _FORWARD, str(model), str(out)], env=env, check=True, timeout=600,
+                          capture_output=True, text=True)
     return np.load(out), done
 
 
@@ -129,7 +131,8 @@ def test_the_first_cpu_fast_run_gives_the_logits_of_every_later_run(tmp_path):
     that loaded it (head_dim 64 as SmolLM2's; before the fix rows 0 and 1 differed by
     0.055). Neither run compiles a kernel in its own process, and only the first says it
     compiles."""
-    model = write_tiny_gguf(tmp_path / "m.gguf", "llama", qtype=QT.Q4_1, hidden_size=256, num_attention_heads=4, head_dim=64)
+    model = write_tiny_gguf(tmp_path / "m.gguf", "llama", qtype=QT.Q4_1, hidden_size=256, num_attention_heads=4,
+                            head_dim=64)
     cache = tmp_path / "numba"
     first, first_run = _run(model, cache, tmp_path / "first.npy")
     later, later_run = _run(model, cache, tmp_path / "later.npy")

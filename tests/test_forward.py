@@ -84,7 +84,8 @@ class Model:
 
 REAL = pytest.mark.slow  # the cached real models
 TINY = [("tiny-llama", d) for d in DEVICES] + [("tiny-gemma3", d) for d in DEVICES] + [("tiny-qwen2", "cpu")]
-CASES = [pytest.param(c, id="-".join(c)) for c in TINY] + [pytest.param((m, "cpu"), id=m, marks=REAL) for m in ("smollm2", "gemma3")]
+CASES = [pytest.param(c, id="-".join(c)) for c in TINY] + [pytest.param((m, "cpu"), id=m, marks=REAL)
+                                                           for m in ("smollm2", "gemma3")]
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +158,8 @@ def test_batched_rounds_equal_each_sequence_alone(model):
     for i, (s, n) in enumerate(zip(seqs, lengths)):
         assert_same(model, out[i], model.prefill(s[: n + 1]))
     # round 3: two decodes next to a sequence that wants no logits this round
-    out = model.round(kv, [(seqs[0][6:7], 6, tables[0], True), (seqs[1][19:20], 19, tables[1], False), (seqs[2][34:35], 34, tables[2], True)])
+    out = model.round(kv, [(seqs[0][6:7], 6, tables[0], True), (seqs[1][19:20], 19, tables[1], False),
+                           (seqs[2][34:35], 34, tables[2], True)])
     assert out.shape == (2, model.spec.vocab_size)
     assert_same(model, out[0], model.prefill(seqs[0][:7]))
     assert_same(model, out[1], model.prefill(seqs[2][:35]))
@@ -228,6 +230,7 @@ def test_devices_import_neither_models_nor_traces():
     import zinfer.devices
 
     names = [f"zinfer.devices.{m.name}" for m in pkgutil.iter_modules(zinfer.devices.__path__)]
-    code = f"import sys\nfor n in {names!r}: __import__(n)\nprint(sorted(m for m in sys.modules if m.startswith(('zinfer.models', 'zinfer.traces'))))"
+    code = (f"import sys\nfor n in {names!r}: __import__(n)\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('zinfer.models', 'zinfer.traces'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "zinfer.devices.round" in names and out.strip() == "[]"

@@ -18,7 +18,8 @@ from zinfer.actors.front_door_actor import MAX_PUBLIC_MESSAGE
 from zinfer.gateway.client import AsyncClient
 from zinfer.messages.bus import AsyncSocket
 from zinfer.messages.channel import Outbox
-from zinfer.messages.client import TERMINAL_EVENTS, Cancel, Cancelled, ClientEvent, ClientRequest, Delta, Detokenize, Failed, Finished, Generate, Rejected, Started, Tokenize, TokenizeResult
+from zinfer.messages.client import (TERMINAL_EVENTS, Cancel, Cancelled, ClientEvent, ClientRequest, Delta, Detokenize,
+                                    Failed, Finished, Generate, Rejected, Started, Tokenize, TokenizeResult)
 from zinfer.messages.codec import Codec
 from zinfer.messages.engine import ActorFailed, SchedulerStats, SeqError, SeqOutput, SeqOutputs, TokenizerInbox
 from zinfer.messages.params import SamplingParams
@@ -72,7 +73,8 @@ async def run(client: AsyncClient, **kw) -> list:
 
 async def test_text_cap_refuses_unencodable_lengths_and_never_one_that_fits(tiny_model):
     mml = 256
-    async with open_engine(EngineConfig(model=str(tiny_model), max_model_len=mml)) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
+    async with (open_engine(EngineConfig(model=str(tiny_model), max_model_len=mml)) as engine,
+                AsyncClient(engine.ctx, engine.addrs.frontend) as client):
         # a 4 MiB prompt: refused at once as too_long, without being encoded
         (ev,) = await run(client, prompt="x" * (4 << 20))
         assert isinstance(ev, Rejected) and ev.code == "too_long" and "characters" in ev.message and ev.n_ctx == mml
@@ -112,7 +114,8 @@ async def test_a_big_prompt_delays_no_other_stream(tiny_model):
         # Tokenize and Detokenize of big inputs answer too, with the library's ids
         await c.send(Tokenize("t", text=big[:100_000]))
         (res,) = await c.until_terminal("t")
-        assert isinstance(res, TokenizeResult) and res.token_ids == engine.actors["tokenizer"].prompts.tokenizer.encode(big[:100_000])
+        assert (isinstance(res, TokenizeResult)
+                and res.token_ids == engine.actors["tokenizer"].prompts.tokenizer.encode(big[:100_000]))
         await c.send(Detokenize("d", token_ids=res.token_ids))
         (text,) = await c.until_terminal("d")
         assert isinstance(text, TokenizeResult) and text.text == big[:100_000]
@@ -144,18 +147,21 @@ async def test_largest_seed_with_two_choices(tiny_model):
     def sampled(seed, n=1):
         return dict(params=SamplingParams(seed=seed, n=n, max_tokens=6, ignore_eos=True, temperature=1.0))
 
-    async with open_engine(EngineConfig(model=str(tiny_model), device="cpu", max_model_len=256)) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
+    async with (open_engine(EngineConfig(model=str(tiny_model), device="cpu", max_model_len=256)) as engine,
+                AsyncClient(engine.ctx, engine.addrs.frontend) as client):
         events = await run(client, prompt="hello world", **sampled(2**64 - 1, n=2))
         assert isinstance(events[-1], Finished), events[-1]
         choice = {i: [t for e in events if isinstance(e, Delta) and e.index == i for t in e.token_ids] for i in (0, 1)}
         alone = {}
         for i, seed in ((0, 2**64 - 1), (1, 0)):  # choice 1 samples with seed + 1, wrapped to 0
-            alone[i] = [t for e in await run(client, prompt="hello world", **sampled(seed)) if isinstance(e, Delta) for t in e.token_ids]
+            alone[i] = [t for e in await run(client, prompt="hello world", **sampled(seed)) if isinstance(e, Delta)
+                        for t in e.token_ids]
         assert choice == alone
 
 
 async def test_requests_after_an_actor_failed_fail_at_once(tiny_model):
-    async with open_engine(EngineConfig(model=str(tiny_model), max_model_len=256)) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
+    async with (open_engine(EngineConfig(model=str(tiny_model), max_model_len=256)) as engine,
+                AsyncClient(engine.ctx, engine.addrs.frontend) as client):
         out = Outbox(engine.ctx, engine.addrs.tokenizer, TokenizerInbox)
         await out.send(ActorFailed("executor", "process 1 exited with code -9"))
         out.close()
@@ -171,9 +177,11 @@ async def test_requests_after_an_actor_failed_fail_at_once(tiny_model):
 
 
 async def test_a_sampling_error_fails_its_request_only(tiny_model):
-    async with open_engine(EngineConfig(model=str(tiny_model), max_model_len=256)) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
+    async with (open_engine(EngineConfig(model=str(tiny_model), max_model_len=256)) as engine,
+                AsyncClient(engine.ctx, engine.addrs.frontend) as client):
         c = RawClient(engine.ctx, engine.addrs.frontend)
-        await c.send(Generate("bad", prompt="hello", params=SamplingParams(n=2, max_tokens=256, ignore_eos=True)))  # the whole context
+        await c.send(Generate("bad", prompt="hello",
+                              params=SamplingParams(n=2, max_tokens=256, ignore_eos=True)))  # the whole context
         first = await c.recv()
         assert isinstance(first, Started)
         tok = engine.actors["tokenizer"]

@@ -30,7 +30,8 @@ def worker():
 @example(case=(-1, 5000))  # found: a 3,000-line RecursionError
 @example(case=(0, [("u64", "header", 0, 2**64 - 1)]))
 @example(case=(2, [("flip", "header", 146, 146)]))  # found: gemma3.block_count ~2^32, a hang building its layer pattern
-@example(case=(0, [("flip", "header", 18703, 46)]))  # found: merges naming a missing token, the tokenizers library's bare Exception
+# found: merges naming a missing token, the tokenizers library's bare Exception
+@example(case=(0, [("flip", "header", 18703, 46)]))
 def test_a_damaged_gguf_loads_or_is_refused_cleanly(bases, worker, tmp_path, case):
     result = worker.run("load", fg.case_file(bases, case, tmp_path))
     fg.check(result, "load", case)

@@ -17,7 +17,8 @@ from tiny import write_tiny_gguf
 
 @pytest.fixture(scope="module")
 def sut(tmp_path_factory):
-    s = ServerUnderTest(write_tiny_gguf(tmp_path_factory.mktemp("fuzzg") / "tiny-llama.gguf", "llama", seed=5), "--max-running", "8", timeout=30.0)
+    s = ServerUnderTest(write_tiny_gguf(tmp_path_factory.mktemp("fuzzg") / "tiny-llama.gguf", "llama", seed=5),
+                        "--max-running", "8", timeout=30.0)
     yield s
     s.close()
 

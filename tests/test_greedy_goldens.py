@@ -112,7 +112,8 @@ def compare(golden_name: str, path, device: str, options=None, cases: slice = sl
         else:
             k = next(i for i, (a, b) in enumerate(zip(ours, ref)) if a != b)
             margin = float(rows[k][ours[k]] - rows[k][ref[k]])
-            result.divergences.append(f"{case['prompt'][:30]!r}: first divergence at token {k}, logit margin {margin:.4f}")
+            result.divergences.append(f"{case['prompt'][:30]!r}: first divergence at token {k}, "
+                                      f"logit margin {margin:.4f}")
     return result
 
 
@@ -169,7 +170,8 @@ def test_run_json_matches_llama_cpp(smollm2_path, device, case_index):
     agrees on the first golden prompt; cpu-llama also where the oracle takes another tie)."""
     case = load_golden("smollm2-135m")["cases"][case_index]
     out = subprocess.run(
-        [sys.executable, "-m", "zinfer.gateway.cli", "run", "--model", str(smollm2_path), "--device", device, "--raw", "--temperature", "0", "--max-tokens", "32", "--json", case["prompt"]],
+        [sys.executable, "-m", "zinfer.gateway.cli", "run", "--model", str(smollm2_path), "--device", device, "--raw",
+         "--temperature", "0", "--max-tokens", "32", "--json", case["prompt"]],
         capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 0, out.stderr

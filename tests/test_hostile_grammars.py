@@ -74,7 +74,9 @@ def test_chains_past_the_limit_are_refused_before_any_library_sees_them():
 
 
 def test_ordinary_grammars_pass_the_measurements():
-    tree = {"$defs": {"node": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}}, "$ref": "#/$defs/node"}
+    tree = {"$defs": {"node": {"type": "object",
+                               "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}},
+            "$ref": "#/$defs/node"}
     check_limits(Constraint("json_schema", json.dumps(tree)))  # recursion is fine: a cycle is compiled once
     check_limits(Constraint("json_schema", ref_chain_schema(40)))
     check_limits(Constraint("lark", lark_chain(100)))
@@ -112,7 +114,8 @@ def check_all(model, constraints, check_seconds=5.0):
 
 
 def test_empty_languages_are_refused_with_the_vocabulary_in_our_words(tiny_model):
-    out = check_all(tiny_model, [Constraint(k, s) for k, s in EMPTY_LANGUAGES] + [Constraint("gbnf", 'root ::= "a" | "b"')])
+    out = check_all(tiny_model, [Constraint(k, s) for k, s in EMPTY_LANGUAGES]
+                    + [Constraint("gbnf", 'root ::= "a" | "b"')])
     for (kind, _), verdict in zip(EMPTY_LANGUAGES, out):
         assert isinstance(verdict, str) and "allows no output" in verdict, (kind, verdict)
         assert_our_words(verdict)
@@ -156,7 +159,8 @@ def test_a_worker_that_dies_mid_check_is_replaced(tiny_model):
 
 
 def post(server, body, timeout=30):
-    return httpx.post(server.url + "/v1/chat/completions", json={"model": server.model, "messages": HI, "max_tokens": 4, **body}, timeout=timeout)
+    return httpx.post(server.url + "/v1/chat/completions",
+                      json={"model": server.model, "messages": HI, "max_tokens": 4, **body}, timeout=timeout)
 
 
 def test_a_ref_chain_that_crashed_serve_is_a_400(server):
@@ -224,7 +228,8 @@ def test_the_websocket_refuses_the_crashing_schema(server):
     with connect(server.ws, open_timeout=30) as ws:
         params = {"max_tokens": 4, "constraint": {"kind": "json_schema", "spec": ref_chain_schema(1500)}}
         ws.send(json.dumps({"type": "generate", "id": "g1", "messages": HI, "params": params}))
-        ws.send(json.dumps({"type": "generate", "id": "g2", "messages": HI, "params": {"max_tokens": 3, "temperature": 0}}))
+        ws.send(json.dumps({"type": "generate", "id": "g2", "messages": HI,
+                            "params": {"max_tokens": 3, "temperature": 0}}))
         got = {}
         while len(got) < 2:
             m = json.loads(ws.recv(timeout=60))
@@ -248,9 +253,11 @@ def test_stdio_refuses_the_crashing_schema_and_finishes_the_other_request(tiny_m
     cmd = [sys.executable, "-m", "zinfer.gateway.cli", "stdio", "--model", str(tiny_model)]
     lines = [
         {"type": "generate", "request_id": "ok", "prompt": "x", "params": {"max_tokens": 6, "seed": 1}},
-        {"type": "generate", "request_id": "bad", "prompt": "x", "params": {"constraint": {"kind": "lark", "spec": lark_chain(3000)}}},
+        {"type": "generate", "request_id": "bad", "prompt": "x",
+         "params": {"constraint": {"kind": "lark", "spec": lark_chain(3000)}}},
     ]
-    r = subprocess.run(cmd, input="".join(json.dumps(x) + "\n" for x in lines), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(cmd, input="".join(json.dumps(x) + "\n" for x in lines), capture_output=True, text=True,
+                       timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     events = [json.loads(line) for line in r.stdout.splitlines()]
     terminal = {e["request_id"]: e for e in events if e["type"] in ("finished", "rejected", "failed", "cancelled")}

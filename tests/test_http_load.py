@@ -1,7 +1,8 @@
 """A bounded load run over HTTP against a real `zinfer serve`: 64 concurrent streaming
 clients, short requests, 10% of them leaving mid-stream. Every request must end in
 exactly one terminal, /metrics must count what the clients saw, and no KV block may
-stay held once the server is idle. ZINFER_HTTP_LOAD_REQUESTS scales it (default 128: about 2 minutes on 2 shared cores)."""
+stay held once the server is idle. ZINFER_HTTP_LOAD_REQUESTS scales it (default 128: about 2
+minutes on 2 shared cores)."""
 
 from __future__ import annotations
 
@@ -84,4 +85,5 @@ def test_load_streams_end_once_metrics_agree_and_no_kv_leaks(server):
     n_ttft = after["zinfer_time_to_first_token_seconds_count"] - before["zinfer_time_to_first_token_seconds_count"]
     assert n_ttft == REQUESTS  # every request, the leavers too, got a first token
     print(f"\n{REQUESTS} streams, {CLIENTS} clients: {elapsed:.1f} s, {REQUESTS / elapsed:.1f} req/s, "
-          f"{(after['zinfer_generation_tokens_total'] - before['zinfer_generation_tokens_total']) / elapsed:.1f} generated tok/s")
+          f"{(after['zinfer_generation_tokens_total'] - before['zinfer_generation_tokens_total']) / elapsed:.1f} "
+          "generated tok/s")

@@ -38,7 +38,8 @@ LAYERS: dict[str, set[str]] = {  # folder -> the folders it may import
 }
 
 DEVICE_USERS = {
-    "actors": {"zinfer.actors.executor_actor", *(f"zinfer.actors.{m}" for m in ("engine", "engine_config", "engine_build"))},
+    "actors": {"zinfer.actors.executor_actor",
+               *(f"zinfer.actors.{m}" for m in ("engine", "engine_config", "engine_build"))},
     "models": {"zinfer.models.forward"},
 }
 """The modules of actors/ and models/ that may import devices/: the executor runs rounds on its

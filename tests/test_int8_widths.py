@@ -1,4 +1,5 @@
-"""cpu-fast reads Q5_0, Q6_K and Q4_K at (about) the file's width (kernels/cpu_fast/int8/: the layout table of products.py, u5, u6, k4).
+"""cpu-fast reads Q5_0, Q6_K and Q4_K at (about) the file's width (kernels/cpu_fast/int8/: the layout table of
+products.py, u5, u6, k4).
 
 Each product equals the oracle's (the dequantized matrix times the activations rounded
 as the int8 kernels round them: per 32 columns, per 256 for the K-quants) and, for Q5_0,
@@ -32,8 +33,10 @@ from zinfer.models.weights import build_weights
 pytestmark = pytest.mark.skipif(not int8_ir.available(), reason="the int8 kernels need AVX512-VNNI or AVX2")
 
 OWN_WIDTH = {QT.Q5_0: ("u5", "p8"), QT.Q6_K: ("u6", "i8"), QT.Q4_K: ("k4", "u4")}  # kind, the widened kind
-# kind, bits per weight held (the file's: 5.5, 6.5625, 8.5, 5.0; Q4_0 4.5: its m = -8 d is kept; Q4_K 4.5: its 6-bit scales as bytes)
-RESIDENT = {QT.Q5_0: ("u5", 5.5), QT.Q6_K: ("u6", 6.5625), QT.Q8_0: ("p8", 8.5), QT.Q4_1: ("u4", 5.0), QT.Q4_0: ("u4", 5.0), QT.Q4_K: ("k4", 4.625)}
+# kind, bits per weight held (the file's: 5.5, 6.5625, 8.5, 5.0; Q4_0 4.5: its m = -8 d is kept; Q4_K 4.5: its 6-bit
+# scales as bytes)
+RESIDENT = {QT.Q5_0: ("u5", 5.5), QT.Q6_K: ("u6", 6.5625), QT.Q8_0: ("p8", 8.5), QT.Q4_1: ("u4", 5.0),
+            QT.Q4_0: ("u4", 5.0), QT.Q4_K: ("k4", 4.625)}
 
 
 def _product_case(qt, T):
@@ -93,10 +96,13 @@ def _outer_product(w, x):
     per_step = int8_ir_outer.scratch_bytes_per_row_step(w.kind)
     scratch = np.empty(rows * w.nsteps * per_step, np.uint8)
     out = np.full((T, rows), np.nan, np.float32)
-    common = dict(M=w.m.ctypes.data, A=A.ctypes.data, S=S.ctypes.data, N=N.ctypes.data, C=C.ctypes.data, nsteps=w.nsteps, nchunks=w.nchunks,
-                  r0=0, r1=rows, t0=0, astride=A.strides[0], sstride=S.strides[0], nstride=N.strides[0], cstride=C.strides[0])
-    convert(W=w.qs.ctypes.data, D=w.d.ctypes.data, wstride=w.qs.strides[0], dstride=w.d.strides[0], t1=0, out=scratch.ctypes.data, ostride=0, **common)
-    product(W=scratch.ctypes.data, D=scratch.ctypes.data, wstride=w.nsteps * per_step, dstride=0, t1=T, out=out.ctypes.data, ostride=rows, **common)
+    common = dict(M=w.m.ctypes.data, A=A.ctypes.data, S=S.ctypes.data, N=N.ctypes.data, C=C.ctypes.data,
+                  nsteps=w.nsteps, nchunks=w.nchunks, r0=0, r1=rows, t0=0,
+                  astride=A.strides[0], sstride=S.strides[0], nstride=N.strides[0], cstride=C.strides[0])
+    convert(W=w.qs.ctypes.data, D=w.d.ctypes.data, wstride=w.qs.strides[0], dstride=w.d.strides[0], t1=0,
+            out=scratch.ctypes.data, ostride=0, **common)
+    product(W=scratch.ctypes.data, D=scratch.ctypes.data, wstride=w.nsteps * per_step, dstride=0, t1=T,
+            out=out.ctypes.data, ostride=rows, **common)
     return out
 
 
@@ -114,7 +120,8 @@ def test_prefill_runs_as_outer_products_and_keeps_the_oracles_product(qt, T):
     out = np.empty((T, 48), np.float32)
     ci.matmul(w, x, out)
     assert close(out, ci.rounded(x, ci.rounding_group(w)) @ wf.T, tol=1e-6) < 1e-6
-    tiled = min(T, ci.ROWS_PER_BLOCK) // 4 * 4  # a task's activation rows are ci.ROWS_PER_BLOCK at most (128): 130's last 2 alone
+    # a task's activation rows are ci.ROWS_PER_BLOCK at most (128): 130's last 2 alone
+    tiled = min(T, ci.ROWS_PER_BLOCK) // 4 * 4
     np.testing.assert_array_equal(out[:tiled], _outer_product(w, x[:tiled]))
     alone = np.empty((T - tiled, 48), np.float32)
     ci.matmul(w, x[tiled:], alone)
@@ -134,7 +141,8 @@ def test_upload_keeps_only_the_files_width_and_embeds_its_rows_exactly(qt):
     np.testing.assert_array_equal(dev.embed(w, ids), dequantize(t.data, qt, t.shape)[ids])
 
 
-@pytest.mark.parametrize("cols, kind", [(96, "i8"), (576, "p8")])  # not whole 64-column steps; not whole 128-column groups
+# not whole 64-column steps; not whole 128-column groups
+@pytest.mark.parametrize("cols, kind", [(96, "i8"), (576, "p8")])
 def test_q5_0_rows_off_its_groups_keep_the_widened_kernel(cols, kind):
     t = random_tensor(QT.Q5_0, 9, cols, seed=3)
     w = FastCpuDevice().upload("w", t)
@@ -172,7 +180,8 @@ def logits(path, dev) -> tuple[np.ndarray, set[str]]:
     src = open_model(path)
     spec, w = src.spec, build_weights(src.spec, src.tensors, dev.upload)
     kv = dev.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, 8, 16)
-    first = round_logits(spec, w, dev, kv, ForwardBatch.build([([1, 5, 9, 200, 7], 0, [0], True), ([3] * 20, 0, [1, 2], True)], 16))
+    first = round_logits(spec, w, dev, kv,
+                         ForwardBatch.build([([1, 5, 9, 200, 7], 0, [0], True), ([3] * 20, 0, [1, 2], True)], 16))
     nxt = round_logits(spec, w, dev, kv, ForwardBatch.build([([11], 5, [0], True), ([12], 20, [1, 2], True)], 16))
     kinds = {m.int8.kind for m in _matrices(w) if getattr(m, "int8", None) is not None}
     return np.concatenate([first, nxt]), kinds
@@ -226,7 +235,8 @@ from zinfer.kernels.cpu_fast.int8 import products as ci, ir as int8_ir
 from zinfer.kernels.oracle.quants import dequantize
 assert int8_ir.host_isa() == "avx2", int8_ir.host_isa()
 worst = 0.0
-for qt, rows in ((QT.Q5_0, 37), (QT.Q5_0, 48), (QT.Q4_K, 37), (QT.Q4_K, 48), (QT.Q6_K, 37), (QT.Q6_K, 48), (QT.Q4_1, 37), (QT.Q8_0, 37)):
+for qt, rows in ((QT.Q5_0, 37), (QT.Q5_0, 48), (QT.Q4_K, 37), (QT.Q4_K, 48), (QT.Q6_K, 37), (QT.Q6_K, 48), \
+(QT.Q4_1, 37), (QT.Q8_0, 37)):
     t = random_tensor(qt, rows, 768, seed=7)  # 48 rows x 70: the outer-product tasks
     w = FastCpuDevice().upload("w", t)
     wf = dequantize(t.data, qt, t.shape).astype(np.float64)
@@ -250,7 +260,8 @@ def test_the_avx2_kernels_give_the_oracles_products_too(tmp_path):
     from pathlib import Path
 
     env = {**os.environ, int8_ir.ISA_ENV: "avx2"}
-    run = subprocess.run([sys.executable, "-c", _AVX2_PRODUCTS, str(Path(__file__).parent)], env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run([sys.executable, "-c", _AVX2_PRODUCTS, str(Path(__file__).parent)], env=env,
+                         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     kinds = {line.split()[0] for line in run.stdout.splitlines() if not line.startswith("worst")}
     assert kinds == {"u5", "k4", "u6", "u4", "p8"}

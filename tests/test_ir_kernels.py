@@ -37,7 +37,8 @@ def functions_of(assembly: str, names: list[str]) -> dict[str, str]:
     return bodies
 
 
-@pytest.mark.parametrize("cpu", ["sapphirerapids", "cascadelake"])  # cascadelake: the first VNNI CPU (no VBMI, no BITALG)
+# cascadelake: the first VNNI CPU (no VBMI, no BITALG)
+@pytest.mark.parametrize("cpu", ["sapphirerapids", "cascadelake"])
 def test_every_int8_kernel_compiles_to_vpdpbusd(cpu):
     names = [int8_ir.kernel_name(*key) for key in int8_ir.KEYS]
     assert len(names) == 44
@@ -63,14 +64,17 @@ def test_outer_product_kernels_compile_to_vpdpbusd_on_broadcasts(cpu):
     names = [name for pair in int8_ir.OUTER_NAMES.values() for name in pair]
     bodies = functions_of(llvm_host.compile_for_target(int8_ir.module_ir(), cpu, VNNI_FEATURES), names)
     for kind, (convert, product) in int8_ir.OUTER_NAMES.items():
-        assert "vpdpbusd" not in bodies[convert] and ("vpunpck" in bodies[convert] or "vperm" in bodies[convert]), convert
+        assert ("vpdpbusd" not in bodies[convert]
+                and ("vpunpck" in bodies[convert] or "vperm" in bodies[convert])), convert
         assert ("vpsrlvq" in bodies[convert]) == (kind in ("u5", "u6")), convert
-        assert "vpdpbusd" in bodies[product] and "vpbroadcastd" in bodies[product] and "vpsignb" not in bodies[product], product
+        assert ("vpdpbusd" in bodies[product] and "vpbroadcastd" in bodies[product]
+                and "vpsignb" not in bodies[product]), product
 
 
 @pytest.mark.parametrize("cpu", ["znver1", "haswell"])  # AVX2 CPUs without AVX-512
 def test_every_int8_kernel_builds_for_avx2_without_avx512(cpu):
-    names = [int8_ir.kernel_name(*key) for key in int8_ir.KEYS] + [product for _, product in int8_ir.OUTER_NAMES.values()]
+    names = ([int8_ir.kernel_name(*key) for key in int8_ir.KEYS]
+             + [product for _, product in int8_ir.OUTER_NAMES.values()])
     bodies = functions_of(llvm_host.compile_for_target(int8_ir.module_ir("avx2"), cpu, "+avx2,+fma,+f16c"), names)
     for name in names:
         assert "vpmaddubsw" in bodies[name] and "vpmaddwd" in bodies[name], name
@@ -98,7 +102,9 @@ def test_kernel_parameters_are_the_declared_signature():
     import llvmlite.binding as llvm
 
     for text, signature, names in (
-        (int8_ir.module_ir(), int8_ir.SIGNATURE, [int8_ir.kernel_name(*key) for key in int8_ir.KEYS] + [n for pair in int8_ir.OUTER_NAMES.values() for n in pair]),
+        (int8_ir.module_ir(), int8_ir.SIGNATURE,
+         [int8_ir.kernel_name(*key) for key in int8_ir.KEYS]
+         + [n for pair in int8_ir.OUTER_NAMES.values() for n in pair]),
         (gemm_ir.kernel_ir(), gemm_ir.SIGNATURE, [f"sgemm_{gemm_ir.MR}x16"]),
     ):
         module = llvm.parse_assembly(text)
@@ -143,7 +149,8 @@ def test_object_cache_keeps_the_machine_code_and_a_later_compile_runs_it(tmp_pat
     b = rng.standard_normal((K, 16), np.float32)  # [K, 16]
     outs, files = [], []
     for _ in range(2):
-        fn = gemm_ir.SIGNATURE.ctypes_function(llvm_host.compile_for_host(gemm_ir.kernel_ir(), [name], cache_dir=tmp_path)[name])
+        fn = gemm_ir.SIGNATURE.ctypes_function(
+            llvm_host.compile_for_host(gemm_ir.kernel_ir(), [name], cache_dir=tmp_path)[name])
         c = np.zeros((gemm_ir.MR, 16), np.float32)  # [MR, 16]
         fn(A=a.ctypes.data, lda=K, B=b.ctypes.data, ldb=16, C=c.ctypes.data, ldc=16, K=K)
         outs.append(c)
@@ -173,7 +180,8 @@ def test_numba_call_with_a_wrong_argument_list_fails_to_compile_naming_it():
 
     @njit
     def float_stride(x):
-        call_kernel(np.int64(0), GemmArgs(A=x.ctypes.data, lda=16, B=x.ctypes.data, ldb=16.0, C=x.ctypes.data, ldc=16, K=1))
+        call_kernel(np.int64(0), GemmArgs(A=x.ctypes.data, lda=16, B=x.ctypes.data, ldb=16.0, C=x.ctypes.data, ldc=16,
+                                          K=1))
 
     @njit
     def raw_tuple(x):

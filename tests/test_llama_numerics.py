@@ -75,7 +75,8 @@ def test_tiny_q4k_hidden_states_equal_llama_cpps(tiny_q4k, repack):
 def test_repacking_follows_llama_cpps_rule():
     """Q4_0, Q4_K, IQ4_NL, MXFP4 and Q2_K weights of a multiple of 8 rows (x86 AVX-512)."""
     assert lr.repacks("Q4_K", (896, 4864)) and lr.repacks("Q4_0", (8, 32)) and lr.repacks("Q2_K", (16, 256))
-    assert not lr.repacks("Q4_K", (20, 256)) and not lr.repacks("Q6_K", (896, 4864)) and not lr.repacks("Q8_0", (896, 896))
+    assert (not lr.repacks("Q4_K", (20, 256)) and not lr.repacks("Q6_K", (896, 4864))
+            and not lr.repacks("Q8_0", (896, 896)))
     assert not lr.repacks("Q4_K", (256,))
 
 
@@ -138,9 +139,11 @@ def test_float_ops_match_the_oracle_within_rounding():
     v = rng.standard_normal((70, 3, 64)).astype(np.float32)
     qpos = np.arange(63, 70)
     for window in (0, 16):
-        np.testing.assert_allclose(lo.attention(q, k, v, qpos, 0.125, window), ref.attention(q, k, v, qpos, 0.125, window), atol=2e-6)
+        np.testing.assert_allclose(lo.attention(q, k, v, qpos, 0.125, window),
+                                   ref.attention(q, k, v, qpos, 0.125, window), atol=2e-6)
         one = slice(6, 7)  # a decode row sums p.v in another order
-        np.testing.assert_allclose(lo.attention(q[one], k, v, qpos[one], 0.125, window), ref.attention(q[one], k, v, qpos[one], 0.125, window), atol=2e-6)
+        np.testing.assert_allclose(lo.attention(q[one], k, v, qpos[one], 0.125, window),
+                                   ref.attention(q[one], k, v, qpos[one], 0.125, window), atol=2e-6)
 
 
 def test_v_expf_is_accurate_and_saturates():

@@ -87,7 +87,8 @@ def test_missing_qwen2_bias_is_named(tmp_path):
         load(path)
 
 
-@pytest.mark.parametrize("key", ["llama.embedding_length", "llama.block_count", "llama.attention.layer_norm_rms_epsilon"])
+@pytest.mark.parametrize("key", ["llama.embedding_length", "llama.block_count",
+                                 "llama.attention.layer_norm_rms_epsilon"])
 def test_missing_metadata_key_is_named(tmp_path, key):
     path = write_tiny_gguf(tmp_path / "m.gguf", "llama", omit=[key])
     with pytest.raises(ModelError, match=key.replace(".", r"\.")):

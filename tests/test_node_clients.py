@@ -38,14 +38,16 @@ async def python_text(endpoint: str, max_tokens: int) -> str:
     try:
         async with AsyncClient(ctx, endpoint) as client:
             params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-            return "".join([ev.text async for ev in client.generate(messages=[{"role": "user", "content": PROMPT}], params=params) if isinstance(ev, Delta)])
+            return "".join([ev.text async for ev in client.generate(messages=[{"role": "user", "content": PROMPT}],
+                                                                    params=params) if isinstance(ev, Delta)])
     finally:
         ctx.destroy(linger=0)
 
 
 async def test_node_zmq_client_streams_and_cancels(server):
     with trio.fail_after(180):
-        result = await trio.run_process([NODE, str(NODE_DIR / "zmq_client.mjs"), server.zmq, PROMPT, "24"], capture_stdout=True, capture_stderr=True, check=False)
+        result = await trio.run_process([NODE, str(NODE_DIR / "zmq_client.mjs"), server.zmq, PROMPT, "24"],
+                                        capture_stdout=True, capture_stderr=True, check=False)
         assert result.returncode == 0, result.stderr.decode()
         lines = [json.loads(line) for line in result.stdout.decode().splitlines()]
         summary = lines[-1]["summary"]
@@ -54,7 +56,8 @@ async def test_node_zmq_client_streams_and_cancels(server):
         first = [e for e in events if e.get("request_id") == "node-1"]
         assert [e["type"] for e in first][0] == "started" and first[-1]["type"] == "finished"
         assert summary["text"] and summary["text"] == await python_text(server.zmq, 24)
-        assert first[-1]["usage"]["completion_tokens"] == sum(len(e.get("token_ids", [])) for e in first if e["type"] == "delta")
+        assert first[-1]["usage"]["completion_tokens"] == sum(len(e.get("token_ids", [])) for e in first
+                                                              if e["type"] == "delta")
 
         second = summary["second"]
         assert second[0] == "started" and "delta" in second

@@ -49,9 +49,11 @@ def _rounds(path, dev) -> list[np.ndarray]:
     spec = spec_from_gguf(f.metadata, tensors=f.tensors)
     w = build_weights(spec, f.tensors, dev.upload)
     kv = dev.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, 8, 16)
-    out = [round_logits(spec, w, dev, kv, ForwardBatch.build([([1, 5, 9, 200, 7], 0, [0], True), ([3] * 20, 0, [1, 2], True)], 16))]
+    out = [round_logits(spec, w, dev, kv,
+                        ForwardBatch.build([([1, 5, 9, 200, 7], 0, [0], True), ([3] * 20, 0, [1, 2], True)], 16))]
     for step in range(3):
-        out.append(round_logits(spec, w, dev, kv, ForwardBatch.build([([11 + step], 5 + step, [0], True), ([12], 20 + step, [1, 2], True)], 16)))
+        out.append(round_logits(spec, w, dev, kv, ForwardBatch.build(
+            [([11 + step], 5 + step, [0], True), ([12], 20 + step, [1, 2], True)], 16)))
         assert dev.settle(120)
     if getattr(dev, "decode_graphs", False):
         assert dev.last_round_replayed, "the last decode step should have replayed its graph"

@@ -21,7 +21,8 @@ LONG = "word " * 600  # more tokens than --max-model-len 512
 
 @pytest.fixture(scope="module")
 def server(smollm2_path):
-    with running_server(smollm2_path, "--served-model-name", NAME, ALIAS, "--max-model-len", "512", "--max-running", "8") as s:
+    with running_server(smollm2_path, "--served-model-name", NAME, ALIAS, "--max-model-len", "512",
+                        "--max-running", "8") as s:
         yield s
 
 
@@ -84,7 +85,8 @@ def test_a_list_of_prompts_gets_a_choice_per_prompt_and_n(oai):
     assert [c.text for c in r.choices] == [s.choices[0].text for s in singles for _ in range(2)]
     assert r.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles)
     assert r.usage.completion_tokens == 2 * sum(s.usage.completion_tokens for s in singles)
-    text, reasons = as_a_client_reads_it(oai.completions.create(model=NAME, prompt=prompts, temperature=0, max_tokens=5, n=2, stream=True), chat=False)
+    text, reasons = as_a_client_reads_it(oai.completions.create(model=NAME, prompt=prompts, temperature=0, max_tokens=5,
+                                                                n=2, stream=True), chat=False)
     assert text == {c.index: c.text for c in r.choices}
     assert reasons == dict.fromkeys(range(6), "length")
 
@@ -101,7 +103,8 @@ def test_a_list_of_token_id_prompts(oai, server):
 def test_one_refused_prompt_refuses_the_request_and_cancels_the_rest(oai, server):
     for stream in (False, True):
         with pytest.raises(openai.BadRequestError) as e:
-            oai.completions.create(model=NAME, prompt=["Write a long story.", LONG], max_tokens=400, extra_body={"ignore_eos": True}, stream=stream)
+            oai.completions.create(model=NAME, prompt=["Write a long story.", LONG], max_tokens=400,
+                                   extra_body={"ignore_eos": True}, stream=stream)
         assert e.value.body["code"] == "context_length_exceeded" and e.value.body["param"] == "prompt"
     m = server.wait_idle()
     assert m["zinfer_kv_used_blocks"] == 0 and m["zinfer_engine_open_requests"] == 0
@@ -132,20 +135,25 @@ def test_unknown_role_is_refused_naming_it(oai):
         oai.chat.completions.create(model=NAME, messages=[*HI, {"role": "robot", "content": "beep"}], max_tokens=1)
     assert e.value.body["param"] == "messages[1].role" and "'robot'" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
-        oai.chat.completions.create(model=NAME, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], max_tokens=1)
+        oai.chat.completions.create(model=NAME,
+                                    messages=[{"role": "user",
+                                               "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+                                    max_tokens=1)
     assert e.value.body["param"] == "messages[0].content"
 
 
 def test_developer_role_is_the_system_role(oai):
     def reply(role: str) -> str:
         messages = [{"role": role, "content": "Answer in French."}, *HI]
-        return oai.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=8).choices[0].message.content
+        return oai.chat.completions.create(model=NAME, messages=messages, temperature=0,
+                                           max_tokens=8).choices[0].message.content
 
     assert reply("developer") == reply("system")
 
 
 def test_tool_role_is_taken(oai):
-    messages = [*HI, {"role": "assistant", "content": "Hello"}, {"role": "tool", "content": "42", "tool_call_id": "call_1"}]
+    messages = [*HI, {"role": "assistant", "content": "Hello"},
+                {"role": "tool", "content": "42", "tool_call_id": "call_1"}]
     assert oai.chat.completions.create(model=NAME, messages=messages, max_tokens=2).usage.completion_tokens >= 1
 
 
@@ -153,7 +161,8 @@ def test_system_fingerprint_is_one_string_in_every_response_and_chunk(oai):
     seen = {
         oai.chat.completions.create(model=NAME, messages=HI, max_tokens=2).system_fingerprint,
         oai.completions.create(model=NAME, prompt="Hi", max_tokens=2).system_fingerprint,
-        *(c.system_fingerprint for c in oai.chat.completions.create(model=NAME, messages=HI, max_tokens=2, stream=True, stream_options={"include_usage": True})),
+        *(c.system_fingerprint for c in oai.chat.completions.create(model=NAME, messages=HI, max_tokens=2, stream=True,
+                                                                    stream_options={"include_usage": True})),
         *(c.system_fingerprint for c in oai.completions.create(model=NAME, prompt="Hi", max_tokens=2, stream=True)),
     }
     assert len(seen) == 1

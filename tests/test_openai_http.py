@@ -94,7 +94,8 @@ def test_model_path_is_accepted_as_the_model_name(oai, smollm2_path):
 
 def test_chat_stream_equals_non_stream_and_ends_with_usage(oai, server):
     whole = oai.chat.completions.create(model=server.model, messages=HI, temperature=0, max_tokens=12)
-    chunks = list(oai.chat.completions.create(model=server.model, messages=HI, temperature=0, max_tokens=12, stream=True, stream_options={"include_usage": True}))
+    chunks = list(oai.chat.completions.create(model=server.model, messages=HI, temperature=0, max_tokens=12,
+                                              stream=True, stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
     finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
@@ -104,7 +105,8 @@ def test_chat_stream_equals_non_stream_and_ends_with_usage(oai, server):
 
 
 def test_raw_sse_framing_ends_with_done(server):
-    body = {"model": server.model, "prompt": "The capital of France is", "temperature": 0, "max_tokens": 3, "stream": True}
+    body = {"model": server.model, "prompt": "The capital of France is", "temperature": 0, "max_tokens": 3,
+            "stream": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         events = list(sse_events(r.iter_lines()))
@@ -117,7 +119,9 @@ def test_completions_stream_and_not_match_engine(oai, server):
     r = oai.completions.create(model=server.model, prompt=prompt, temperature=0, max_tokens=8)
     assert r.choices[0].text == want and r.usage.prompt_tokens == n_prompt
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 8
-    streamed = "".join(c.choices[0].text for c in oai.completions.create(model=server.model, prompt=prompt, temperature=0, max_tokens=8, stream=True) if c.choices)
+    streamed = "".join(c.choices[0].text for c in oai.completions.create(model=server.model, prompt=prompt,
+                                                                         temperature=0, max_tokens=8, stream=True)
+                       if c.choices)
     assert streamed == want
 
 
@@ -125,7 +129,8 @@ def engine_greedy_with_margin(server, messages, max_tokens: int) -> tuple[str, f
     """The engine's greedy text and its smallest top-1 minus top-2 logprob gap over the steps."""
     with Client(server.zmq, timeout_s=300) as c:
         text, margin = [], float("inf")
-        for ev in c.generate(messages=messages, params=SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=2)):
+        for ev in c.generate(messages=messages,
+                             params=SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=2)):
             if isinstance(ev, Delta):
                 text.append(ev.text)
                 margin = min([margin, *(top[0].logprob - top[1].logprob for top in ev.top_logprobs or [])])
@@ -135,7 +140,9 @@ def engine_greedy_with_margin(server, messages, max_tokens: int) -> tuple[str, f
 def test_16_concurrent_streams_equal_the_engine_greedy_output(oai, server):
     """16 concurrent OpenAI streams get the text the engine itself gives the same greedy
     requests, every one: the oracle's rows do not depend on the batch (tests/test_oracle_rows.py)."""
-    chats = [[{"role": "user", "content": PROMPTS[i % len(PROMPTS)] + (" Answer briefly." if i >= len(PROMPTS) else "")}] for i in range(16)]
+    chats = [[{"role": "user",
+               "content": PROMPTS[i % len(PROMPTS)] + (" Answer briefly." if i >= len(PROMPTS) else "")}]
+             for i in range(16)]
     with ThreadPoolExecutor(16) as pool:
         want = [w for w, _ in pool.map(lambda m: engine_greedy_with_margin(server, m, 8), chats)]
         got = list(pool.map(lambda m: chat_stream_text(oai, server.model, m, temperature=0, max_tokens=8), chats))
@@ -144,7 +151,8 @@ def test_16_concurrent_streams_equal_the_engine_greedy_output(oai, server):
 
 
 def test_chat_logprobs_are_the_tokens_with_sorted_alternatives(oai, server):
-    r = oai.chat.completions.create(model=server.model, messages=HI, temperature=0, max_tokens=6, logprobs=True, top_logprobs=3)
+    r = oai.chat.completions.create(model=server.model, messages=HI, temperature=0, max_tokens=6, logprobs=True,
+                                    top_logprobs=3)
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens == 6
     assert "".join(t.token for t in content) == r.choices[0].message.content
@@ -156,15 +164,18 @@ def test_chat_logprobs_are_the_tokens_with_sorted_alternatives(oai, server):
 
 
 def test_completions_logprobs_int(oai, server):
-    r = oai.completions.create(model=server.model, prompt="The capital of France is", temperature=0, max_tokens=4, logprobs=2)
+    r = oai.completions.create(model=server.model, prompt="The capital of France is", temperature=0, max_tokens=4,
+                               logprobs=2)
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
     assert "".join(lp.tokens) == r.choices[0].text
-    assert all(len(top) == 2 and max(top.values()) == pytest.approx(x) for top, x in zip(lp.top_logprobs, lp.token_logprobs))
+    assert all(len(top) == 2 and max(top.values()) == pytest.approx(x)
+               for top, x in zip(lp.top_logprobs, lp.token_logprobs))
 
 
 def test_n_choices_with_seed_are_reproducible(oai, server):
-    kw = dict(model=server.model, messages=[{"role": "user", "content": "Tell me a story."}], temperature=1.0, max_tokens=10, n=3, seed=1234)
+    kw = dict(model=server.model, messages=[{"role": "user", "content": "Tell me a story."}], temperature=1.0,
+              max_tokens=10, n=3, seed=1234)
     oai.chat.completions.create(**kw)  # warm the prefix cache: a cached prefix shifts logits a little
     a, b = oai.chat.completions.create(**kw), oai.chat.completions.create(**kw)
     texts = [c.message.content for c in a.choices]
@@ -175,24 +186,28 @@ def test_n_choices_with_seed_are_reproducible(oai, server):
 
 
 def test_stop_string_and_list_end_the_text_before_the_stop(oai, server):
-    full = oai.completions.create(model=server.model, prompt="Count: 1, 2, 3,", temperature=0, max_tokens=12).choices[0].text
+    full = oai.completions.create(model=server.model, prompt="Count: 1, 2, 3,", temperature=0,
+                                  max_tokens=12).choices[0].text
     cut = full.index(",", 2)
     assert cut > 0
     stop = full[cut : cut + 2]
     for value in (stop, [stop, "never-appears"]):
-        r = oai.completions.create(model=server.model, prompt="Count: 1, 2, 3,", temperature=0, max_tokens=12, stop=value)
+        r = oai.completions.create(model=server.model, prompt="Count: 1, 2, 3,", temperature=0, max_tokens=12,
+                                   stop=value)
         assert r.choices[0].text == full[: full.index(stop)]
         assert r.choices[0].finish_reason == "stop"
 
 
 def test_max_completion_tokens_limits_chat(oai, server):
-    r = oai.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "Write a long poem."}], temperature=0, max_completion_tokens=5)
+    r = oai.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "Write a long poem."}],
+                                    temperature=0, max_completion_tokens=5)
     assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length"
 
 
 def test_logit_bias_forces_a_token(oai, server):
     tid = httpx.post(server.url + "/tokenize", json={"content": " banana", "add_special": False}).json()["tokens"][0]
-    r = oai.completions.create(model=server.model, prompt="Hello", temperature=0, max_tokens=4, logit_bias={str(tid): 100})
+    r = oai.completions.create(model=server.model, prompt="Hello", temperature=0, max_tokens=4,
+                               logit_bias={str(tid): 100})
     word = httpx.post(server.url + "/detokenize", json={"tokens": [tid]}).json()["content"]
     assert r.choices[0].text == word * 4
 
@@ -221,16 +236,19 @@ def test_metrics_count_a_request_and_its_tokens(oai, server):
     r = oai.chat.completions.create(model=server.model, messages=HI, temperature=0, max_tokens=4)
     after = server.wait_idle()
     assert after['zinfer_requests_total{outcome="finished"}'] == before['zinfer_requests_total{outcome="finished"}'] + 1
-    assert after["zinfer_generation_tokens_total"] - before["zinfer_generation_tokens_total"] == r.usage.completion_tokens
+    assert (after["zinfer_generation_tokens_total"] - before["zinfer_generation_tokens_total"]
+            == r.usage.completion_tokens)
     assert after["zinfer_prompt_tokens_total"] - before["zinfer_prompt_tokens_total"] == r.usage.prompt_tokens
     assert after["zinfer_time_to_first_token_seconds_count"] == before["zinfer_time_to_first_token_seconds_count"] + 1
-    assert after["zinfer_inter_token_latency_seconds_count"] - before["zinfer_inter_token_latency_seconds_count"] == r.usage.completion_tokens - 1
+    assert (after["zinfer_inter_token_latency_seconds_count"] - before["zinfer_inter_token_latency_seconds_count"]
+            == r.usage.completion_tokens - 1)
     assert after["zinfer_kv_blocks"] > 0
 
 
 def test_disconnect_mid_stream_cancels_and_frees_kv(server):
     before = server.wait_idle()
-    body = {"model": server.model, "messages": [{"role": "user", "content": "Write a very long essay about the sea."}], "max_tokens": 2000, "stream": True, "ignore_eos": True}
+    body = {"model": server.model, "messages": [{"role": "user", "content": "Write a very long essay about the sea."}],
+            "max_tokens": 2000, "stream": True, "ignore_eos": True}
     with httpx.Client(timeout=120) as http, http.stream("POST", server.url + "/v1/chat/completions", json=body) as r:
         events = sse_events(r.iter_lines())
         for _ in range(4):
@@ -239,7 +257,8 @@ def test_disconnect_mid_stream_cancels_and_frees_kv(server):
     during = time.monotonic()
     after = server.wait_idle(timeout=30)
     assert time.monotonic() - during < 30
-    assert after['zinfer_requests_total{outcome="cancelled"}'] == before['zinfer_requests_total{outcome="cancelled"}'] + 1
+    assert (after['zinfer_requests_total{outcome="cancelled"}']
+            == before['zinfer_requests_total{outcome="cancelled"}'] + 1)
     assert after["zinfer_kv_used_blocks"] == 0 and after["zinfer_engine_open_requests"] == 0
     # and a generation far shorter than the 2000 tokens asked for was counted
     assert after["zinfer_generation_tokens_total"] - before["zinfer_generation_tokens_total"] < 200

@@ -55,7 +55,8 @@ def test_more_sequences_than_the_queue_holds_is_400_not_429(oai):
         body = e.value.body
         assert body["param"] == param and str(MAX_WAITING) in body["message"] and "max-waiting" in body["message"], body
     with pytest.raises(openai.BadRequestError) as e:
-        oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2, n=MAX_WAITING + 1)
+        oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                    n=MAX_WAITING + 1)
     assert e.value.body["param"] == "n", e.value.body
     assert len(complete(oai, ["Hi"] * 4, n=2).choices) == MAX_WAITING  # as many as the queue holds: served
 

@@ -40,7 +40,8 @@ EVENTS = pydantic.TypeAdapter(ResponseStreamEvent)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model = write_tiny_gguf(tmp_path_factory.mktemp("model") / "tiny.gguf", "llama", max_position_embeddings=2048)  # room for the tools prompt
+    model = write_tiny_gguf(tmp_path_factory.mktemp("model") / "tiny.gguf", "llama",
+                            max_position_embeddings=2048)  # room for the tools prompt
     with running_server(model, api_key=KEY) as s:
         yield s
 
@@ -91,7 +92,8 @@ def test_stream_gives_the_typed_events_in_order_and_the_same_text(oai):
     events = list(oai.responses.create(input="Hi", temperature=0, max_output_tokens=8, stream=True))
     types = [e.type for e in events]
     deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
-    assert [t for i, t in enumerate(types[:-1]) if t != "response.output_text.delta" or types[i - 1] != t] == STREAM_ORDER
+    assert [t for i, t in enumerate(types[:-1])
+            if t != "response.output_text.delta" or types[i - 1] != t] == STREAM_ORDER
     assert types[-1] == "response.incomplete" and len(deltas) >= 1
     assert "".join(deltas) == whole.output_text
     assert [e.sequence_number for e in events] == list(range(len(events)))
@@ -131,11 +133,13 @@ def test_instructions_are_a_system_message_before_the_input(oai, server):
 def test_input_items_with_roles_and_text_parts_equal_the_chat_messages(oai, server):
     items = [
         {"role": "developer", "content": "Be brief."},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}, {"type": "input_text", "text": " there"}]},
+        {"type": "message", "role": "user",
+         "content": [{"type": "input_text", "text": "Hi"}, {"type": "input_text", "text": " there"}]},
         {"role": "assistant", "content": [{"type": "output_text", "text": "Hello."}]},
         {"role": "user", "content": "Again"},
     ]
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Again"}]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
+                {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Again"}]
     r = oai.responses.create(input=items, temperature=0, max_output_tokens=4)
     chat = oai.chat.completions.create(model=server.model, messages=messages, temperature=0, max_tokens=4)
     assert (r.output_text, r.usage.input_tokens) == (chat.choices[0].message.content, chat.usage.prompt_tokens)
@@ -151,11 +155,13 @@ def test_function_call_and_its_output_reach_the_prompt(oai):
 
     asked = oai.responses.create(input=call_and_result("")[:1], temperature=0, max_output_tokens=1)
     short = oai.responses.create(input=call_and_result("22"), temperature=0, max_output_tokens=1)
-    long = oai.responses.create(input=call_and_result("22 degrees, sunny, light wind from the west"), temperature=0, max_output_tokens=1)
+    long = oai.responses.create(input=call_and_result("22 degrees, sunny, light wind from the west"), temperature=0,
+                                max_output_tokens=1)
     assert asked.usage.input_tokens < short.usage.input_tokens < long.usage.input_tokens
 
 
-COLOR = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}}, "required": ["color"], "additionalProperties": False}
+COLOR = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}}, "required": ["color"],
+         "additionalProperties": False}
 
 
 def test_text_format_json_schema_makes_random_weights_answer_in_the_schema(oai, server):
@@ -163,8 +169,10 @@ def test_text_format_json_schema_makes_random_weights_answer_in_the_schema(oai, 
     r = oai.responses.create(model=server.model, input="Pick a color", text=fmt, temperature=0.8, max_output_tokens=40)
     assert r.status == "completed" and json.loads(r.output_text)["color"] in ("red", "green", "blue")
     assert r.text.format.type == "json_schema" and r.text.format.name == "color"
-    streamed = list(oai.responses.create(model=server.model, input="Pick a color", text=fmt, temperature=0, max_output_tokens=40, stream=True))
-    assert streamed[-1].type == "response.completed" and json.loads(streamed[-1].response.output_text)["color"] in ("red", "green", "blue")
+    streamed = list(oai.responses.create(model=server.model, input="Pick a color", text=fmt, temperature=0,
+                                         max_output_tokens=40, stream=True))
+    assert (streamed[-1].type == "response.completed"
+            and json.loads(streamed[-1].response.output_text)["color"] in ("red", "green", "blue"))
 
 
 def test_text_format_json_object_starts_a_json_object(oai):
@@ -176,7 +184,8 @@ WEATHER = {
     "type": "function",
     "name": "get_weather",
     "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"], "additionalProperties": False},
+    "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+                   "additionalProperties": False},
 }
 
 
@@ -184,7 +193,8 @@ def test_a_required_tool_call_round_trip(oai, server):
     """tool_choice "required" makes random weights call the function with arguments in its
     schema; streamed, the call's events rebuild the same call; sent back with its output,
     the conversation renders and is answered."""
-    kw = dict(model=server.model, input="Weather in Paris?", tools=[WEATHER], tool_choice="required", parallel_tool_calls=False, temperature=0, max_output_tokens=120)
+    kw = dict(model=server.model, input="Weather in Paris?", tools=[WEATHER], tool_choice="required",
+              parallel_tool_calls=False, temperature=0, max_output_tokens=120)
     r = oai.responses.create(**kw)
     [call] = [item for item in r.output if item.type == "function_call"]
     assert r.status == "completed" and call.name == "get_weather" and call.call_id.startswith("call_")
@@ -193,17 +203,20 @@ def test_a_required_tool_call_round_trip(oai, server):
     for e in events:
         EVENTS.validate_python(e.to_dict())
     types = [e.type for e in events]
-    assert types[-5:] == ["response.output_item.added", "response.function_call_arguments.delta", "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    assert types[-5:] == ["response.output_item.added", "response.function_call_arguments.delta",
+                          "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
     streamed = events[-1].response.output[-1]
     assert (streamed.name, streamed.arguments) == (call.name, call.arguments)
-    back = [{"role": "user", "content": "Weather in Paris?"}, call.to_dict(), {"type": "function_call_output", "call_id": call.call_id, "output": "22 C and sunny"}]
+    back = [{"role": "user", "content": "Weather in Paris?"}, call.to_dict(),
+            {"type": "function_call_output", "call_id": call.call_id, "output": "22 C and sunny"}]
     answer = oai.responses.create(model=server.model, input=back, tools=[WEATHER], temperature=0, max_output_tokens=4)
     assert answer.usage.input_tokens > r.usage.input_tokens and answer.output
 
 
 def test_a_named_tool_choice_calls_that_function(oai, server):
     other = {**WEATHER, "name": "get_time", "description": "The time in a city"}
-    r = oai.responses.create(model=server.model, input="Hi", tools=[WEATHER, other], tool_choice={"type": "function", "name": "get_time"},
+    r = oai.responses.create(model=server.model, input="Hi", tools=[WEATHER, other],
+                             tool_choice={"type": "function", "name": "get_time"},
                              parallel_tool_calls=False, temperature=0.7, max_output_tokens=120)
     assert [item.name for item in r.output if item.type == "function_call"] == ["get_time"]
 
@@ -213,17 +226,21 @@ def test_a_named_tool_choice_calls_that_function(oai, server):
     [
         ({"store": True}, "store", "stateless"),
         ({"previous_response_id": "resp_1"}, "previous_response_id", "stateless"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}, "input[0].content[0]", "input_image"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
+         "input[0].content[0]", "input_image"),
         ({"input": [{"role": "robot", "content": "Hi"}]}, "input[0].role", "robot"),
-        ({"input": [{"type": "function_call_output", "call_id": "call_9", "output": "1"}]}, "input[0].call_id", "call_9"),
+        ({"input": [{"type": "function_call_output", "call_id": "call_9", "output": "1"}]},
+         "input[0].call_id", "call_9"),
         ({"input": [{"type": "web_search_call"}]}, "input[0].type", "web_search_call"),
         ({"max_output_tokens": 0}, "max_output_tokens", ">= 1"),
         ({"temperature": 3}, "temperature", "<= 2.0"),
         ({"text": {"format": {"type": "sound"}}}, "text.format.type", "sound"),
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema", "schema"),
-        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}}}, "text.format", "nonsense"),
+        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}}},
+         "text.format", "nonsense"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type", "web_search"),
-        ({"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": "g"}}, "tool_choice", "'g'"),
+        ({"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": "g"}},
+         "tool_choice", "'g'"),
         ({"tools": [{"type": "function", "name": "bad name!"}]}, "tools[0].name", "matching regex"),
         ({"tools": [{"type": "function", "name": "f"}, {"type": "function", "name": "f"}]}, "tools", "unique"),
     ],
@@ -236,7 +253,8 @@ def test_what_zinfer_does_not_do_is_refused_naming_the_field(oai, fields, param,
 def test_unknown_model_missing_key_and_unknown_fields(oai, server):
     assert refusal(oai, model="gpt-5", input="Hi").status_code == 404
     too_long = refusal(oai, model=server.model, input="word " * 3000)
-    assert (too_long.status_code, too_long.body["param"], too_long.body["code"]) == (400, "input", "context_length_exceeded")
+    assert (too_long.status_code, too_long.body["param"], too_long.body["code"]) == (
+        400, "input", "context_length_exceeded")
     streamed = refusal(oai, model=server.model, input="word " * 3000, stream=True)  # refused before the stream starts
     assert (streamed.status_code, streamed.body["param"]) == (400, "input")
     assert httpx.post(server.url + "/v1/responses", json={"input": "Hi"}).status_code == 401
@@ -282,7 +300,8 @@ def without_ids(items: list[dict]) -> list[dict]:
 
 def test_an_engine_failure_mid_stream_ends_with_response_failed():
     events, _ = shaped(None, [Delta("r", text="Hel"), Delta("r", text="lo"), Failed("r", "an actor died")])
-    assert [e["type"] for e in events][-3:] == ["response.output_text.delta", "response.output_text.delta", "response.failed"]
+    assert [e["type"] for e in events][-3:] == ["response.output_text.delta", "response.output_text.delta",
+                                                "response.failed"]
     failed = Response.model_validate(events[-1]["response"])
     assert failed.status == "failed" and failed.error.code == "server_error" and "an actor died" in failed.error.message
 
@@ -303,10 +322,13 @@ def test_text_and_a_call_stream_as_a_message_then_a_function_call_like_the_whole
 
 @pytest.mark.slow
 def test_smollm2_answers_the_capital_of_france(smollm2_path):
-    with running_server(smollm2_path) as s, openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120) as oai:
+    with (running_server(smollm2_path) as s,
+          openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120) as oai):
         question = "What is the capital of France? Answer in one sentence."
-        r = oai.responses.create(input=question, instructions="You are a helpful assistant.", temperature=0, max_output_tokens=64)
+        r = oai.responses.create(input=question, instructions="You are a helpful assistant.", temperature=0,
+                                 max_output_tokens=64)
         assert r.status == "completed" and "Paris" in r.output_text
-        with oai.responses.stream(model=s.model, input=question, instructions="You are a helpful assistant.", temperature=0, max_output_tokens=64) as stream:
+        with oai.responses.stream(model=s.model, input=question, instructions="You are a helpful assistant.",
+                                  temperature=0, max_output_tokens=64) as stream:
             final = stream.get_final_response()
         assert final.status == "completed" and final.output_text == r.output_text

@@ -21,7 +21,8 @@ from zinfer.models.tool_prompt import as_dicts, call_syntax, hermes_messages, te
 WEATHER = {
     "name": "get_weather",
     "description": "The current weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False},
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                   "additionalProperties": False},
 }
 TOOLS = [{"type": "function", "function": WEATHER}]
 NAMES = {"get_weather"}
@@ -64,12 +65,15 @@ def test_named_grammar_takes_that_function_once_without_parallel_calls(ll_tokeni
     g = call_grammar(ToolPlan([WEATHER, NOOP], "get_weather", parallel=False))
     assert grammar_accepts(ll_tokenizer, g, call_block("get_weather", {"city": "Paris"}))
     assert not grammar_accepts(ll_tokenizer, g, call_block("noop", {}))
-    assert not grammar_accepts(ll_tokenizer, g, call_block("get_weather", {"city": "a"}) + "\n" + call_block("get_weather", {"city": "b"}))
+    assert not grammar_accepts(ll_tokenizer, g,
+                               call_block("get_weather", {"city": "a"}) + "\n"
+                               + call_block("get_weather", {"city": "b"}))
 
 
 def test_grammar_keeps_schema_refs_resolvable(ll_tokenizer):
-    fn = {"name": "place", "parameters": {"type": "object", "$defs": {"City": {"type": "string", "enum": ["Paris", "Rome"]}},
-                                           "properties": {"city": {"$ref": "#/$defs/City"}}, "required": ["city"]}}
+    fn = {"name": "place", "parameters": {"type": "object",
+                                          "$defs": {"City": {"type": "string", "enum": ["Paris", "Rome"]}},
+                                          "properties": {"city": {"$ref": "#/$defs/City"}}, "required": ["city"]}}
     g = call_grammar(ToolPlan([fn], "required", parallel=False))
     assert grammar_accepts(ll_tokenizer, g, call_block("place", {"city": "Rome"}))
     assert not grammar_accepts(ll_tokenizer, g, call_block("place", {"city": "Oslo"}))
@@ -81,13 +85,15 @@ def test_llama3_grammar_takes_one_json_call_with_parameters(ll_tokenizer):
     assert not grammar_accepts(ll_tokenizer, g, json.dumps({"name": "get_weather", "arguments": {"city": "Oslo"}}))
     assert not grammar_accepts(ll_tokenizer, g, call_block("get_weather", {"city": "Oslo"}))
     # and the parser reads what it allows
-    assert parse_tool_calls(json.dumps({"name": "get_weather", "parameters": {"city": "Oslo"}}), NAMES) == (None, [Call("get_weather", '{"city": "Oslo"}')])
+    assert parse_tool_calls(json.dumps({"name": "get_weather", "parameters": {"city": "Oslo"}}), NAMES) == (
+        None, [Call("get_weather", '{"city": "Oslo"}')])
 
 
 def test_call_syntax_follows_the_template():
     from zinfer.models.chat_template import CHATML_TEMPLATE
 
-    llama31 = 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}. {{- "<|python_tag|>" }}'
+    llama31 = ('Respond in the format {"name": function name, "parameters": dictionary of argument name '
+               'and its value}. {{- "<|python_tag|>" }}')
     qwen = "For each function call, return a json object within <tool_call></tool_call> XML tags"
     assert [call_syntax(t) for t in (llama31, qwen, CHATML_TEMPLATE, None)] == ["llama3", "hermes", "hermes", "hermes"]
 
@@ -97,7 +103,9 @@ def test_call_syntax_follows_the_template():
 
 HISTORY = [
     {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "assistant", "content": None,
+     "tool_calls": [{"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
     {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature_c": 21}'},
 ]
 
@@ -105,7 +113,8 @@ HISTORY = [
 def test_hermes_fallback_lists_tools_in_the_system_message_and_wraps_results():
     out = hermes_messages(as_dicts(HISTORY), template_tools([WEATHER]))
     assert [m["role"] for m in out] == ["system", "user", "assistant", "user"]
-    assert json.dumps({"type": "function", "function": WEATHER}) in out[0]["content"] and "<tool_call>" in out[0]["content"]
+    assert (json.dumps({"type": "function", "function": WEATHER}) in out[0]["content"]
+            and "<tool_call>" in out[0]["content"])
     assert out[2]["content"] == call_block("get_weather", {"city": "Paris"})
     assert out[3]["content"] == '<tool_response>\n{"temperature_c": 21}\n</tool_response>'
 
@@ -115,7 +124,8 @@ def test_hermes_fallback_lists_tools_in_the_system_message_and_wraps_results():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model = write_tiny_gguf(tmp_path_factory.mktemp("tools") / "tiny.gguf", "llama", seed=3, max_position_embeddings=4096)  # room for the tools listing
+    model = write_tiny_gguf(tmp_path_factory.mktemp("tools") / "tiny.gguf", "llama", seed=3,
+                            max_position_embeddings=4096)  # room for the tools listing
     with running_server(model, "--max-model-len", "4096", "--served-model-name", MODEL) as s:
         yield s
 
@@ -142,10 +152,12 @@ def bad_request(oai, **kw) -> dict:
         ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"tools": TOOLS * 129}, "tools"),
-        ({"tools": [{"type": "function", "function": {**WEATHER, "parameters": {"description": "x" * (65 << 10)}}}]}, "tools[0].function.parameters"),
+        ({"tools": [{"type": "function", "function": {**WEATHER, "parameters": {"description": "x" * (65 << 10)}}}]},
+         "tools[0].function.parameters"),
         ({"tools": [{"type": "retrieval", "function": WEATHER}]}, "tools[0].type"),
     ],
-    ids=["name-chars", "name-length", "name-newline", "unknown-named-choice", "bad-choice", "choice-without-tools", "too-many", "schema-size", "type"],
+    ids=["name-chars", "name-length", "name-newline", "unknown-named-choice", "bad-choice", "choice-without-tools",
+         "too-many", "schema-size", "type"],
 )
 def test_bad_tools_are_400_with_the_param(oai, kw, param):
     assert bad_request(oai, **kw)["param"] == param
@@ -153,16 +165,19 @@ def test_bad_tools_are_400_with_the_param(oai, kw, param):
 
 def test_a_tool_message_needs_its_call_id(oai):
     with pytest.raises(openai.BadRequestError) as e:
-        oai.chat.completions.create(model=MODEL, messages=[*HISTORY[:2], {"role": "tool", "content": "21"}], max_tokens=2)
+        oai.chat.completions.create(model=MODEL, messages=[*HISTORY[:2], {"role": "tool", "content": "21"}],
+                                    max_tokens=2)
     assert e.value.body["param"] == "messages[2].tool_call_id"
 
 
 def test_tool_results_are_rendered_into_the_prompt(oai):
     def prompt_tokens(result: str) -> int:
         messages = [*HISTORY[:2], {**HISTORY[2], "content": result}]
-        return oai.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=1).usage.prompt_tokens
+        return oai.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS,
+                                           max_tokens=1).usage.prompt_tokens
 
-    assert prompt_tokens('{"temperature_c": 21, "sky": "clear, with a light breeze from the west"}') > prompt_tokens('{"temperature_c": 21}') + 10
+    assert (prompt_tokens('{"temperature_c": 21, "sky": "clear, with a light breeze from the west"}')
+            > prompt_tokens('{"temperature_c": 21}') + 10)
 
 
 def test_tools_and_the_history_reach_the_template(server):
@@ -186,22 +201,29 @@ def test_tool_choice_none_renders_no_tools(oai):
     assert prompt_tokens(tools=TOOLS) > prompt_tokens() + 50
 
 
-SHORT_CITY = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}}, "required": ["city"], "additionalProperties": False}}
-NOOP_TOOL = {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}}
+SHORT_CITY = {"name": "get_weather",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}},
+                             "required": ["city"], "additionalProperties": False}}
+NOOP_TOOL = {"type": "function",
+             "function": {"name": "noop",
+                          "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}}
 
 
-@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}], ids=["required", "named"])
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}],
+                         ids=["required", "named"])
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_a_compulsory_call_on_a_random_model_fits_the_schema(oai, choice, stream):
     """The grammar makes even random weights call: the named function (or one of the
     tools), arguments that validate, finish_reason tool_calls; one call without parallel_tool_calls."""
     tools = [{"type": "function", "function": SHORT_CITY}, NOOP_TOOL]
-    kw = dict(model=MODEL, messages=HISTORY[:1], tools=tools, tool_choice=choice, parallel_tool_calls=False, max_tokens=100, temperature=1, seed=3)
+    kw = dict(model=MODEL, messages=HISTORY[:1], tools=tools, tool_choice=choice, parallel_tool_calls=False,
+              max_tokens=100, temperature=1, seed=3)
     if stream:
         calls, reason, content = reassembled(oai.chat.completions.create(stream=True, **kw))
     else:
         (c,) = oai.chat.completions.create(**kw).choices
-        calls, reason, content = [(t.function.name, t.function.arguments) for t in c.message.tool_calls or []], c.finish_reason, c.message.content
+        calls, reason, content = ([(t.function.name, t.function.arguments) for t in c.message.tool_calls or []],
+                                  c.finish_reason, c.message.content)
     assert reason == "tool_calls" and content is None, content
     ((name, arguments),) = calls
     args = json.loads(arguments)
@@ -236,7 +258,8 @@ def reassembled(chunks) -> tuple[list[tuple[str, str]], str | None, str | None]:
 def qwen():
     from conftest import _model  # the shared model cache and its slow-marker check
 
-    with running_server(_model("qwen2.5-coder-0.5b"), "--device", "cpu-fast", "--max-model-len", "2048", "--served-model-name", MODEL) as s:
+    with running_server(_model("qwen2.5-coder-0.5b"), "--device", "cpu-fast", "--max-model-len", "2048",
+                        "--served-model-name", MODEL) as s:
         with openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=600) as client:
             yield client
 
@@ -253,11 +276,14 @@ def test_qwen_calls_the_tool_and_answers_from_its_result(qwen):
     assert call.id.startswith("call_") and call.function.name == "get_weather"
     assert json.loads(call.function.arguments)["city"].lower().startswith("paris")
     # the streamed request's deltas reassemble to the same call
-    calls, reason, content = reassembled(qwen.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, temperature=0, max_tokens=100, stream=True))
-    assert (calls, reason, content) == ([(call.function.name, call.function.arguments)], "tool_calls", c.message.content)
+    calls, reason, content = reassembled(qwen.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
+                                                                      temperature=0, max_tokens=100, stream=True))
+    assert (calls, reason, content) == ([(call.function.name, call.function.arguments)], "tool_calls",
+                                        c.message.content)
     # the result goes back as a tool message and the model answers from it
     result = json.dumps({"city": "Paris", "temperature_c": 17, "sky": "light rain"})
-    history = [*ASK, c.message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": result}]
+    history = [*ASK, c.message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": call.id, "content": result}]
     answer = qwen.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, temperature=0, max_tokens=80)
     (a,) = answer.choices
     assert a.finish_reason == "stop" and not a.message.tool_calls

@@ -35,7 +35,8 @@ SKIP_MARK = re.compile(r"<!-- readme-test: skip: (.+?) -->")
 
 # Commands the suite must not run again, with why: they are done by the time it runs.
 ALREADY_DONE = {
-    "python3 -m pip install -e '.[dev]'": "the suite runs inside this install (reinstalling would change the package under every running test)",
+    "python3 -m pip install -e '.[dev]'": "the suite runs inside this install "
+                                          "(reinstalling would change the package under every running test)",
 }
 
 # Everything of README.md that does not run here: (the block's or command's text, reason).
@@ -76,7 +77,8 @@ def readme_blocks(text: str, langs: tuple[str, ...] = ("sh", "python")) -> list[
             end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
             mark = SKIP_MARK.fullmatch(lines[i - 1].strip()) if i > 0 else None
             if lang in langs:
-                blocks.append(Block(lang, "\n".join(lines[start + 1:end]) + "\n", start + 1, mark.group(1) if mark else None))
+                blocks.append(Block(lang, "\n".join(lines[start + 1:end]) + "\n", start + 1,
+                                    mark.group(1) if mark else None))
             i = end + 1
         else:
             i += 1
@@ -104,9 +106,11 @@ def test_every_readme_block_is_sh_python_or_text_and_the_skips_are_the_known_few
     text = README.read_text()
     every = readme_blocks(text, langs=("sh", "python", "text", ""))
     assert len(every) == text.count("\n```") // 2, "a fence in another language: tag it sh, python or text"
-    untagged = [b.line for b in every if b.lang in ("", "text") and re.search(r"^(zinfer|python3?|curl) |^import ", b.text, flags=re.M)]
+    untagged = [b.line for b in every
+                if b.lang in ("", "text") and re.search(r"^(zinfer|python3?|curl) |^import ", b.text, flags=re.M)]
     assert not untagged, f"README.md lines {untagged}: a command in an untagged or text fence: tag it sh or python"
-    assert not re.findall(r"^(?: {4}|\t)(?:zinfer|python3?|curl) ", text, flags=re.M), "an indented command: fence it as ```sh"
+    assert not re.findall(r"^(?: {4}|\t)(?:zinfer|python3?|curl) ", text, flags=re.M), (
+        "an indented command: fence it as ```sh")
     assert _skips(readme_blocks(text)) == KNOWN_SKIPS
 
 
@@ -132,7 +136,8 @@ class _Server:
         self.command = command
         port = int(re.search(r"--port (\d+)", command).group(1))
         self.log = (cwd / f"serve-{port}.log").open("w")
-        self.proc = subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=cwd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=cwd, env=env, stdout=self.log,
+                                     stderr=subprocess.STDOUT)
         deadline = time.monotonic() + STEP_TIMEOUT_S
         while True:
             assert self.proc.poll() is None, f"{command} exited {self.proc.returncode}:\n{self.output()}"
@@ -166,7 +171,8 @@ def _check(what: str, done: subprocess.CompletedProcess, block: Block) -> str:
     assert done.returncode == 0, f"README.md:{block.line}: {what} exited {done.returncode}:\n{out[-3000:]}"
     for piece, expected in EXPECT.items():
         if piece in what:
-            assert expected in done.stdout, f"README.md:{block.line}: {expected!r} not in the output of {what}:\n{out[-3000:]}"
+            assert expected in done.stdout, (f"README.md:{block.line}: {expected!r} not in the output of {what}:\n"
+                                             f"{out[-3000:]}")
     return out
 
 
@@ -185,7 +191,8 @@ def test_every_readme_snippet_runs_as_written(tmp_path):
             text = block.text.replace("8080", str(http_port)).replace("5555", str(zmq_port))
             start = time.monotonic()
             if block.lang == "python":
-                done = subprocess.run([sys.executable, "-c", text], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
+                done = subprocess.run([sys.executable, "-c", text], cwd=tmp_path, env=env, capture_output=True,
+                                      text=True, timeout=STEP_TIMEOUT_S)
                 _check(text, done, block)
             else:
                 script: list[str] = []
@@ -193,7 +200,8 @@ def test_every_readme_snippet_runs_as_written(tmp_path):
                     if command.startswith("zinfer serve") or not command:
                         if script:
                             body = "\n".join(script)
-                            done = subprocess.run(["bash", "-euo", "pipefail", "-c", body], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
+                            done = subprocess.run(["bash", "-euo", "pipefail", "-c", body], cwd=tmp_path, env=env,
+                                                  capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
                             _check(body, done, block)
                             script = []
                         if command:
@@ -201,13 +209,15 @@ def test_every_readme_snippet_runs_as_written(tmp_path):
                                 server.stop()
                             server = _Server(command, tmp_path, env)
                     else:
-                        script.append(" && ".join(":" if part in ALREADY_DONE else part for part in command.split(" && ")))
+                        script.append(" && ".join(":" if part in ALREADY_DONE else part
+                                                  for part in command.split(" && ")))
             ran += 1
             timings.append(f"README.md:{block.line} {block.lang} {time.monotonic() - start:.1f} s")
     finally:
         if server is not None:
             server.stop()
     skips = _skips(blocks)
-    print(f"\nREADME: {ran} blocks ran, {len(skips)} skipped:", *timings, *(f"skipped {what!r}: {why}" for what, why in sorted(skips)), sep="\n  ")
+    print(f"\nREADME: {ran} blocks ran, {len(skips)} skipped:", *timings,
+          *(f"skipped {what!r}: {why}" for what, why in sorted(skips)), sep="\n  ")
     assert skips == KNOWN_SKIPS
     assert ran >= 12

@@ -16,7 +16,8 @@ T, OTHER = "a" * 32, "b" * 32
 
 def span(name, trace, span_id, parent, start_s, end_s, attrs=None, links=()):
     return {"k": "span", "name": name, "trace": trace, "span": span_id, "parent": parent, "start": int(start_s * NS),
-            "end": int(end_s * NS), "attrs": attrs or {}, "links": [list(link) for link in links], "pid": 7, "role": "engine"}
+            "end": int(end_s * NS), "attrs": attrs or {}, "links": [list(link) for link in links], "pid": 7,
+            "role": "engine"}
 
 
 def write(trace_dir, window_start, records):
@@ -38,10 +39,12 @@ def test_a_request_split_over_two_windows_comes_back_whole(tmp_path):
     write(tmp_path, W1, [
         span("tokenize", T, "00000000000000b1", req, W1 + 58.0, W1 + 58.1),
         span("queue", T, "00000000000000b2", req, W1 + 58.1, W1 + 58.2),
-        span("schedule", "c" * 32, "00000000000000c1", None, W1 + 58.2, W1 + 58.21, {"round_id": 1, "zinfer.actor": "scheduler"}),
+        span("schedule", "c" * 32, "00000000000000c1", None, W1 + 58.2, W1 + 58.21,
+             {"round_id": 1, "zinfer.actor": "scheduler"}),
         round_span(1, T, req, W1 + 58.3, W1 + 59.0),
         {"k": "kernels", "trace": T, "parent": f"{1:016x}", "pid": 7, "role": "engine", "offset": 0,
-         "events": [["layer 0", int((W1 + 58.3) * NS), int((W1 + 58.6) * NS)], ["matmul", int((W1 + 58.31) * NS), int((W1 + 58.5) * NS)]]},
+         "events": [["layer 0", int((W1 + 58.3) * NS), int((W1 + 58.6) * NS)],
+                    ["matmul", int((W1 + 58.31) * NS), int((W1 + 58.5) * NS)]]},
         span("request", OTHER, "00000000000000dd", None, W1 + 10, W1 + 11, {"request_id": "ws1.other"}),  # long before
     ])
     assert merge_windows(tmp_path, WINDOW_S, final=True)
@@ -59,9 +62,11 @@ def test_a_request_split_over_two_windows_comes_back_whole(tmp_path):
         if e["ph"] == "X":
             on.setdefault(threads[(e["pid"], e["tid"])].split(" (")[0], []).append((e["cat"], e["name"]))
     # the request's track has all of it again: itself, tokenize, queue and both rounds
-    assert sorted(on["request ws3.mine"]) == sorted([("request", "request"), ("tokenize", "tokenize"), ("queue", "queue"),
-                                                     ("request.round", "prefill"), ("request.round", "decode")])
-    assert sorted(on["executor"]) == sorted([("round", "prefill"), ("round", "decode"), ("layer", "layer 0"), ("kernel", "matmul")])
+    assert sorted(on["request ws3.mine"]) == sorted([("request", "request"), ("tokenize", "tokenize"),
+                                                     ("queue", "queue"), ("request.round", "prefill"),
+                                                     ("request.round", "decode")])
+    assert sorted(on["executor"]) == sorted([("round", "prefill"), ("round", "decode"), ("layer", "layer 0"),
+                                             ("kernel", "matmul")])
     assert on["scheduler"] == [("schedule", "schedule")]
     assert not any("other" in name for name in threads.values())  # outside the request's time
     flows = [e for e in events if e["ph"] in "sf"]

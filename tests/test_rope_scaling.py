@@ -62,7 +62,8 @@ def run(path: Path, device, ids: list[int], cuts: list[int], n_greedy: int) -> t
     table = list(range(N_BLOCKS))
     at, start = {}, 0
     for end in sorted(set(cuts) | {len(ids) - 1}):
-        at[end] = round_logits(spec, w, dev, kv, ForwardBatch.build([(ids[start : end + 1], start, table, True)], BLOCK))[0]
+        at[end] = round_logits(spec, w, dev, kv,
+                               ForwardBatch.build([(ids[start : end + 1], start, table, True)], BLOCK))[0]
         start = end + 1
     greedy, logits = [], at[len(ids) - 1]
     for p in range(len(ids), len(ids) + n_greedy):
@@ -77,7 +78,8 @@ def golden_models(tmp_path_factory) -> dict[str, tuple[dict, Path]]:
     out = {}
     for golden in GOLDENS:
         g = json.loads(golden.read_text())
-        out[golden.stem] = g, write_tiny_gguf(tmp_path_factory.mktemp("rope") / "m.gguf", g["arch"], seed=g["seed"], **g["overrides"])
+        out[golden.stem] = g, write_tiny_gguf(tmp_path_factory.mktemp("rope") / "m.gguf", g["arch"], seed=g["seed"],
+                                              **g["overrides"])
     return out
 
 
@@ -121,7 +123,8 @@ def test_goldens_cover_every_scaling():
 
 
 @pytest.mark.parametrize("arch, scaling", [
-    ("llama", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    ("llama", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}),
     ("qwen2", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 48}),
     ("gemma3", {"rope_type": "linear", "factor": 4.0}),
 ])
@@ -139,7 +142,8 @@ def test_config_json_rope_scaling_equals_the_converted_gguf(tmp_path, arch, scal
 
 
 def test_gemma3_scales_only_its_global_layers(tmp_path):
-    spec = open_model(write_tiny_gguf(tmp_path / "m.gguf", "gemma3", rope_scaling={"rope_type": "linear", "factor": 4.0})).spec
+    spec = open_model(write_tiny_gguf(tmp_path / "m.gguf", "gemma3",
+                                      rope_scaling={"rope_type": "linear", "factor": 4.0})).spec
     assert spec.layer_window(0) and not spec.layer_window(1)
     assert spec.layer_rope_scaling(0) is None
     assert spec.layer_rope_scaling(1).freq_scale == 0.25
@@ -158,7 +162,8 @@ def test_yarn_parameters_follow_llama_cpp():
     np.testing.assert_allclose(inv[2:], plain[2:] / 4, rtol=1e-6)  # interpolated: slow dims / factor
 
 
-@pytest.mark.parametrize("scaling", [YARN, LLAMA3, rope.scaling_as_llama_cpp("linear", 2.0, 0)], ids=["yarn", "llama3", "linear"])
+@pytest.mark.parametrize("scaling", [YARN, LLAMA3, rope.scaling_as_llama_cpp("linear", 2.0, 0)],
+                         ids=["yarn", "llama3", "linear"])
 @pytest.mark.parametrize("interleaved", [True, False])
 def test_every_rope_path_agrees_with_the_oracle(scaling, interleaved):
     """llama_ops' exact float steps, cpu-fast's numba table and the array code the CUDA
@@ -190,7 +195,8 @@ def test_round_makes_each_table_once():
     ({"llama.rope.scaling.type": "dynamic"}, "llama.rope.scaling.type = 'dynamic'"),
     ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0, "llama.rope.scaling.yarn_beta_fast": 16.0},
      "llama.rope.scaling.yarn_beta_fast = 16.0"),
-    ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0, "llama.rope.scaling.yarn_log_multiplier": 0.1},
+    ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0,
+      "llama.rope.scaling.yarn_log_multiplier": 0.1},
      "llama.rope.scaling.yarn_log_multiplier"),
     ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0, "llama.rope.scaling.yarn_attn_factor": 1.0},
      "llama.rope.scaling.yarn_attn_factor = 1.0"),
@@ -206,14 +212,17 @@ def test_unsupported_gguf_scaling_is_refused_naming_the_key(tmp_path, metadata, 
 
 
 def test_rope_freqs_are_refused_where_llama_cpp_does_not_use_them(tmp_path):
-    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
-    path = write_tiny_gguf(tmp_path / "q.gguf", "qwen2", rope_scaling=llama3)  # llama's rope_freqs tensor in a qwen2 file
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 64}
+    # llama's rope_freqs tensor in a qwen2 file
+    path = write_tiny_gguf(tmp_path / "q.gguf", "qwen2", rope_scaling=llama3)
     with pytest.raises(ModelError, match="'rope_freqs.weight' in a qwen2 model"):
         open_model(path)
     f = GGUFFile(write_tiny_gguf(tmp_path / "l.gguf", "llama", rope_scaling=llama3))
     good = f.tensors["rope_freqs.weight"]
     assert spec_from_gguf(f.metadata, tensors=f.tensors).rope_scaling.freq_factors[-1] == 8.0
-    for bad in (TensorData(QT.F16, good.shape, np.asarray(good.data).astype(np.float16)), TensorData(QT.F32, (4,), good.data[:4])):
+    for bad in (TensorData(QT.F16, good.shape, np.asarray(good.data).astype(np.float16)),
+                TensorData(QT.F32, (4,), good.data[:4])):
         with pytest.raises(ModelError, match="'rope_freqs.weight' must be F32 of shape"):
             spec_from_gguf(f.metadata, tensors={**f.tensors, "rope_freqs.weight": bad})
     negative = TensorData(QT.F32, good.shape, -np.asarray(good.data))
@@ -235,7 +244,8 @@ def test_unsupported_config_json_scaling_is_refused(tmp_path, scaling, named):
 
 
 def test_llama3_scaling_on_qwen2_config_is_refused(tmp_path):
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
     with pytest.raises(ModelError, match="llama3 scaling on a qwen2 model"):
         open_model(write_tiny_hf(tmp_path / "hf", "qwen2", rope_scaling=scaling))
 
@@ -251,7 +261,8 @@ def test_transformers_5_rope_parameters_are_read():
 def test_convert_refuses_a_scaled_model_rather_than_drop_its_scaling(tmp_path):
     """convert_gguf_to_hf skips rope_freqs.weight and wrote no rope_scaling: the HF copy of
     a Llama 3 file would have run plain RoPE."""
-    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 64}
     path = write_tiny_gguf(tmp_path / "m.gguf", "llama", rope_scaling=llama3)
     with pytest.raises(ModelError, match="RoPE scaling"):
         convert_gguf_to_hf(path, tmp_path / "hf")

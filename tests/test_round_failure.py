@@ -34,7 +34,8 @@ async def _run(client: AsyncClient, prompt: str, params: SamplingParams) -> tupl
 @pytest.mark.parametrize("fail_at", [1, 3], ids=["prefill", "decode"])
 async def test_a_round_that_raises_fails_its_requests_and_the_engine_serves_on(tiny_model, device, fail_at):
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    async with open_engine(EngineConfig(model=str(tiny_model), device=device, max_running=4)) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
+    async with (open_engine(EngineConfig(model=str(tiny_model), device=device, max_running=4)) as engine,
+                AsyncClient(engine.ctx, engine.addrs.frontend) as client):
         with trio.fail_after(120):
             alone, _ = await _run(client, "hello there", params)
             executor = engine.actors["executor"]
@@ -57,7 +58,8 @@ async def test_a_round_that_raises_fails_its_requests_and_the_engine_serves_on(t
                     n.start_soon(one, i)
             failed = [events[-1] for _, events in results if isinstance(events[-1], Failed)]
             assert failed, [events[-1] for _, events in results]
-            assert all("the device failed this round: ZeroDivisionError: division by zero" in f.message for f in failed), failed
+            assert all("the device failed this round: ZeroDivisionError: division by zero" in f.message
+                       for f in failed), failed
             again, events = await _run(client, "hello there", params)  # the engine serves on
             assert isinstance(events[-1], Finished) and again == alone
             while (await client.stats()).kv_used_blocks:  # the failed requests' blocks were freed

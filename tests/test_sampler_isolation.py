@@ -22,7 +22,8 @@ from tiny import write_tiny_gguf
 VOCAB = 16
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=0), SamplingParams(temperature=0.8, top_k=4, repetition_penalty=1.3)])
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0),
+                                    SamplingParams(temperature=0.8, top_k=4, repetition_penalty=1.3)])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, "all -inf"])
 def test_non_finite_logits_raise_naming_the_sequence(params, bad):
     sampler = RequestSampler(params, [1, 2], VOCAB, seq_id=42)
@@ -81,7 +82,8 @@ async def test_poisoned_row_fails_its_request_alone(tiny_model, monkeypatch):
     poisoned_sampler(monkeypatch)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     healthy, poisoned = "hello there world", "zebra quartz"
-    async with open_engine(EngineConfig(model=str(tiny_model), device="cpu")) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
+    async with (open_engine(EngineConfig(model=str(tiny_model), device="cpu")) as engine,
+                AsyncClient(engine.ctx, engine.addrs.frontend) as client):
         with trio.fail_after(120):
             alone, _ = await _run(client, healthy, params)
             marked = set(await client.tokenize(poisoned)) - set(await client.tokenize(healthy))

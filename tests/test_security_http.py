@@ -88,7 +88,8 @@ def test_websocket_from_another_site_is_refused_before_accept(server):
 
 
 def test_websocket_from_the_page_loopback_and_allowed_origins_is_served(server):
-    for origin in (f"http://127.0.0.1:{port(server)}", f"http://localhost:{port(server)}", "http://localhost:3000", APP):
+    for origin in (f"http://127.0.0.1:{port(server)}", f"http://localhost:{port(server)}", "http://localhost:3000",
+                   APP):
         assert ping(server.ws, origin=origin) == {"type": "pong"}, origin
     assert ping(server.ws) == {"type": "pong"}  # no Origin: not a browser
 
@@ -102,7 +103,8 @@ def test_foreign_host_header_is_refused_and_runs_nothing(server):
     assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed"
     r = httpx.post(server.url + "/v1/chat/completions", headers={"Host": f"evil.example:{port(server)}"}, json=CHAT)
     assert r.status_code == 403 and set(r.json()["error"]) >= {"message", "type", "param", "code"}
-    handshake = {"Host": "evil.example", "Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+    handshake = {"Host": "evil.example", "Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+                 "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
     assert httpx.get(server.url + "/v1/ws", headers=handshake).status_code == 403
     assert generations(server) == before
     for host in (f"127.0.0.1:{port(server)}", f"localhost:{port(server)}", f"[::1]:{port(server)}"):
@@ -114,15 +116,18 @@ def test_allowed_hosts_flag_and_non_loopback_bind():
 
     assert OriginPolicy.from_args("0.0.0.0", None, None).host_allowed("evil.example")  # exposed anyway: no check
     policy = OriginPolicy.from_args("0.0.0.0", None, "box.lan")
-    assert policy.host_allowed("box.lan:8080") and policy.host_allowed("localhost:8080") and not policy.host_allowed("evil.example")
+    assert (policy.host_allowed("box.lan:8080") and policy.host_allowed("localhost:8080")
+            and not policy.host_allowed("evil.example"))
     assert OriginPolicy.from_args("127.0.0.1", None, "box.lan").host_allowed("BOX.lan")
 
 
 @pytest.mark.slow
 def test_a_bad_allowed_origin_is_one_line_error(smollm2_path):
-    r = subprocess.run([sys.executable, "-m", "zinfer.gateway.cli", "serve", "--model", str(smollm2_path), "--port", "1", "--allowed-origins", "app.example"],
+    r = subprocess.run([sys.executable, "-m", "zinfer.gateway.cli", "serve", "--model", str(smollm2_path),
+                        "--port", "1", "--allowed-origins", "app.example"],
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1 and r.stderr.strip().startswith("zinfer: error: --allowed-origins: 'app.example'"), r.stderr
+    assert r.returncode == 1 and r.stderr.strip().startswith(
+        "zinfer: error: --allowed-origins: 'app.example'"), r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -132,17 +137,20 @@ def test_a_bad_allowed_origin_is_one_line_error(smollm2_path):
 def test_text_plain_post_gets_415_and_runs_nothing(server):
     before = generations(server)
     body = json.dumps(CHAT).encode()
-    for kind in ("text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+    for kind in ("text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+                 "multipart/form-data; boundary=x"):
         r = httpx.post(server.url + "/v1/chat/completions", content=body, headers={"Content-Type": kind})
         assert r.status_code == 415, (kind, r.text)
-        assert r.json()["error"]["code"] == "unsupported_media_type" and "application/json" in r.json()["error"]["message"]
+        assert (r.json()["error"]["code"] == "unsupported_media_type"
+                and "application/json" in r.json()["error"]["message"])
     assert generations(server) == before
     # the same body as JSON runs, with or without a charset; and the openai package's requests pass
     for kind in ("application/json", "application/json; charset=utf-8"):
         r = httpx.post(server.url + "/v1/chat/completions", content=body, headers={"Content-Type": kind}, timeout=120)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1, r.text
     with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
-        assert client.chat.completions.create(model=server.model, messages=HI, max_tokens=1).usage.completion_tokens == 1
+        assert client.chat.completions.create(model=server.model, messages=HI,
+                                              max_tokens=1).usage.completion_tokens == 1
 
 
 def test_post_from_another_site_is_refused_and_runs_nothing(server):
@@ -161,7 +169,8 @@ def test_allowed_origin_gets_cors_headers(server):
 
 
 def test_preflight_is_answered_for_allowed_origins_only(server):
-    asks = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization, content-type, x-stainless-lang"}
+    asks = {"Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type, x-stainless-lang"}
     r = httpx.options(server.url + "/v1/chat/completions", headers={"Origin": APP, **asks})
     assert r.status_code == 204, r.text
     assert r.headers["access-control-allow-origin"] == APP and "Origin" in r.headers["vary"]
@@ -191,7 +200,8 @@ def test_page_takes_the_key_in_its_query(keyed):
 def test_websocket_takes_the_key_in_its_query_end_to_end(keyed):
     origin = f"http://127.0.0.1:{port(keyed)}"  # as the page opened from this server sends it
     with connect(keyed.ws + f"?api_key={KEY}", origin=origin) as ws:
-        ws.send(json.dumps({"type": "generate", "id": "g1", "messages": HI, "params": {"temperature": 0, "max_tokens": 4}}))
+        ws.send(json.dumps({"type": "generate", "id": "g1", "messages": HI,
+                            "params": {"temperature": 0, "max_tokens": 4}}))
         got = []
         while not got or got[-1]["type"] not in ("done", "cancelled", "error"):
             got.append(json.loads(ws.recv(timeout=120)))
@@ -203,8 +213,10 @@ def test_websocket_takes_the_key_in_its_query_end_to_end(keyed):
 
 
 def test_preflight_needs_no_key_and_the_header_still_works(keyed):
-    asks = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}
-    assert httpx.options(keyed.url + "/v1/chat/completions", headers=asks).status_code == 204  # browsers send no key here
+    asks = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization"}
+    # browsers send no key here
+    assert httpx.options(keyed.url + "/v1/chat/completions", headers=asks).status_code == 204
     with openai.OpenAI(base_url=keyed.url + "/v1", api_key=KEY, max_retries=0, timeout=120) as good:
         assert good.chat.completions.create(model=keyed.model, messages=HI, max_tokens=1).usage.completion_tokens == 1
     with openai.OpenAI(base_url=keyed.url + "/v1", api_key="wrong", max_retries=0) as bad:

@@ -34,7 +34,8 @@ def test_a_dead_actor_process_ends_serve_with_one_line_naming_it(tmp_path):
     model = write_tiny_gguf(tmp_path / "tiny.gguf", "llama", max_position_embeddings=256)
     port = free_port()
     log = tmp_path / "serve.log"
-    cmd = [sys.executable, "-m", "zinfer.gateway.cli", "serve", "--model", str(model), "--port", str(port), "--device", "cpu", "--topology", "ipc"]
+    cmd = [sys.executable, "-m", "zinfer.gateway.cli", "serve", "--model", str(model), "--port", str(port),
+           "--device", "cpu", "--topology", "ipc"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:

@@ -27,9 +27,11 @@ pytestmark = pytest.mark.slow
 
 N, CONCURRENCY, MAX_MODEL_LEN = 1000, 64, 512
 MIX = {"cancel": 100, "malformed": 100, "too_long": 50, "poisoned": 20}  # the rest: "plain"
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time,", "The three primary colors are", "Water boils at", "My favourite fruit is"]
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time,", "The three primary colors are",
+           "Water boils at", "My favourite fruit is"]
 GREEDY_PROMPT = "The quick brown fox"
-MALFORMED = [  # (generate keywords, params): each one the engine (or the client, before sending) must reject as bad_request
+# (generate keywords, params): each one the engine (or the client, before sending) must reject as bad_request
+MALFORMED = [
     ({"prompt": "hi"}, dict(temperature=-1.0)),
     ({"prompt": "hi"}, dict(top_p=0.0)),
     ({"prompt": "hi"}, dict(n=0)),
@@ -44,7 +46,8 @@ MALFORMED = [  # (generate keywords, params): each one the engine (or the client
 
 
 def expected_outcomes(kind: str) -> tuple[type, ...]:
-    return {"cancel": (Cancelled, Finished), "malformed": (Rejected,), "too_long": (Rejected,), "poisoned": (Failed,), "plain": (Finished,)}[kind]
+    return {"cancel": (Cancelled, Finished), "malformed": (Rejected,), "too_long": (Rejected,), "poisoned": (Failed,),
+            "plain": (Finished,)}[kind]
 
 
 async def greedy(client: AsyncClient) -> str:
@@ -72,7 +75,8 @@ async def test_soak_mixed_traffic_loses_nothing(smollm2_path, monkeypatch):
     kinds = [k for k, n in MIX.items() for _ in range(n)]
     kinds += ["plain"] * (N - len(kinds))
     rng.shuffle(kinds)
-    config = EngineConfig(model=str(smollm2_path), device="cpu-fast", max_model_len=MAX_MODEL_LEN, max_running=32, num_blocks=512)
+    config = EngineConfig(model=str(smollm2_path), device="cpu-fast", max_model_len=MAX_MODEL_LEN, max_running=32,
+                          num_blocks=512)
     async with open_engine(config) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
         marker = engine.source.spec.vocab_size - 1  # a token no plain prompt holds: its rows get NaN logits
         plain_ids = {t for p in PROMPTS for t in await client.tokenize(p + " (123)")}
@@ -115,16 +119,20 @@ async def test_soak_mixed_traffic_loses_nothing(smollm2_path, monkeypatch):
 
         outcomes = Counter((kinds[i], type(t[-1]).__name__ if t else "none") for i, t in enumerate(terminals))
         generated = sum(tokens.values())
-        print(f"\nsoak: {N} requests at concurrency {CONCURRENCY} in {wall:.1f} s, {generated} tokens generated, {generated / wall:.1f} tokens/s")
+        print(f"\nsoak: {N} requests at concurrency {CONCURRENCY} in {wall:.1f} s, {generated} tokens generated, "
+              f"{generated / wall:.1f} tokens/s")
         for (kind, outcome), n in sorted(outcomes.items()):
             print(f"  {kind:10s} -> {outcome:10s} {n}")
 
         lost = [i for i, t in enumerate(terminals) if len(t) != 1]
-        assert not lost, f"{len(lost)} requests without exactly one terminal event, e.g. r{lost[0]}: {terminals[lost[0]]}"
-        wrong = [(i, kinds[i], t[0]) for i, t in enumerate(terminals) if not isinstance(t[0], expected_outcomes(kinds[i]))]
+        assert not lost, (f"{len(lost)} requests without exactly one terminal event, "
+                          f"e.g. r{lost[0]}: {terminals[lost[0]]}")
+        wrong = [(i, kinds[i], t[0]) for i, t in enumerate(terminals)
+                 if not isinstance(t[0], expected_outcomes(kinds[i]))]
         assert not wrong, f"{len(wrong)} requests ended the wrong way, e.g. {wrong[:3]}"
         codes = Counter((kinds[i], t[0].code) for i, t in enumerate(terminals) if isinstance(t[0], Rejected))
-        assert codes == Counter({("malformed", "bad_request"): MIX["malformed"], ("too_long", "too_long"): MIX["too_long"]}), codes
+        assert codes == Counter({("malformed", "bad_request"): MIX["malformed"],
+                                 ("too_long", "too_long"): MIX["too_long"]}), codes
 
         stats = await wait_idle(client)
         assert stats.kv_used_blocks == 0

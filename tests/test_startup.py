@@ -33,7 +33,8 @@ def reader_view(path) -> tuple[dict, dict]:
     """(metadata, name -> (qtype, shape, dtype, data shape, file offset)) as gguf.GGUFReader reads them."""
     r = gguf.GGUFReader(path)
     meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
-    tensors = {t.name: (QT(t.tensor_type), tuple(int(d) for d in reversed(t.shape.tolist())), t.data.dtype, t.data.shape, int(t.data_offset))
+    tensors = {t.name: (QT(t.tensor_type), tuple(int(d) for d in reversed(t.shape.tolist())), t.data.dtype,
+                        t.data.shape, int(t.data_offset))
                for t in r.tensors}
     return meta, tensors
 
@@ -107,9 +108,11 @@ def tiny_long_context(tmp_path_factory):
     return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf", "llama", max_position_embeddings=4096)
 
 
-@pytest.mark.parametrize(("max_running", "max_model_len", "blocks"), [(1, 4096, 256), (4, 512, 128), (3, 4096, 256), (32, 0, 2048)])
+@pytest.mark.parametrize(("max_running", "max_model_len", "blocks"),
+                         [(1, 4096, 256), (4, 512, 128), (3, 4096, 256), (32, 0, 2048)])
 def test_pool_is_sized_from_max_running_and_max_model_len(tiny_long_context, max_running, max_model_len, blocks):
-    with EngineThread(EngineConfig(model=str(tiny_long_context), device="cpu", max_running=max_running, max_model_len=max_model_len)) as e:
+    with EngineThread(EngineConfig(model=str(tiny_long_context), device="cpu", max_running=max_running,
+                                   max_model_len=max_model_len)) as e:
         assert e.engine.actors["kv"].allocator.num_blocks == blocks
         assert pool_bytes(e) == 2 * 2 * blocks * 16 * 2 * 16 * 4  # K and V, layers, slots, heads, dims, f32
 
@@ -135,7 +138,8 @@ async def test_request_too_long_for_the_pool_is_refused_and_the_engine_serves_on
         long = [ev async for ev in client.generate("word " * 100, params=SamplingParams(max_tokens=2))]
         assert isinstance(long[-1], Rejected) and long[-1].code == "cannot_fit"
         assert "4 of 16" in long[-1].message
-        short = [ev async for ev in client.generate("hi", params=SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))]
+        short = [ev async for ev in client.generate("hi", params=SamplingParams(temperature=0, max_tokens=3,
+                                                                                 ignore_eos=True))]
         assert isinstance(short[-1], Finished) and sum(len(ev.token_ids) for ev in short if isinstance(ev, Delta)) == 3
     e.engine.actors["kv"].allocator.check_invariants()
 
@@ -155,7 +159,8 @@ def mapped_rss_kib(path) -> int:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
 def test_file_pages_a_device_copied_leave_memory_and_its_weights_stay_right(tmp_path):
-    path = write_tiny_gguf(tmp_path / "m.gguf", "llama", qtype=QT.Q8_0, intermediate_size=8192)  # ~3 MiB of Q8_0 matrices
+    # ~3 MiB of Q8_0 matrices
+    path = write_tiny_gguf(tmp_path / "m.gguf", "llama", qtype=QT.Q8_0, intermediate_size=8192)
     source = open_model(path)
     for t in source.tensors.values():
         np.asarray(t.data).sum()  # read every byte: all pages resident
@@ -172,7 +177,8 @@ def test_file_pages_a_device_copied_leave_memory_and_its_weights_stay_right(tmp_
 def same_weight(a, b) -> bool:
     """Whether two uploaded weights are the same: types, every field, every array's dtype, shape and bytes."""
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape
+                and np.array_equal(a, b))
     if type(a) is not type(b):
         return False
     if isinstance(a, (tuple, list)):
@@ -257,7 +263,8 @@ def test_a_cached_vocabulary_gives_the_same_tokenizer(tmp_path, monkeypatch):
     built = vocab_cache._build(meta)
     assert vocab_cache.tokenizer_json(meta) == built and len(list((tmp_path / "tok").glob("*.json"))) == 1
     (entry,) = (tmp_path / "tok").glob("*.json")
-    entry.write_text(entry.read_text().replace('"tokenizer": "', '"tokenizer": "{}" , "x": "'))  # a readable entry, now of another text
+    # a readable entry, now of another text
+    entry.write_text(entry.read_text().replace('"tokenizer": "', '"tokenizer": "{}" , "x": "'))
     assert vocab_cache.tokenizer_json(meta)[0] == "{}"  # read from the file, not rebuilt
     entry.write_text("{ truncated")
     assert vocab_cache.tokenizer_json(meta) == built  # unreadable: built again (and stored)
@@ -265,6 +272,7 @@ def test_a_cached_vocabulary_gives_the_same_tokenizer(tmp_path, monkeypatch):
     monkeypatch.setenv("ZINFER_VOCAB_CACHE", "0")
     fresh = Tokenizer.from_gguf_metadata(meta)
     text = "Hello wörld <|im_start|> 12 日本"
-    assert cached.encode(text) == fresh.encode(text) and cached.decode(cached.encode(text)) == fresh.decode(fresh.encode(text))
+    assert (cached.encode(text) == fresh.encode(text)
+            and cached.decode(cached.encode(text)) == fresh.decode(fresh.encode(text)))
     other = {**meta, "tokenizer.ggml.merges": meta["tokenizer.ggml.merges"][:-1]}
     assert vocab_cache._key(other) != vocab_cache._key(meta)

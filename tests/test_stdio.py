@@ -15,13 +15,15 @@ STDIO_CLIENT = Path(__file__).parent / "node" / "stdio_client.mjs"
 
 
 def zinfer_stdio(model) -> list[str]:
-    return [sys.executable, "-m", "zinfer.gateway.cli", "stdio", "--model", str(model), "--device", "cpu", "--max-running", "8"]
+    return [sys.executable, "-m", "zinfer.gateway.cli", "stdio", "--model", str(model), "--device", "cpu",
+            "--max-running", "8"]
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(NODE is None, reason="node is not installed")
 def test_node_host_streams_and_cancels(smollm2_path):
-    r = subprocess.run([NODE, str(STDIO_CLIENT), "What is the capital of France?", *zinfer_stdio(smollm2_path)], capture_output=True, text=True, timeout=240)
+    r = subprocess.run([NODE, str(STDIO_CLIENT), "What is the capital of France?", *zinfer_stdio(smollm2_path)],
+                       capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout.splitlines()[-1])["summary"]
     assert summary["ready"]["max_model_len"] > 0
@@ -37,7 +39,8 @@ class Stdio:
     """zinfer stdio with pipes: write request lines, read event lines."""
 
     def __init__(self, model):
-        self.proc = subprocess.Popen(zinfer_stdio(model), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(zinfer_stdio(model), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
 
     def write(self, line: str) -> None:
         self.proc.stdin.write(line + "\n")
@@ -57,7 +60,8 @@ def test_bad_lines_get_rejected_and_eof_lets_open_requests_finish(smollm2_path):
         bad = [
             ("this is not json", "", "malformed"),
             ('{"type": "explode", "request_id": "e1"}', "e1", "explode"),
-            ('{"type": "generate", "request_id": "e2", "prompt": "x", "params": {"max_tokens": "many"}}', "e2", "max_tokens"),
+            ('{"type": "generate", "request_id": "e2", "prompt": "x", "params": {"max_tokens": "many"}}',
+             "e2", "max_tokens"),
             ('{"type": "generate", "prompt": "no id"}', "", "request_id"),
             ('["generate", "e3"]', "", "object"),
         ]
@@ -70,10 +74,12 @@ def test_bad_lines_get_rejected_and_eof_lets_open_requests_finish(smollm2_path):
         # parameters the engine refuses: rejected by the engine, same shape
         z.write('{"type": "generate", "request_id": "e4", "prompt": "x", "params": {"temperature": -1}}')
         ev = z.read()
-        assert (ev["type"], ev["request_id"], ev["code"]) == ("rejected", "e4", "bad_request") and "temperature" in ev["message"]
+        assert ((ev["type"], ev["request_id"], ev["code"]) == ("rejected", "e4", "bad_request")
+                and "temperature" in ev["message"])
 
         # still alive: a generation, then EOF while it runs; it finishes, then the process exits 0
-        z.write('{"type": "generate", "request_id": "ok", "prompt": "The capital of France is", "params": {"temperature": 0, "max_tokens": 12, "ignore_eos": true}}')
+        z.write('{"type": "generate", "request_id": "ok", "prompt": "The capital of France is", '
+                '"params": {"temperature": 0, "max_tokens": 12, "ignore_eos": true}}')
         z.write('{"type": "generate", "request_id": "ok", "prompt": "again"}')  # its id is in use
         z.proc.stdin.close()
         rest = [json.loads(line) for line in z.proc.stdout]
@@ -103,16 +109,19 @@ def tiny_model(tmp_path_factory):
 
 
 def _generate_line(rid: str, max_tokens: int = 4) -> str:
-    return json.dumps({"type": "generate", "request_id": rid, "prompt": "hello world", "params": {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True}})
+    return json.dumps({"type": "generate", "request_id": rid, "prompt": "hello world",
+                       "params": {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True}})
 
 
 def test_an_overlong_line_is_rejected_and_the_next_lines_stay_whole(tiny_model):
     from zinfer.gateway.stdio import MAX_LINE
 
     overlong = '{"type": "generate", "request_id": "huge", "prompt": "' + "x" * (MAX_LINE + 100) + '"}'
-    proc = subprocess.Popen(zinfer_stdio(tiny_model), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(zinfer_stdio(tiny_model), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
     try:
-        out, err = proc.communicate("\n".join([overlong, _generate_line("g1"), _generate_line("g2")]).encode() + b"\n", timeout=240)
+        out, err = proc.communicate("\n".join([overlong, _generate_line("g1"), _generate_line("g2")]).encode() + b"\n",
+                                    timeout=240)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -126,7 +135,8 @@ def test_an_overlong_line_is_rejected_and_the_next_lines_stay_whole(tiny_model):
 
 
 def test_a_host_that_closes_our_stdout_ends_us_quietly(tiny_model):
-    proc = subprocess.Popen(zinfer_stdio(tiny_model), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(zinfer_stdio(tiny_model), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
         assert json.loads(proc.stdout.readline())["type"] == "ready"
         proc.stdin.write(_generate_line("long", max_tokens=30000) + "\n")
@@ -144,7 +154,8 @@ def test_a_host_that_closes_our_stdout_ends_us_quietly(tiny_model):
 
 @pytest.mark.slow  # an actor per process: ~5 s
 def test_stdio_on_the_tcp_topology(tiny_model):
-    proc = subprocess.Popen([*zinfer_stdio(tiny_model), "--topology", "tcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([*zinfer_stdio(tiny_model), "--topology", "tcp"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         out, err = proc.communicate(_generate_line("t").encode() + b"\n", timeout=240)
     finally:
@@ -159,10 +170,12 @@ def test_stdio_on_the_tcp_topology(tiny_model):
 
 
 def test_an_integer_past_64_bits_is_named_an_integer(tiny_model):
-    """Before, add_special: 2**70 was refused as "Expected `bool`, got `float`": msgspec reads such a literal as a float."""
+    """Before, add_special: 2**70 was refused as "Expected `bool`, got `float`": msgspec reads such a literal
+    as a float."""
     lines = ['{"type": "tokenize", "request_id": "t", "text": "hi", "add_special": %d}' % 2**70,
              '{"type": "generate", "request_id": "g", "messages": [{"role": "user", "content": %d}]}' % -(2**70)]
-    proc = subprocess.Popen(zinfer_stdio(tiny_model), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(zinfer_stdio(tiny_model), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
     try:
         out, err = proc.communicate("\n".join(lines).encode() + b"\n", timeout=240)
     finally:

@@ -39,7 +39,8 @@ class Loaded:
         split = len(ids) - decode_after
         out = round_logits(self.spec, self.w, self.dev, kv, ForwardBatch.build([(ids[:split], 0, table, True)], BLOCK))
         for p in range(split, len(ids)):
-            out = round_logits(self.spec, self.w, self.dev, kv, ForwardBatch.build([(ids[p : p + 1], p, table, True)], BLOCK))
+            out = round_logits(self.spec, self.w, self.dev, kv,
+                               ForwardBatch.build([(ids[p : p + 1], p, table, True)], BLOCK))
         return out[0]
 
 

@@ -46,11 +46,13 @@ def test_several_hermes_calls_and_no_content():
     text = call_block("get_weather", {"city": "Paris"}) + "\n" + call_block("get_time", {"zone": "CET"}) + "\n"
     content, calls = parse_tool_calls(text, NAMES)
     assert content is None
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"}), ("get_time", {"zone": "CET"})]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"}),
+                                                                 ("get_time", {"zone": "CET"})]
 
 
 def test_llama3_json_form_whole_message_and_after_python_tag():
-    for text in ['{"name": "get_weather", "parameters": {"city": "Oslo"}}', '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}']:
+    for text in ['{"name": "get_weather", "parameters": {"city": "Oslo"}}',
+                 '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}']:
         assert parse_tool_calls(text, NAMES) == (None, [Call("get_weather", '{"city": "Oslo"}')])
     # a JSON answer that names no offered function is the content
     text = '{"name": "Ada", "parameters": {"born": 1815}}'
@@ -84,7 +86,8 @@ def test_forms_models_really_write_are_calls():
         "```json\n" + json.dumps(call),  # an unclosed fence at the end of the text
     ]:
         assert parse_tool_calls(text, NAMES) == (None, paris), text
-    two = parse_tool_calls("```json\n" + json.dumps([call, {"name": "get_time", "parameters": {"zone": "CET"}}]) + "\n```", NAMES | {"get_time"})
+    two = parse_tool_calls("```json\n" + json.dumps([call, {"name": "get_time", "parameters": {"zone": "CET"}}])
+                           + "\n```", NAMES | {"get_time"})
     assert [c.name for c in two[1]] == ["get_weather", "get_time"] and two[0] is None
     content, calls = parse_tool_calls("Let me check.\n```json\n" + json.dumps(call) + "\n```\nOne moment.", NAMES)
     assert content == "Let me check.One moment." and calls == paris
@@ -93,7 +96,8 @@ def test_forms_models_really_write_are_calls():
 def test_a_close_tag_inside_a_json_string_does_not_end_the_block():
     """SmolLM2 at temperature 0.8, forced to call get_weather, wrote this city."""
     block = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Malt</tool_call>"}}\n</tool_call>'
-    assert parse_tool_calls(block + "\n" + block, NAMES) == (None, [Call("get_weather", '{"city": "Malt</tool_call>"}')] * 2)
+    assert parse_tool_calls(block + "\n" + block, NAMES) == (
+        None, [Call("get_weather", '{"city": "Malt</tool_call>"}')] * 2)
     pieces, _ = fed_in_parts(block, [20, 60, 70])
     assert pieces == [Call("get_weather", '{"city": "Malt</tool_call>"}')]
 
@@ -113,7 +117,8 @@ def test_fences_that_hold_no_call_stay_as_written():
 STREAMED = [
     "Checking.\n```json\n" + json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}}) + "\n```\nDone.",
     "```python\nx = 1\n```\n" + json.dumps({"name": "get_weather"}),
-    "I will check.\n" + call_block("get_weather", {"city": "Paris"}) + "\n" + call_block("get_weather", {"city": "Lyon"}),
+    "I will check.\n" + call_block("get_weather", {"city": "Paris"}) + "\n"
+    + call_block("get_weather", {"city": "Lyon"}),
     'x <tool_call>\n{bad}\n</tool_call> then <tool_c',
     "  " + json.dumps({"name": "get_weather", "parameters": {"city": "Oslo"}}),
     "no calls here, just <b>markup</b> and a <tool",
@@ -127,12 +132,14 @@ def test_streamed_pieces_equal_the_whole_and_no_partial_tag_leaks(text):
         cuts = sorted(random.Random(seed).sample(range(1, len(text)), min(8, len(text) - 1)))
         pieces, each = fed_in_parts(text, cuts)
         assert merged(pieces) == whole, cuts
-        for got in each[:-1] if "<tool_call>\n{bad" not in text else []:  # a malformed block comes out whole, tags and all
+        # a malformed block comes out whole, tags and all
+        for got in each[:-1] if "<tool_call>\n{bad" not in text else []:
             assert not any(isinstance(g, str) and "<tool" in g for g in got), (cuts, got)
 
 
 def test_a_tag_split_across_deltas_never_reaches_content():
-    pieces, each = fed_in_parts("Hi <tool_call>\n" + json.dumps({"name": "get_weather", "arguments": {}}) + "\n</tool_call>", [4, 5, 8, 14])
+    pieces, each = fed_in_parts("Hi <tool_call>\n" + json.dumps({"name": "get_weather", "arguments": {}})
+                                + "\n</tool_call>", [4, 5, 8, 14])
     assert each[0] == ["Hi"] and each[1] == [] and each[2] == []  # "<", "<too" held back
     assert pieces == ["Hi", Call("get_weather", "{}")]
 
@@ -147,6 +154,7 @@ def test_stream_deltas_reassemble_to_the_call():
             c = calls.setdefault(tc["index"], {"id": tc.get("id"), "name": "", "arguments": ""})
             c["name"] += tc.get("function", {}).get("name", "")
             c["arguments"] += tc["function"].get("arguments", "")
-    assert deltas[0]["tool_calls"][0]["id"].startswith("call_") and deltas[0]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert (deltas[0]["tool_calls"][0]["id"].startswith("call_")
+            and deltas[0]["tool_calls"][0]["function"]["name"] == "get_weather")
     assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [("get_weather", {"city": "Paris"})]
     assert s.reason(0, "stop") == "tool_calls" and s.reason(0, "length") == "length" and s.reason(1, "stop") == "stop"

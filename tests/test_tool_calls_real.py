@@ -36,8 +36,8 @@ def server(request):
 def ask(server, prompt: str, choice, stream: bool, temperature: float) -> list[tuple[str, str]]:
     """The (name, arguments) of each call in the answer, through the official client."""
     with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300) as client:
-        kwargs = dict(model=server.model, messages=[{"role": "user", "content": prompt}], tools=TOOLS, tool_choice=choice,
-                      temperature=temperature, seed=7, max_tokens=96)
+        kwargs = dict(model=server.model, messages=[{"role": "user", "content": prompt}], tools=TOOLS,
+                      tool_choice=choice, temperature=temperature, seed=7, max_tokens=96)
         if not stream:
             msg = client.chat.completions.create(**kwargs).choices[0].message
             return [(c.function.name, c.function.arguments) for c in msg.tool_calls or []]
@@ -53,12 +53,15 @@ def ask(server, prompt: str, choice, stream: bool, temperature: float) -> list[t
 
 @pytest.mark.parametrize("choice", ["required", "named"])
 def test_a_compulsory_call_validates_against_its_schema(server, choice, request):
-    cases = [(prompt, stream, temperature) for prompt in NEEDS_A_TOOL[:10] for stream in (False, True) for temperature in (0.0, 0.8)]
-    if request.node.callspec.params["server"] == "qwen2.5-coder-1.5b":  # CI time (580 s for all 40 x 2): each of the four
-        cases = [c for i, c in enumerate(cases) if (i // 4 < 5) == (c[1] == (c[2] > 0))]  # combinations 5 times, every prompt twice
+    cases = [(prompt, stream, temperature) for prompt in NEEDS_A_TOOL[:10] for stream in (False, True)
+             for temperature in (0.0, 0.8)]
+    # CI time (580 s for all 40 x 2): each of the four combinations 5 times, every prompt twice
+    if request.node.callspec.params["server"] == "qwen2.5-coder-1.5b":
+        cases = [c for i, c in enumerate(cases) if (i // 4 < 5) == (c[1] == (c[2] > 0))]
     named = {"type": "function", "function": {"name": "get_weather"}}
     with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda c: ask(server, c[0], "required" if choice == "required" else named, c[1], c[2]), cases))
+        answers = list(pool.map(lambda c: ask(server, c[0], "required" if choice == "required" else named, c[1], c[2]),
+                                cases))
     for case, calls in zip(cases, answers):
         assert calls, case
         for name, arguments in calls:
@@ -67,7 +70,8 @@ def test_a_compulsory_call_validates_against_its_schema(server, choice, request)
 
 
 def test_left_to_choose_the_model_calls_a_tool(server, request):
-    if request.node.callspec.params["server"] == "qwen2.5-coder-1.5b" and os.environ.get("ZINFER_TEST_AUTO_1_5B") != "1":
+    if (request.node.callspec.params["server"] == "qwen2.5-coder-1.5b"
+            and os.environ.get("ZINFER_TEST_AUTO_1_5B") != "1"):
         pytest.skip("CI time: ZINFER_TEST_AUTO_1_5B=1 counts the 1.5B's auto calls too")
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda p: ask(server, p, "auto", False, 0.0), NEEDS_A_TOOL))

@@ -33,10 +33,12 @@ async def run_one(client: AsyncClient, prompt: str) -> tuple[list[int], object]:
 
 @pytest.mark.slow
 async def test_process_topology_matches_in_process(smollm2_path):
-    async with open_engine(EngineConfig(model=str(smollm2_path), device="cpu")) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
+    async with (open_engine(EngineConfig(model=str(smollm2_path), device="cpu")) as engine,
+                AsyncClient(engine.ctx, engine.addrs.frontend) as client):
         single = {p: (await run_one(client, p))[0] for p in PROMPTS}
     results = {}
-    async with open_engine(EngineConfig(model=str(smollm2_path), device="cpu", topology="ipc")) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
+    async with (open_engine(EngineConfig(model=str(smollm2_path), device="cpu", topology="ipc")) as engine,
+                AsyncClient(engine.ctx, engine.addrs.frontend) as client):
         assert all(p.returncode is None for p in engine.actors["processes"].values())
 
         async def one(i: int) -> None:
@@ -53,7 +55,8 @@ async def test_process_topology_matches_in_process(smollm2_path):
 
 @pytest.mark.slow
 async def test_tcp_topology_generates(smollm2_path):
-    async with open_engine(EngineConfig(model=str(smollm2_path), topology="tcp")) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
+    async with (open_engine(EngineConfig(model=str(smollm2_path), topology="tcp")) as engine,
+                AsyncClient(engine.ctx, engine.addrs.frontend) as client):
         assert engine.addrs.executor.startswith("tcp://127.0.0.1:")
         ids, last = await run_one(client, PROMPTS[0])
         assert isinstance(last, Finished) and len(ids) == 8
@@ -65,12 +68,14 @@ async def test_killing_the_executor_fails_open_requests_fast(smollm2_path):
     late: list = []
     started = trio.Event()
     with pytest.raises(BaseExceptionGroup) as info:
-        async with open_engine(EngineConfig(model=str(smollm2_path), topology="ipc")) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
+        async with (open_engine(EngineConfig(model=str(smollm2_path), topology="ipc")) as engine,
+                    AsyncClient(engine.ctx, engine.addrs.frontend) as client):
             killed_at = [0.0]
 
             async def stream(i: int) -> None:
                 # ignore_eos: a stream that samples EOS first would finish before the kill
-                async for ev in client.generate(f"Tell me a long story number {i}.", params=SamplingParams(max_tokens=500, ignore_eos=True)):
+                async for ev in client.generate(f"Tell me a long story number {i}.",
+                                                params=SamplingParams(max_tokens=500, ignore_eos=True)):
                     if isinstance(ev, Delta):
                         started.set()
                     if isinstance(ev, Failed):
@@ -102,14 +107,16 @@ def test_serve_on_ipc_answers_a_chat_completion(tiny_model):
     from http_server import running_server
 
     with running_server(tiny_model, "--topology", "ipc") as server:
-        body = {"model": server.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
+        body = {"model": server.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                "temperature": 0}
         r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] >= 1
         assert httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["max_model_len"] == 256
 
 
-@pytest.mark.slow  # an actor per process, twice: ~6 s each (test_serve_on_ipc_answers_a_chat_completion keeps one in the fast tier)
+# an actor per process, twice: ~6 s each (test_serve_on_ipc_answers_a_chat_completion keeps one in the fast tier)
+@pytest.mark.slow
 @pytest.mark.parametrize("topology", ["ipc", "tcp"])
 def test_run_on_process_topologies(tiny_model, topology):
     cmd = [sys.executable, "-m", "zinfer.gateway.cli", "run", "--model", str(tiny_model), "--topology", topology,

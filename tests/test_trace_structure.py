@@ -108,7 +108,8 @@ def test_merged_trace_is_sound_and_draws_requests_rounds_and_flows():
 @pytest.mark.parametrize("mutate, problem", [
     (lambda ev: ev.reverse(), "goes back"),
     (lambda ev: ev.append({"ph": "X", "pid": 1, "tid": 1, "name": "late", "ts": 5.0, "dur": 100.0}), "without nesting"),
-    (lambda ev: ev.append({"ph": "s", "pid": 1, "tid": 1, "name": "f", "cat": "flow", "id": 99, "ts": 1.0}), "1 start(s) and 0 end(s)"),
+    (lambda ev: ev.append({"ph": "s", "pid": 1, "tid": 1, "name": "f", "cat": "flow", "id": 99, "ts": 1.0}),
+     "1 start(s) and 0 end(s)"),
     (lambda ev: ev.append({"ph": "B", "pid": 1, "tid": 1, "name": "open", "ts": 50.0}), "never ends"),
     (lambda ev: ev.append({"ph": "E", "pid": 1, "tid": 2, "name": "open", "ts": 50.0}), "without a B"),
 ])
@@ -148,7 +149,8 @@ def test_a_recorded_span_is_written_as_the_sdk_would_write_it(tmp_path):
     tracing.record("direct unsampled", unsampled, attrs)
     tracing.close()
     lines = [json.loads(line) for path in part_files(tmp_path) for line in path.read_text().splitlines()]
-    sdk, direct, kernels, orphan = (next(r for r in lines if r.get("name", r["k"]) == n) for n in ("sdk", "direct", "kernels", "orphan"))
+    sdk, direct, kernels, orphan = (next(r for r in lines if r.get("name", r["k"]) == n)
+                                    for n in ("sdk", "direct", "kernels", "orphan"))
     same = lambda r: {k: v for k, v in r.items() if k not in ("name", "span")}  # noqa: E731
     assert same(sdk) == same(direct) and direct["trace"] == parent.split("-")[1] and direct["span"] != sdk["span"]
     assert direct["links"] == [parent.split("-")[1:3], other.split("-")[1:3]]

@@ -37,7 +37,8 @@ async def run_requests(engine, prompts=PROMPTS, params=GREEDY) -> list[str]:
         async def one(i: int, prompt: str) -> None:
             rid = f"req-{i}"
             ids.append(rid)
-            async for ev in client.generate(prompt, params=params, request_id=rid):  # noqa: B007 (the loop keeps the last event)
+            # the loop keeps the last event
+            async for ev in client.generate(prompt, params=params, request_id=rid):  # noqa: B007
                 pass
             assert isinstance(ev, Finished)
 
@@ -52,7 +53,8 @@ def spans(doc: dict) -> list[dict]:
 
 
 async def test_a_three_request_trace_accounts_for_every_round(smollm2_path, tmp_path):
-    config = EngineConfig(model=str(smollm2_path), device="cpu", trace=TraceConfig(dir=str(tmp_path)))  # kernel-time coverage measured on the oracle
+    # kernel-time coverage measured on the oracle
+    config = EngineConfig(model=str(smollm2_path), device="cpu", trace=TraceConfig(dir=str(tmp_path)))
     async with open_engine(config) as engine:
         n_layers = engine.source.spec.n_layers
         await run_requests(engine)
@@ -63,7 +65,8 @@ async def test_a_three_request_trace_accounts_for_every_round(smollm2_path, tmp_
     for r in rounds:
         assert r.layers == n_layers, r
         assert {"linear", "attention", "rms_norm", "rope", "glu", "write_kv", "embed"} <= set(r.kernels), r.name
-        assert abs(r.kernel_us - r.dur) <= 0.10 * r.dur, f"round {r.args['round_id']}: kernels {r.kernel_us:.0f} µs of {r.dur:.0f} µs"
+        assert abs(r.kernel_us - r.dur) <= 0.10 * r.dur, (
+            f"round {r.args['round_id']}: kernels {r.kernel_us:.0f} µs of {r.dur:.0f} µs")
         assert r.args["batch_size"] >= 1 and r.args["tokens"] >= r.args["batch_size"] and r.args["kv_blocks"] >= 1
     assert rounds[0].name.startswith("prefill") and rounds[-1].name == "decode"
     # every request: its own track with request > tokenize, queue, and each of its rounds
@@ -86,7 +89,8 @@ async def test_with_tracing_off_no_span_and_no_timer_is_built(smollm2_path, monk
     built = []
     for cls in (otel_sdk.Span, trace_kernels.KernelRecorder):
         init = cls.__init__
-        monkeypatch.setattr(cls, "__init__", lambda self, *a, _init=init, **k: (built.append(type(self).__name__), _init(self, *a, **k))[1])
+        monkeypatch.setattr(cls, "__init__", lambda self, *a, _init=init, **k: (built.append(type(self).__name__),
+                                                                                _init(self, *a, **k))[1])
     import opentelemetry.trace as otel_api
 
     monkeypatch.setattr(otel_api.NonRecordingSpan, "__init__", lambda self, *a, **k: built.append("NonRecordingSpan"))
@@ -102,13 +106,15 @@ async def test_with_tracing_off_no_span_and_no_timer_is_built(smollm2_path, monk
     # the per-request log line: JSON, with the request id, tokens, timing and sampling
     lines = [json.loads(l) for l in capsys.readouterr().err.splitlines() if l.startswith("{")]
     start = next(l for l in lines if l["event"] == "engine started")
-    assert start["arch"] == "llama" and "Q4_1" in start["quant_types"] and start["weights_mib"] > 0 and start["kv_mib"] > 0
+    assert (start["arch"] == "llama" and "Q4_1" in start["quant_types"] and start["weights_mib"] > 0
+            and start["kv_mib"] > 0)
     done = {l["request_id"]: l for l in lines if l["event"] == "request"}
     assert sorted(done) == sorted(ids)
     for l in done.values():
         assert l["outcome"] == "finished" and l["finish_reason"] == "length"
         assert l["completion_tokens"] == GREEDY.max_tokens and l["prompt_tokens"] > 0 and l["cached_tokens"] >= 0
-        assert l["ttft_ms"] > 0 and l["tokens_per_s"] > 0 and l["temperature"] == 0 and l["max_tokens"] == GREEDY.max_tokens
+        assert (l["ttft_ms"] > 0 and l["tokens_per_s"] > 0 and l["temperature"] == 0
+                and l["max_tokens"] == GREEDY.max_tokens)
 
 
 async def test_the_multi_process_topology_traces_into_one_trace(smollm2_path, tmp_path):
@@ -132,13 +138,15 @@ async def test_the_multi_process_topology_traces_into_one_trace(smollm2_path, tm
     assert all(r.kernel_us > 0 and (r.layers > 0 or "graph_replay" in r.kernels) for r in rounds)
     assert rounds[0].layers > 0  # the prefill round, op by op
     processes = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
-    assert processes == {f"zinfer tokenizer ({os.getpid()})"} | {f"zinfer {name} ({pid})" for name, pid in children.items()}
+    assert processes == ({f"zinfer tokenizer ({os.getpid()})"}
+                         | {f"zinfer {name} ({pid})" for name, pid in children.items()})
 
 
 def test_zinfer_run_trace_then_summarize(smollm2_path, tmp_path, capsys):
     out = tmp_path / "run.json"
     with pytest.raises(SystemExit) as exit_:
-        main(["run", "--model", str(smollm2_path), "--temperature", "0", "--max-tokens", "4", "--trace", str(out), "Hi"])
+        main(["run", "--model", str(smollm2_path), "--temperature", "0", "--max-tokens", "4", "--trace", str(out),
+              "Hi"])
     assert exit_.value.code == 0
     assert "wrote" in capsys.readouterr().err
     doc = json.loads(out.read_text())

@@ -90,7 +90,8 @@ def test_generations_multiplex_on_one_socket(server):
     with connect(server.ws) as ws:
         ws.send(generate("a", temperature=0, max_tokens=10))
         ws.send(generate("b", messages=other, temperature=0, max_tokens=10))
-        ws.send(json.dumps({"type": "generate", "id": "c", "prompt": "1, 2, 3,", "params": {"temperature": 0, "max_tokens": 6}}))
+        ws.send(json.dumps({"type": "generate", "id": "c", "prompt": "1, 2, 3,",
+                            "params": {"temperature": 0, "max_tokens": 6}}))
         got = until_terminal(ws, {"a", "b", "c"})
     for id_, msgs in got.items():
         assert [m["type"] for m in msgs].count("done") == 1, (id_, msgs)
@@ -173,9 +174,12 @@ def test_an_overlong_id_then_its_cancel_get_errors_and_the_socket_stays_open(ser
         ws.send(generate(long_id, temperature=0, max_tokens=400, ignore_eos=True))
         ws.send(json.dumps({"type": "cancel", "id": long_id}))
         first, second = recv(ws), recv(ws)
-        assert first["type"] == "error" and first["id"] == long_id and "200" in first["message"] and "id" in first["message"], first
-        assert second["type"] == "error" and second["id"] is None and "200" in second["message"], second  # not a second terminal
-        ws.send(generate(longest, temperature=0, max_tokens=400, ignore_eos=True))  # the longest id works, and so does its cancel
+        assert (first["type"] == "error" and first["id"] == long_id and "200" in first["message"]
+                and "id" in first["message"]), first
+        # not a second terminal
+        assert second["type"] == "error" and second["id"] is None and "200" in second["message"], second
+        # the longest id works, and so does its cancel
+        ws.send(generate(longest, temperature=0, max_tokens=400, ignore_eos=True))
         ws.send(json.dumps({"type": "cancel", "id": longest}))
         msgs = until_terminal(ws, {longest})[longest]
     assert msgs[-1] == {"type": "cancelled", "id": longest}, msgs

@@ -45,8 +45,10 @@ def test_a_non_finite_block_scale_is_refused_naming_the_block(tmp_path, qt, scal
     load(good)  # the control
     block_bytes = {QT.Q8_0: 34, QT.Q4_1: 20, QT.Q5_0: 22}[qt]
     at = 5 * block_bytes + scale_at + 1  # the high byte of block 5's f16 scale (or min)
-    path = flip_bytes(good, tmp_path / "flipped.gguf", "blk.0.ffn_up.weight", [at], [0x7C & ~_byte(good, "blk.0.ffn_up.weight", at)])  # exponent bits all set
-    with pytest.raises(ModelError, match=r"flipped\.gguf: tensor blk\.0\.ffn_up\.weight has non-finite values \(first at element 160\)"):
+    path = flip_bytes(good, tmp_path / "flipped.gguf", "blk.0.ffn_up.weight", [at],
+                      [0x7C & ~_byte(good, "blk.0.ffn_up.weight", at)])  # exponent bits all set
+    with pytest.raises(ModelError, match=r"flipped\.gguf: tensor blk\.0\.ffn_up\.weight has non-finite values "
+                                         r"\(first at element 160\)"):
         load(path)
 
 
@@ -54,7 +56,8 @@ def test_flipped_bytes_in_an_f32_tensor_are_refused(q8, tmp_path):
     at = [4 * 9 + 3, 4 * 9 + 2]  # element 9's exponent: 7 bits of its high byte, 1 of the next
     masks = [0x7F & ~_byte(q8, "output_norm.weight", at[0]), 0x80 & ~_byte(q8, "output_norm.weight", at[1])]
     path = flip_bytes(q8, tmp_path / "f.gguf", "output_norm.weight", at, masks)
-    with pytest.raises(ModelError, match=r"f\.gguf: tensor output_norm\.weight has non-finite values \(first at element 9\)"):
+    with pytest.raises(ModelError, match=r"f\.gguf: tensor output_norm\.weight has non-finite values "
+                                         r"\(first at element 9\)"):
         load(path)
 
 
@@ -65,7 +68,8 @@ def test_deeply_nested_metadata_is_refused_naming_file_and_key(tmp_path):
     GGUFFile(nested_metadata_gguf(tmp_path / "two.gguf", "general.two", 2))  # shallow nesting still reads
 
 
-@pytest.mark.parametrize("dims", [[2**32, 2**32], [2**32, 2**32 + 1], [0, 64], [2**63, 2], [64, 2**40]], ids=["wraps-to-0", "overflow", "zero", "huge", "past-eof"])
+@pytest.mark.parametrize("dims", [[2**32, 2**32], [2**32, 2**32 + 1], [0, 64], [2**63, 2], [64, 2**40]],
+                         ids=["wraps-to-0", "overflow", "zero", "huge", "past-eof"])
 def test_corrupt_tensor_dims_are_refused_naming_file_and_tensor(q8, tmp_path, dims):
     path = set_dims(q8, tmp_path / "dims.gguf", "blk.0.ffn_up.weight", dims)
     with pytest.raises(ModelError, match=r"dims\.gguf: .*tensor blk\.0\.ffn_up\.weight"):
@@ -99,7 +103,8 @@ def test_a_real_model_with_one_bad_scale_is_refused(tmp_path):
     with open(path, "r+b") as f:
         f.seek(offset + 20 * 1000)
         f.write(struct.pack("<e", np.inf))
-    with pytest.raises(ModelError, match=r"smollm2-flipped\.gguf: tensor blk\.7\.ffn_down\.weight has non-finite values \(first at element 32000\)"):
+    with pytest.raises(ModelError, match=r"smollm2-flipped\.gguf: tensor blk\.7\.ffn_down\.weight "
+                                         r"has non-finite values \(first at element 32000\)"):
         load(path)
 
 
@@ -121,7 +126,8 @@ def test_a_non_finite_hf_weight_is_refused(tmp_path):
     tensors = load_file(st)
     tensors["model.layers.1.mlp.down_proj.weight"][3, 5] = np.nan
     save_file(tensors, st)
-    with pytest.raises(ModelError, match=r"hf: tensor blk\.1\.ffn_down\.weight has non-finite values \(first at element \d+\)"):
+    with pytest.raises(ModelError, match=r"hf: tensor blk\.1\.ffn_down\.weight has non-finite values "
+                                         r"\(first at element \d+\)"):
         load(d)
 
 
@@ -129,7 +135,8 @@ def test_a_tensor_whose_shape_is_not_the_models_is_refused(q8, tmp_path):
     """Dims swapped in the header: the same bytes, but the kernels would read the matrix
     with the model's shapes (past its rows): refused naming the tensor and both shapes."""
     path = set_dims(q8, tmp_path / "swapped.gguf", "blk.1.ffn_up.weight", [128, 64])
-    with pytest.raises(ModelError, match=r"tensor 'blk\.1\.ffn_up\.weight' has shape \[64, 128\], the model's hyperparameters need \[128, 64\]"):
+    with pytest.raises(ModelError, match=r"tensor 'blk\.1\.ffn_up\.weight' has shape \[64, 128\], "
+                                         r"the model's hyperparameters need \[128, 64\]"):
         load(path)
 
 

@@ -231,7 +231,8 @@ def _rope_freqs(config: dict[str, Any]) -> np.ndarray | None:
     if s.get("rope_type") != "llama3":
         return None
     hd = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    ff = llama3_freq_factors(config["rope_theta"], hd, s["factor"], s["low_freq_factor"], s["high_freq_factor"], s["original_max_position_embeddings"])
+    ff = llama3_freq_factors(config["rope_theta"], hd, s["factor"], s["low_freq_factor"], s["high_freq_factor"],
+                             s["original_max_position_embeddings"])
     return np.array(ff, np.float32)
 
 
@@ -277,7 +278,8 @@ def write_tiny_gguf(
     _gguf_metadata(writer, name_arch, config)
     _gguf_tokenizer(writer)
     for key, value in (metadata or {}).items():
-        add = {str: writer.add_string, bool: writer.add_bool, int: writer.add_uint32, float: writer.add_float32}[type(value)]
+        add = {str: writer.add_string, bool: writer.add_bool, int: writer.add_uint32,
+               float: writer.add_float32}[type(value)]
         add(key, value)
     for key in omit:
         writer.kv_data[0].pop(key, None)

@@ -6,16 +6,21 @@ from __future__ import annotations
 TOOLS = [
     {"type": "function", "function": {
         "name": "get_weather", "description": "The current weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "parameters": {"type": "object",
+                       "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
                        "required": ["city"], "additionalProperties": False}}},
     {"type": "function", "function": {
         "name": "convert_currency", "description": "Convert an amount of money from one currency to another.",
-        "parameters": {"type": "object", "properties": {"amount": {"type": "number"}, "from": {"type": "string", "pattern": "^[A-Z]{3}$"},
-                                                        "to": {"type": "string", "pattern": "^[A-Z]{3}$"}},
+        "parameters": {"type": "object",
+                       "properties": {"amount": {"type": "number"},
+                                      "from": {"type": "string", "pattern": "^[A-Z]{3}$"},
+                                      "to": {"type": "string", "pattern": "^[A-Z]{3}$"}},
                        "required": ["amount", "from", "to"], "additionalProperties": False}}},
     {"type": "function", "function": {
         "name": "search_web", "description": "Search the web and return the top results.",
-        "parameters": {"type": "object", "properties": {"query": {"type": "string"}, "max_results": {"type": "integer", "minimum": 1, "maximum": 10}},
+        "parameters": {"type": "object",
+                       "properties": {"query": {"type": "string"},
+                                      "max_results": {"type": "integer", "minimum": 1, "maximum": 10}},
                        "required": ["query"], "additionalProperties": False}}},
 ]
 

@@ -78,7 +78,8 @@ class Zinfer:
         self.dev = FastCpuDevice(threads=c.threads or None, int8=c.int8, kv_f16=c.kv_f16, decode_graphs=c.decode_graphs)
         self.w = build_weights(self.spec, src.tensors, self.dev.upload)
         self.per_seq = -(-(PROMPT_LEN + max(n for _, n in CASES) + 1) // BLOCK)
-        self.kv = self.dev.alloc_kv(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim, self.per_seq * max(s for s, _ in CASES), BLOCK)
+        self.kv = self.dev.alloc_kv(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim,
+                                    self.per_seq * max(s for s, _ in CASES), BLOCK)
 
     def decode(self, seqs: list[list[int]], steps: int) -> float:
         """Prefill seqs in one round, then `steps` - 1 greedy decode rounds: decode tok/s."""
@@ -86,7 +87,8 @@ class Zinfer:
         from zinfer.models.forward import round_logits
 
         tables = [list(range(i * self.per_seq, (i + 1) * self.per_seq)) for i in range(len(seqs))]
-        logits = round_logits(self.spec, self.w, self.dev, self.kv, ForwardBatch.build([(s, 0, t, True) for s, t in zip(seqs, tables)], BLOCK))
+        logits = round_logits(self.spec, self.w, self.dev, self.kv,
+                              ForwardBatch.build([(s, 0, t, True) for s, t in zip(seqs, tables)], BLOCK))
         pos = [len(s) for s in seqs]
         t0 = time.perf_counter()
         for _ in range(steps - 1):
@@ -114,7 +116,8 @@ class Llama:
         self.model = LlamaModel(path)
         self.vocab = self.model.n_vocab
         threads = os.cpu_count() or 1
-        self.contexts = {n: LlamaContext(self.model, n, PROMPT_LEN + steps + 1, threads, unified=False) for n, steps in CASES}
+        self.contexts = {n: LlamaContext(self.model, n, PROMPT_LEN + steps + 1, threads, unified=False)
+                         for n, steps in CASES}
 
     def decode(self, seqs: list[list[int]], steps: int) -> float:
         _, streams = self.contexts[len(seqs)].generate(seqs, steps)
@@ -139,7 +142,8 @@ def worker(engine: str, path: str, repeat: int, settle: float, busy_limit: float
             runs = []
             for r in range(repeat):
                 runs.append(side.decode(prompts(n, side.vocab, 1 + i * 100 + r), steps))
-                if time.monotonic() - start > ROW_BUDGET_S:  # a crawling row: fewer runs, so the busy process outlives them
+                # a crawling row: fewer runs, so the busy process outlives them
+                if time.monotonic() - start > ROW_BUDGET_S:
                     break
             out[state][n] = float(np.median(runs))
             loads[n] = (before, os.getloadavg()[0])
@@ -162,10 +166,13 @@ def worker(engine: str, path: str, repeat: int, settle: float, busy_limit: float
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="smollm2-135m,qwen2.5-coder-0.5b", help="known model names or .gguf paths, comma-separated")
+    ap.add_argument("--models", default="smollm2-135m,qwen2.5-coder-0.5b",
+                    help="known model names or .gguf paths, comma-separated")
     ap.add_argument("--repeat", type=int, default=3, help="runs per row (the median is shown)")
-    ap.add_argument("--settle", type=float, default=3.0, help="seconds of decoding under the busy load before its rows are timed")
-    ap.add_argument("--busy-limit", type=float, default=300.0, help="the busy process ends itself after this many seconds")
+    ap.add_argument("--settle", type=float, default=3.0,
+                    help="seconds of decoding under the busy load before its rows are timed")
+    ap.add_argument("--busy-limit", type=float, default=300.0,
+                    help="the busy process ends itself after this many seconds")
     ap.add_argument("--engines", default="zinfer,llama.cpp")
     ap.add_argument("--worker", nargs=2, metavar=("ENGINE", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -182,13 +189,16 @@ def main() -> None:
         path = str(resolve(model))
         for engine in engines:
             print(f"... {model} on {engine}", file=sys.stderr, flush=True)
-            proc = subprocess.run([sys.executable, __file__, "--worker", engine, path, "--repeat", str(args.repeat), "--settle", str(args.settle),
+            proc = subprocess.run([sys.executable, __file__, "--worker", engine, path,
+                                   "--repeat", str(args.repeat), "--settle", str(args.settle),
                                    "--busy-limit", str(args.busy_limit)], capture_output=True, text=True)
             if proc.returncode != 0:
                 sys.exit(f"{engine} on {model} failed:\n{proc.stderr[-4000:]}")
             results[(model, engine)] = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"\ndecode tok/s, {PROMPT_LEN}-token prompts; 'busy': one `while True: pass` process beside; load = 1-min load average before/after each row")
-    print(f"{'model':20s} {'case':10s} {'engine':10s} {'idle':>7s} {'busy':>7s} {'busy/idle':>9s}  {'load idle':>10s} {'load busy':>10s}")
+    print(f"\ndecode tok/s, {PROMPT_LEN}-token prompts; 'busy': one `while True: pass` process beside; "
+          "load = 1-min load average before/after each row")
+    print(f"{'model':20s} {'case':10s} {'engine':10s} {'idle':>7s} {'busy':>7s} {'busy/idle':>9s}  "
+          f"{'load idle':>10s} {'load busy':>10s}")
     for model in args.models.split(","):
         for n, steps in CASES:
             case = f"b1 x{steps}" if n == 1 else f"{n} streams"
@@ -196,11 +206,14 @@ def main() -> None:
                 r = results[(model, engine)]
                 idle, busy = r["idle"][str(n)], r["busy"][str(n)]
                 li, lb = r["load_idle"][str(n)], r["load_busy"][str(n)]
-                early = "  (the busy process ended before these rows did: raise --busy-limit)" if r.get("busy_ended_early") else ""
-                print(f"{model:20s} {case:10s} {engine:10s} {idle:7.1f} {busy:7.1f} {busy / idle:9.2f}  {li[0]:4.1f}/{li[1]:<4.1f}  {lb[0]:4.1f}/{lb[1]:<4.1f}{early}")
+                early = ("  (the busy process ended before these rows did: raise --busy-limit)"
+                         if r.get("busy_ended_early") else "")
+                print(f"{model:20s} {case:10s} {engine:10s} {idle:7.1f} {busy:7.1f} {busy / idle:9.2f}  "
+                      f"{li[0]:4.1f}/{li[1]:<4.1f}  {lb[0]:4.1f}/{lb[1]:<4.1f}{early}")
             if len(engines) == 2:
                 a, b = (results[(model, e)] for e in engines)
-                print(f"{'':20s} {'':10s} {engines[0] + '/' + engines[1]:21s} {a['idle'][str(n)] / b['idle'][str(n)]:7.2f} {a['busy'][str(n)] / b['busy'][str(n)]:7.2f}")
+                print(f"{'':20s} {'':10s} {engines[0] + '/' + engines[1]:21s} "
+                      f"{a['idle'][str(n)] / b['idle'][str(n)]:7.2f} {a['busy'][str(n)] / b['busy'][str(n)]:7.2f}")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ def us_per_call(fn: Callable[[], Any], n: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=20_000, help="calls per small-message measurement (a tenth for the big one)")
+    ap.add_argument("--n", type=int, default=20_000,
+                    help="calls per small-message measurement (a tenth for the big one)")
     args = ap.parse_args()
     rounds, logits = Codec(ExecutorInbox), Codec(SamplerInbox)
     decode_round = Round(7, [RoundSeq(i, [1000 + i], 300 + i, 19, [], True) for i in range(32)])

@@ -46,7 +46,11 @@ PEOPLE = {  # never complete within 64 tokens, so every stream decodes 64 tokens
     "minItems": 20,
     "items": {
         "type": "object",
-        "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0, "maximum": 120}, "city": {"type": "string"}},
+        "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "city": {"type": "string"},
+        },
         "required": ["name", "age", "city"],
     },
 }
@@ -101,17 +105,20 @@ async def speed(model: str, runs: int) -> None:
                 rates: dict[str, list[float]] = {"free": [], "constrained": [], "constrained, no prefetch": []}
                 loop_ms: dict[str, list[float]] = {k: [] for k in rates}
                 for _ in range(runs):
-                    for name, params, prefetch in [("free", free, True), ("constrained", constrained, True), ("constrained, no prefetch", constrained, False)]:
+                    for name, params, prefetch in [("free", free, True), ("constrained", constrained, True),
+                                                   ("constrained, no prefetch", constrained, False)]:
                         sampler.prefetch.start = prefetch_start if prefetch else (lambda nursery, masks: None)
                         spent.clear()
                         rates[name].append(await decode_rate(client, streams, params))
                         loop_ms[name].extend(1e3 * x for x in spent)
                 sampler.prefetch.start = prefetch_start
                 med = {k: statistics.median(v) for k, v in rates.items()}
-                cells = ", ".join(f"{k} {v:.1f} (sampler {statistics.median(loop_ms[k]):.2f} ms/round)" for k, v in med.items())
+                cells = ", ".join(f"{k} {v:.1f} (sampler {statistics.median(loop_ms[k]):.2f} ms/round)"
+                                  for k, v in med.items())
                 cost = 100 * (1 - med["constrained"] / med["free"])
                 cost_np = 100 * (1 - med["constrained, no prefetch"] / med["free"])
-                print(f"{model} cpu-fast, {streams:2d} stream(s), decode tok/s: {cells}; cost {cost:.1f}% (no prefetch {cost_np:.1f}%)", flush=True)
+                print(f"{model} cpu-fast, {streams:2d} stream(s), decode tok/s: {cells}; "
+                      f"cost {cost:.1f}% (no prefetch {cost_np:.1f}%)", flush=True)
 
 
 async def schemas(model: str, count: int, max_tokens: int, concurrency: int) -> None:
@@ -124,8 +131,10 @@ async def schemas(model: str, count: int, max_tokens: int, concurrency: int) -> 
 
         async def one(i: int, m) -> None:
             schema = json.dumps(closed_objects(m.model_json_schema()))  # as the gateway takes it with strict: true
-            ask = [{"role": "user", "content": f"Give an example of a {m.__name__} as JSON matching this schema: {schema}"}]
-            params = SamplingParams(temperature=0.8, max_tokens=max_tokens, seed=i, constraint=Constraint("json_schema", schema))
+            ask = [{"role": "user",
+                    "content": f"Give an example of a {m.__name__} as JSON matching this schema: {schema}"}]
+            params = SamplingParams(temperature=0.8, max_tokens=max_tokens, seed=i,
+                                    constraint=Constraint("json_schema", schema))
             async with limit:
                 text, reason = "", None
                 async for ev in client.generate(messages=ask, params=params):
@@ -146,8 +155,10 @@ async def schemas(model: str, count: int, max_tokens: int, concurrency: int) -> 
             for i, m in enumerate(ms):
                 nursery.start_soon(one, i, m)
     n_done = count - len(outcome["length"])
-    print(f"{model} cpu-fast: {count} schemas at temperature 0.8, max_tokens {max_tokens}: {len(outcome['valid'])}/{n_done} finished outputs parse and validate "
-          f"({100 * len(outcome['valid']) / max(n_done, 1):.0f}%), {len(outcome['length'])} hit max_tokens, {time.perf_counter() - t0:.0f} s", flush=True)
+    print(f"{model} cpu-fast: {count} schemas at temperature 0.8, max_tokens {max_tokens}: "
+          f"{len(outcome['valid'])}/{n_done} finished outputs parse and validate "
+          f"({100 * len(outcome['valid']) / max(n_done, 1):.0f}%), {len(outcome['length'])} hit max_tokens, "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
     for line in outcome["invalid"]:
         print("  invalid:", line)
     for name in outcome["length"]:
@@ -164,7 +175,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     args = ap.parse_args()
     configure_logging(level="info")  # stderr: the "grammar tokenizer built" line says what the vocabulary cost
-    for model in args.models or (["smollm2-135m", "qwen2.5-coder-0.5b"] if args.mode == "speed" else ["qwen2.5-coder-0.5b"]):
+    for model in args.models or (["smollm2-135m", "qwen2.5-coder-0.5b"] if args.mode == "speed"
+                                 else ["qwen2.5-coder-0.5b"]):
         if args.mode == "speed":
             trio.run(speed, model, args.runs)
         else:

@@ -68,16 +68,20 @@ class Ours:
         self.w = build_weights(self.spec, src.tensors, self.dev.upload)
         mats = [v for lw in self.w.layers for v in vars(lw).values() if isinstance(v, cpu_fast.FastWeight)]
         self.q_bytes = sum((m.int8 or m.packed).nbytes for m in mats + [self.w.output])  # what small rounds read
-        self.gguf_bytes = sum(t.data.nbytes for n, t in src.tensors.items() if n.startswith("blk.") and len(t.shape) == 2)
+        self.gguf_bytes = sum(t.data.nbytes for n, t in src.tensors.items()
+                              if n.startswith("blk.") and len(t.shape) == 2)
         self.gguf_bytes += (src.tensors.get("output.weight") or src.tensors["token_embd.weight"]).data.nbytes
-        self.f32_bytes = sum(m.shape[0] * m.shape[1] * 4 for m in mats) + self.w.output.nbytes  # its quantized form (int8 view or packed)
+        # its quantized form (int8 view or packed)
+        self.f32_bytes = sum(m.shape[0] * m.shape[1] * 4 for m in mats) + self.w.output.nbytes
 
     def run(self, seqs: list[list[int]], steps: int) -> float:
         """Prefill each prompt (one round), then `steps` greedy decode rounds; returns seconds of decode."""
         n_blocks = -(-(max(map(len, seqs)) + steps + 1) // BLOCK)
-        kv = self.dev.alloc_kv(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim, n_blocks * len(seqs), BLOCK)
+        kv = self.dev.alloc_kv(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim,
+                               n_blocks * len(seqs), BLOCK)
         tables = [list(range(i * n_blocks, (i + 1) * n_blocks)) for i in range(len(seqs))]
-        logits = round_logits(self.spec, self.w, self.dev, kv, ForwardBatch.build([(s, 0, t, True) for s, t in zip(seqs, tables)], BLOCK))
+        logits = round_logits(self.spec, self.w, self.dev, kv,
+                              ForwardBatch.build([(s, 0, t, True) for s, t in zip(seqs, tables)], BLOCK))
         pos = [len(s) for s in seqs]
         t0 = time.perf_counter()
         for _ in range(steps):
@@ -88,7 +92,8 @@ class Ours:
         return time.perf_counter() - t0
 
     def prefill(self, ids: list[int]) -> float:
-        kv = self.dev.alloc_kv(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim, -(-len(ids) // BLOCK), BLOCK)
+        kv = self.dev.alloc_kv(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim,
+                               -(-len(ids) // BLOCK), BLOCK)
         b = ForwardBatch.build([(ids, 0, list(range(kv.num_blocks)), True)], BLOCK)
         t0 = time.perf_counter()
         round_logits(self.spec, self.w, self.dev, kv, b)
@@ -148,8 +153,10 @@ def main() -> None:
         s = {name: best(lambda: side.run(seqs, args.steps), args.repeat) for name, side in sides}
         rows.append((f"decode x{n_seq}", {k: n_seq * args.steps / v for k, v in s.items()}, n_seq))
         print(rows[-1][0], {k: round(v, 1) for k, v in rows[-1][1].items()}, flush=True)
-    print(f"\nthreads={args.threads}  weights/token: quantized {ours.q_bytes / 1e6:.0f} MB (llama.cpp {ours.gguf_bytes / 1e6:.0f} MB), f32-copy path {ours.f32_bytes / 1e6:.0f} MB")
-    print(f"{'case':14s} {'zinfer tok/s':>13s} {'llama tok/s':>12s} {'ratio':>6s} {'zinfer GB/s':>12s} {'llama GB/s':>11s}")
+    print(f"\nthreads={args.threads}  weights/token: quantized {ours.q_bytes / 1e6:.0f} MB "
+          f"(llama.cpp {ours.gguf_bytes / 1e6:.0f} MB), f32-copy path {ours.f32_bytes / 1e6:.0f} MB")
+    print(f"{'case':14s} {'zinfer tok/s':>13s} {'llama tok/s':>12s} {'ratio':>6s} "
+          f"{'zinfer GB/s':>12s} {'llama GB/s':>11s}")
     for case, tps, n_seq in rows:
         z, l = tps["zinfer"], tps.get("llama.cpp", float("nan"))
         gz = gl = ""

@@ -89,9 +89,10 @@ def matrix(qtype: int, rows: int, cols: int) -> GpuMatrix:
 def make_weights(spec: ModelSpec, qtype: int) -> ModelWeights:
     d, ff, qd, kvd = spec.d_model, spec.d_ff, spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
     ones = lambda n: cp.ones(n, cp.float32)  # noqa: E731
-    layers = [LayerWeights(attn_norm=ones(d), wq=matrix(qtype, qd, d), wk=matrix(qtype, kvd, d), wv=matrix(qtype, kvd, d),
-                           wo=matrix(qtype, d, qd), ffn_norm=ones(d), w_gate=matrix(qtype, ff, d),
-                           w_up=matrix(qtype, ff, d), w_down=matrix(qtype, d, ff)) for _ in range(spec.n_layers)]
+    layers = [LayerWeights(attn_norm=ones(d), wq=matrix(qtype, qd, d), wk=matrix(qtype, kvd, d),
+                           wv=matrix(qtype, kvd, d), wo=matrix(qtype, d, qd), ffn_norm=ones(d),
+                           w_gate=matrix(qtype, ff, d), w_up=matrix(qtype, ff, d), w_down=matrix(qtype, d, ff))
+              for _ in range(spec.n_layers)]
     emb = matrix(qtype, spec.vocab_size, d)
     return ModelWeights(tok_embd=emb, out_norm=ones(d), output=matrix(qtype, spec.vocab_size, d), layers=layers)
 
@@ -132,7 +133,8 @@ def bench_model(name: str, qtype: int, ctx: int, batches: list[int], prefill_len
             sec = timed(lambda: round_logits(spec, w, dev, kv, batch), 10)
             gbs = (wb + B * ctx * kv_tok) / sec / 1e9
             rows.append(f"{name:>3} {qname:>5} decode  B={B:<3} ctx={ctx:<5} graphs={'on ' if graphs else 'off'} "
-                        f"{B / sec:10.1f} tok/s  {sec * 1e3:8.2f} ms/round  {gbs:7.0f} GB/s ({100 * gbs / PEAK_GBS:4.1f}% of {PEAK_GBS:.0f})")
+                        f"{B / sec:10.1f} tok/s  {sec * 1e3:8.2f} ms/round  "
+                        f"{gbs:7.0f} GB/s ({100 * gbs / PEAK_GBS:4.1f}% of {PEAK_GBS:.0f})")
             print(rows[-1], flush=True)
             del kv
     for gemm in ("f32", "f16"):
@@ -142,7 +144,8 @@ def bench_model(name: str, qtype: int, ctx: int, batches: list[int], prefill_len
         batch = ForwardBatch.build([(list(range(3, 3 + prefill_len)), 0, list(range(blocks)), True)], bs)
         sec = timed(lambda: round_logits(spec, w, dev, kv, batch), 3)
         gbs, tflops = wb / sec / 1e9, 2 * n_params * prefill_len / sec / 1e12
-        rows.append(f"{name:>3} {qname:>5} prefill T={prefill_len:<5} gemm={gemm}         {prefill_len / sec:10.1f} tok/s  "
+        rows.append(f"{name:>3} {qname:>5} prefill T={prefill_len:<5} gemm={gemm}         "
+                    f"{prefill_len / sec:10.1f} tok/s  "
                     f"{sec * 1e3:8.2f} ms/round  {gbs:7.0f} GB/s ({100 * gbs / PEAK_GBS:4.1f}%)  {tflops:6.1f} TFLOP/s")
         print(rows[-1], flush=True)
         del kv

@@ -35,13 +35,15 @@ def _peak_ir() -> str:
     lines = [f"declare {vec} @llvm.x86.avx512.vpdpbusd.256({vec}, {vec}, {vec})",
              "define void @peak(i64 %n, ptr %out) {", "entry:", "  br label %loop", "loop:",
              "  %i = phi i64 [ 0, %entry ], [ %in, %loop ]"]
-    u, s = "<i32 1, i32 2, i32 3, i32 4, i32 5, i32 6, i32 7, i32 8>", "<i32 3, i32 2, i32 3, i32 4, i32 5, i32 6, i32 7, i32 9>"
+    u, s = ("<i32 1, i32 2, i32 3, i32 4, i32 5, i32 6, i32 7, i32 8>",
+            "<i32 3, i32 2, i32 3, i32 4, i32 5, i32 6, i32 7, i32 9>")
     for a in range(_ACCUMULATORS):
         lines.append(f"  %a{a} = phi {vec} [ zeroinitializer, %entry ], [ %b{a}, %loop ]")
     for a in range(_ACCUMULATORS):
         lines.append(f"  %c{a} = call {vec} @llvm.x86.avx512.vpdpbusd.256({vec} %a{a}, {vec} {u}, {vec} {s})")
         lines.append(f"  %b{a} = call {vec} @llvm.x86.avx512.vpdpbusd.256({vec} %c{a}, {vec} {s}, {vec} {u})")
-    lines += ["  %in = add i64 %i, 1", "  %more = icmp ult i64 %in, %n", "  br i1 %more, label %loop, label %done", "done:"]
+    lines += ["  %in = add i64 %i, 1", "  %more = icmp ult i64 %in, %n",
+              "  br i1 %more, label %loop, label %done", "done:"]
     total = "%b0"
     for a in range(1, _ACCUMULATORS):
         lines.append(f"  %t{a} = add {vec} {total}, %b{a}")
@@ -52,7 +54,8 @@ def _peak_ir() -> str:
 
 def peak_gmacs(threads: int, iterations: int = 20_000_000) -> float:
     """GMAC/s of the peak loop on `threads` threads at once (ctypes releases the GIL)."""
-    fn = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p)(llvm_host.compile_for_host(_peak_ir(), ["peak"])["peak"])
+    fn = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p)(
+        llvm_host.compile_for_host(_peak_ir(), ["peak"])["peak"])
     sink = (ctypes.c_int32 * 8)()
     best = float("inf")
     for _ in range(3):

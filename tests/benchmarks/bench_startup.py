@@ -82,7 +82,8 @@ def main() -> int:
     path = str(resolve(args.model))
     zinfer_run(args.model, args.threads, args.n_ctx)  # warm: page cache, kernels, weights, tokenizer
     llama_run(path, args.threads, args.n_ctx)
-    print("run | zinfer first token | llama.cpp load + first token (load) | ratio | zinfer peak RSS | llama.cpp peak RSS | ratio")
+    print("run | zinfer first token | llama.cpp load + first token (load) | ratio "
+          "| zinfer peak RSS | llama.cpp peak RSS | ratio")
     for i in range(args.runs):
         z_s, z_rss = zinfer_run(args.model, args.threads, args.n_ctx)
         load_s, l_s, l_rss = llama_run(path, args.threads, args.n_ctx)

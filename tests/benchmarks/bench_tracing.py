@@ -49,7 +49,8 @@ async def bench(model: str, runs: int, tokens: int) -> None:
         for name, trace in configs.items():
             engines[name] = open_engine(EngineConfig(model=model, trace=trace))
         async with engines["off"] as off, engines["kernels"] as on:
-            clients = {"off": AsyncClient(off.ctx, off.addrs.frontend), "kernels": AsyncClient(on.ctx, on.addrs.frontend)}
+            clients = {"off": AsyncClient(off.ctx, off.addrs.frontend),
+                       "kernels": AsyncClient(on.ctx, on.addrs.frontend)}
             async with clients["off"], clients["kernels"]:
                 for name in configs:  # warm-up: numba compiles, caches fill
                     await one_run(clients[name], tokens)

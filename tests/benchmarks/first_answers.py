@@ -41,7 +41,8 @@ QUESTIONS = [
     ("In Python, how do you reverse a string s? Answer with the expression.", r"s\[::-1\]|reversed\(s\)"),
     ("Write a SQL query that selects every row of a table named users.", r"(?i)select\s+\*\s+from\s+users"),
     ("What does HTML stand for?", r"(?i)hyper\s*text\s+markup\s+language"),
-    ("Write a JavaScript function that adds two numbers.", r"function\s*\w*\s*\(\s*\w+\s*,\s*\w+\s*\)|=>\s*\w+\s*\+\s*\w+"),
+    ("Write a JavaScript function that adds two numbers.",
+     r"function\s*\w*\s*\(\s*\w+\s*,\s*\w+\s*\)|=>\s*\w+\s*\+\s*\w+"),
 ]
 
 
@@ -50,7 +51,8 @@ async def answers(model: str, questions: list[str]) -> list[str]:
     args = parser().parse_args(["run", "--model", model, "x"])
     params = sampling_params(args)
     out = []
-    async with open_engine(EngineConfig(model=model, max_running=1)) as engine, AsyncClient(engine.ctx, engine.addrs.frontend) as client:
+    async with (open_engine(EngineConfig(model=model, max_running=1)) as engine,
+                AsyncClient(engine.ctx, engine.addrs.frontend) as client):
         for q in questions:
             text = []
             async for ev in client.generate(messages=[{"role": "user", "content": q}], params=params):

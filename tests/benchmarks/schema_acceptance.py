@@ -74,7 +74,8 @@ def main() -> None:
                 results = [report(f.result()) for f in as_completed(futures)]
     valid = sum(r["valid"] for r in results)
     cut = sum(r["finish_reason"] == "length" for r in results)
-    print(f"{args.model} {args.device}: {valid}/{args.count} outputs parse and validate ({cut} cut by max_tokens {args.max_tokens}), "
+    print(f"{args.model} {args.device}: {valid}/{args.count} outputs parse and validate "
+          f"({cut} cut by max_tokens {args.max_tokens}), "
           f"{sum(r['tokens'] for r in results)} tokens, {time.perf_counter() - t0:.0f} s", flush=True)
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))

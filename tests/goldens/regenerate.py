@@ -78,7 +78,8 @@ PROMPTS = [
 
 N_GREEDY = 32
 SETTINGS = dict(n_ctx=512, type_k=0, type_v=0, flash_attn=False,
-                n_threads=1, seed=0, n_batch=512, logits_all=False)  # 1: the arithmetic is the same, and 2 threads spin at every barrier on a busy machine
+                n_threads=1,  # 1: the arithmetic is the same, and 2 threads spin at every barrier on a busy machine
+                seed=0, n_batch=512, logits_all=False)
 # Weight repacking (Q4_K, Q4_0, ... into interleaved rows, llama.cpp's default) changes
 # its kernels and summation order. Llama() ignores use_extra_bufts=... (unknown keywords
 # vanish into **kwargs), so model_params is patched instead.
@@ -124,7 +125,8 @@ def has_repacked_weights(path: Path) -> bool:
     from zinfer.kernels.llama_cpp.llama_repack import repacks
     from zinfer.models.loader import open_model
 
-    return any(repacks(t.qtype.name, t.shape) for name, t in open_model(path).tensors.items() if name != "token_embd.weight")
+    return any(repacks(t.qtype.name, t.shape) for name, t in open_model(path).tensors.items()
+               if name != "token_embd.weight")
 
 
 def greedy_goldens(path: Path, repack: bool = True) -> dict:
@@ -177,7 +179,8 @@ def tiny_goldens(header: dict) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = write_tiny_q4k(Path(tmp) / "tiny_q4k.gguf")
-        doc = {**greedy_header(header, True), "model": "tests/goldens/tiny_q4k.py", "prompt_ids": PROMPT, "next_id": NEXT,
+        doc = {**greedy_header(header, True), "model": "tests/goldens/tiny_q4k.py",
+               "prompt_ids": PROMPT, "next_id": NEXT,
                "hidden": "result_norm of each prompt token, then of the decode step: [7][256]",
                "repack": tiny_hidden(path, True), "norepack": tiny_hidden(path, False)}
     del doc["settings"]["use_extra_bufts"]
@@ -186,7 +189,8 @@ def tiny_goldens(header: dict) -> None:
 
 
 def greedy_header(header: dict, repack: bool) -> dict:
-    settings = {**SETTINGS, "use_extra_bufts": repack, "sampling": "argmax of last logits (temp 0), 32 steps, not stopped at end-of-generation",
+    settings = {**SETTINGS, "use_extra_bufts": repack,
+                "sampling": "argmax of last logits (temp 0), 32 steps, not stopped at end-of-generation",
                 "prompt": "raw completion, BOS as model metadata says"}
     return {k: v for k, v in header.items() if k != "tokenize"} | {"settings": settings}
 
@@ -238,7 +242,8 @@ def main() -> int:
             continue
         with tempfile.TemporaryDirectory() as tmp:
             f32 = write_f32_copy(path, Path(tmp) / "f32.gguf")
-            doc = {**greedy_header(header, True), "model": name, "file": f"{file} dequantized to F32", **greedy_goldens(f32)}
+            doc = {**greedy_header(header, True), "model": name, "file": f"{file} dequantized to F32",
+                   **greedy_goldens(f32)}
         (HERE / f"greedy_{name}-f32.json").write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n")
         print(f"wrote greedy_{name}-f32.json")
     return 0

@@ -37,13 +37,17 @@ SETTINGS = dict(n_ctx=256, type_k=0, type_v=0, flash_attn=False, n_threads=2, se
 # 64: cpu-llama's attention sums in llama.cpp's 64-wide steps.
 SHAPE = dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64)
 CASES = {
-    "llama3-freqs": ("llama", 11, {**SHAPE, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+    "llama3-freqs": ("llama", 11, {**SHAPE, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                             "original_max_position_embeddings": 64}}),
     "yarn-qwen2": ("qwen2", 12, {**SHAPE, "rope_theta": 10000.0,
-                                 "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 48}}),
+                                 "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                  "original_max_position_embeddings": 48}}),
     "yarn-llama": ("llama", 13, {**SHAPE, "rope_theta": 500.0,
-                                 "rope_scaling": {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": 40}}),
-    "linear-gemma3": ("gemma3", 14, {**SHAPE, "query_pre_attn_scalar": 64, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}),
+                                 "rope_scaling": {"rope_type": "yarn", "factor": 3.0,
+                                                  "original_max_position_embeddings": 40}}),
+    "linear-gemma3": ("gemma3", 14, {**SHAPE, "query_pre_attn_scalar": 64,
+                                     "rope_scaling": {"rope_type": "linear", "factor": 4.0}}),
 }
 
 
@@ -63,7 +67,8 @@ def run_case(path: Path, ids: list[int]) -> dict:
     top = []
     for p in POSITIONS:
         order = np.argsort(-scores[p], kind="stable")[:5]
-        top.append({"position": p, "ids": [int(i) for i in order], "logits": [round(float(scores[p, i]), 6) for i in order]})
+        top.append({"position": p, "ids": [int(i) for i in order],
+                    "logits": [round(float(scores[p, i]), 6) for i in order]})
     greedy, min_gap = [], float("inf")
     logits = scores[-1]
     for _ in range(N_GREEDY):

@@ -24,7 +24,8 @@ from tiny import write_tiny_gguf  # noqa: E402
 
 PROMPT = [0, 5, 9, 13, 17, 21]  # 6 rows: a 4-row gemm group and 2 gemv rows
 NEXT = 25  # one decode step after the prompt
-CONFIG = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=64)
+CONFIG = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+              max_position_embeddings=64)
 _BLOCK_BYTES = 144  # block_q4_K: d, dmin (fp16), 12 bytes of 6-bit scales and minima, 128 of nibbles
 
 
