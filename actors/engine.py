@@ -31,8 +31,8 @@ log = structlog.get_logger("zinfer.engine")
 
 
 # Start order: receivers before their senders connect matters little to ZeroMQ, but the
-# front door (the `tokenizer` role) starts last so no request arrives before the rest is ready.
-ACTOR_ORDER = ("kv", "sampler", "executor", "scheduler", "tokenizer")
+# front door starts last so no request arrives before the rest is ready.
+ACTOR_ORDER = ("kv", "sampler", "executor", "scheduler", "front_door")
 
 
 @contextlib.asynccontextmanager
@@ -66,7 +66,7 @@ async def open_engine(config: EngineConfig = EngineConfig(), addrs: Addresses | 
         log_start(source, config)
         async with trio.open_nursery() as nursery:
             for name in ACTOR_ORDER:
-                await nursery.start(_fail_requests_if_it_raises, name, actors[name], actors["tokenizer"])
+                await nursery.start(_fail_requests_if_it_raises, name, actors[name], actors["front_door"])
             yield Engine(ctx, addrs, source, actors, config)
             nursery.cancel_scope.cancel()
     finally:
@@ -88,7 +88,7 @@ async def _fail_requests_if_it_raises(
         await actor.run(task_status=task_status)
     except Exception as exc:
         log.error("actor failed", actor=name, error=f"{type(exc).__name__}: {exc}")
-        if name != "tokenizer":
+        if name != "front_door":
             front_door.fail_all(f"{name} failed: {type(exc).__name__}: {exc}")
             with trio.CancelScope(shield=True):
                 # the front door's sender delivers the failures before the nursery cancels it

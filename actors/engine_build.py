@@ -57,7 +57,7 @@ def build_actor(
     sched = config.scheduler_config(source)
     if tracing is None and config.trace.enabled:
         tracing = open_process_tracing(config, source, name)
-    if name == "tokenizer":
+    if name == "front_door":
         return FrontDoorActor(
             ctx, addrs, PromptBuilder.from_source(source), sched.max_model_len, public=list(config.zmq_endpoints),
             public_curve=public_curve_keys(config), tracing=tracing, grammar_model=str(source.path),
@@ -95,5 +95,5 @@ class Engine:
     @property
     def tracing(self) -> Tracing | None:
         """This process's Tracing (the front door's), None when tracing is off."""
-        front_door: FrontDoorActor = self.actors["tokenizer"]
+        front_door: FrontDoorActor = self.actors["front_door"]
         return front_door.tracing

@@ -5,8 +5,8 @@ encodes the prompt (tokenizes), refuses what can never run (checks: the context 
 the choice count, the grammar through actors/grammar_checker.py), and admits one sequence
 per choice to the scheduler. Tokens coming back from the scheduler are detokenized
 incrementally (never half a UTF-8 character) and matched against stop strings before they
-reach the client as deltas. On the wire its role keeps the name `tokenizer` (its address
-in actors/topology.py, TokenizerInbox in messages/engine.py).
+reach the client as deltas. On the wire its role is `front_door` (its address in
+actors/topology.py, FrontDoorInbox in messages/engine.py).
 
 Because every client event leaves from here, this actor guarantees the contract:
 each request gets exactly one terminal event (its state is dropped as it is sent).
@@ -76,7 +76,7 @@ from zinfer.messages.engine import (
     SeqOutputs,
     SeqRejected,
     Shutdown,
-    TokenizerInbox,
+    FrontDoorInbox,
 )
 from zinfer.models.detokenize import IncrementalDetokenizer, StopMatcher
 from zinfer.models.prompt import PromptBuilder
@@ -84,7 +84,7 @@ from zinfer.traces.config import REQUEST, TOKENIZE
 from zinfer.messages.params import SamplingParams
 from zinfer.traces.setup import Tracing
 
-log = structlog.get_logger("zinfer.tokenizer")
+log = structlog.get_logger("zinfer.front_door")
 
 MAX_PUBLIC_MESSAGE = 16 * 1024 * 1024
 """The largest message (bytes) a client of a public endpoint (`--zmq`) may send: libzmq
@@ -120,7 +120,7 @@ class FrontDoorActor:
         # bound endpoints keep the options of their bind
         self.front.socket.setsockopt(zmq.MAXMSGSIZE, MAX_PUBLIC_MESSAGE)
         bind_public(self.front.socket, self.public, self.public_curve)
-        self.inbox: Inbox[TokenizerInbox] = Inbox(self.ctx, self.addrs.tokenizer, TokenizerInbox)
+        self.inbox: Inbox[FrontDoorInbox] = Inbox(self.ctx, self.addrs.front_door, FrontDoorInbox)
         self.to_scheduler: Outbox[SchedulerInbox] = Outbox(self.ctx, self.addrs.scheduler, SchedulerInbox)
         self.requests_codec: Codec[ClientRequest] = Codec(ClientRequest)
         self.events_codec: Codec[ClientEvent] = Codec(ClientEvent)
@@ -255,8 +255,8 @@ class FrontDoorActor:
         started = time.perf_counter()
         span = tok_span = None
         if self.tracing is not None:
-            span = self.tracing.start(REQUEST, req.traceparent, {"request_id": rid, "zinfer.actor": "tokenizer"})
-            tok_span = self.tracing.start(TOKENIZE, span, {"zinfer.actor": "tokenizer"})
+            span = self.tracing.start(REQUEST, req.traceparent, {"request_id": rid, "zinfer.actor": "front_door"})
+            tok_span = self.tracing.start(TOKENIZE, span, {"zinfer.actor": "front_door"})
         r = Request(rid, peer, [], [], params=req.params, started=started, span=span)
         try:
             req.params.validate()

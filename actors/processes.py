@@ -38,7 +38,7 @@ from zinfer.actors.engine_config import EngineConfig
 from zinfer.actors.topology import Addresses
 from zinfer.messages.channel import Outbox
 from zinfer.messages.curve import CurveContext, KeyPair
-from zinfer.messages.engine import ActorFailed, TokenizerInbox
+from zinfer.messages.engine import ActorFailed, FrontDoorInbox
 from zinfer.models.loader import open_model
 from zinfer.traces.logs import configure_logging
 
@@ -101,12 +101,12 @@ async def open_process_engine(config: EngineConfig, transport: str = "ipc") -> A
         try:
             for name in CHILD_ACTORS:
                 procs[name] = await _start_child(name, config, addrs, keys)
-            front_door = await trio.to_thread.run_sync(build_actor, "tokenizer", ctx, addrs, config, source)
+            front_door = await trio.to_thread.run_sync(build_actor, "front_door", ctx, addrs, config, source)
             async with trio.open_nursery() as nursery:
                 await nursery.start(front_door.run)
                 for name, proc in procs.items():
                     nursery.start_soon(_watch, name, proc, ctx, addrs)
-                yield Engine(ctx, addrs, source, {"tokenizer": front_door, "processes": procs}, config)
+                yield Engine(ctx, addrs, source, {"front_door": front_door, "processes": procs}, config)
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
@@ -133,7 +133,7 @@ async def _watch(name: str, proc: trio.Process, ctx: zmq.Context[zmq.Socket[byte
     code = await proc.wait()
     log.error("actor process exited", actor=name, pid=proc.pid, code=code)
     with trio.CancelScope(shield=True):  # even if the engine is closing right now
-        out: Outbox[TokenizerInbox] = Outbox(ctx, addrs.tokenizer, TokenizerInbox)
+        out: Outbox[FrontDoorInbox] = Outbox(ctx, addrs.front_door, FrontDoorInbox)
         try:
             await out.send(ActorFailed(name, f"process {proc.pid} exited with code {code}"))
             await trio.sleep(0.2)  # let the front door send the failures before we tear down

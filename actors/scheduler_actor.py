@@ -31,7 +31,7 @@ from zinfer.messages.engine import (
     SchedulerInbox,
     SeqOutputs,
     Shutdown,
-    TokenizerInbox,
+    FrontDoorInbox,
 )
 from zinfer.traces.config import QUEUE, SCHEDULE
 from zinfer.traces.setup import Tracing
@@ -48,7 +48,7 @@ class SchedulerActor:
                  tracing: Tracing | None = None, device_reductions: bool = True):
         self.core = SchedulerCore(config, device_reductions, kv_traceparents=tracing is not None)
         self.inbox: Inbox[SchedulerInbox] = Inbox(ctx, addrs.scheduler, SchedulerInbox)
-        self.to_tokenizer: Outbox[TokenizerInbox] = Outbox(ctx, addrs.tokenizer, TokenizerInbox)
+        self.to_front_door: Outbox[FrontDoorInbox] = Outbox(ctx, addrs.front_door, FrontDoorInbox)
         self.to_executor: Outbox[ExecutorInbox] = Outbox(ctx, addrs.executor, ExecutorInbox)
         self.kv = KvClient(ctx, addrs.kv)
         self.tracing = tracing  # None: tracing off
@@ -88,14 +88,14 @@ class SchedulerActor:
                 if self.core.in_flight is None:
                     await self.start_round()
         finally:
-            for end in (self.inbox, self.to_tokenizer, self.to_executor, self.kv):
+            for end in (self.inbox, self.to_front_door, self.to_executor, self.kv):
                 end.close()
 
     async def handle(self, msg: Admit | Abort | Sampled | RoundFailed | ActorFailed) -> None:
         if isinstance(msg, Admit):
             rejected = self.core.admit(msg)
             if rejected is not None:
-                await self.to_tokenizer.send(rejected)
+                await self.to_front_door.send(rejected)
             elif self.tracing is not None:
                 attrs = {"seq_id": msg.seq_id, "prompt_tokens": len(msg.prompt_ids), "zinfer.actor": "scheduler"}
                 self.queue_spans[msg.seq_id] = self.tracing.start(QUEUE, msg.traceparent, attrs)
@@ -107,14 +107,14 @@ class SchedulerActor:
         elif isinstance(msg, Sampled):
             outputs = self.core.update(msg)
             if outputs is not None:
-                await self.to_tokenizer.send(outputs)
+                await self.to_front_door.send(outputs)
         elif isinstance(msg, RoundFailed):
             outputs = self.core.fail_round(msg)
             seq_ids = [o.seq_id for o in outputs.outputs]
             log.warning("round failed", round_id=msg.round_id, seq_ids=seq_ids, error=msg.message)
-            await self.to_tokenizer.send(outputs)
+            await self.to_front_door.send(outputs)
         elif isinstance(msg, ActorFailed):
-            await self.to_tokenizer.send(msg)
+            await self.to_front_door.send(msg)
 
     async def start_round(self) -> None:
         """Step the core to its next round (calling the KV actor as it asks), and send what it gives."""
@@ -131,7 +131,7 @@ class SchedulerActor:
             if self.tracing is not None:
                 self._trace_round(self.tracing, t0, step)
         elif isinstance(step, SeqOutputs):
-            await self.to_tokenizer.send(step)
+            await self.to_front_door.send(step)
 
     def _trace_round(self, tracing: Tracing, t0: int, plan: RoundPlan) -> None:
         """End the queue spans of the round's newcomers; record the planning as a span."""

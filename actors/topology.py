@@ -7,14 +7,14 @@ import uuid
 
 import msgspec
 
-ACTORS = ("frontend", "tokenizer", "scheduler", "kv", "executor", "sampler")
+ACTORS = ("frontend", "front_door", "scheduler", "kv", "executor", "sampler")
 
 
 class Addresses(msgspec.Struct, frozen=True):
     """ZeroMQ endpoints: `frontend` is the clients' ROUTER, the rest are actor inboxes."""
 
     frontend: str
-    tokenizer: str
+    front_door: str
     scheduler: str
     kv: str
     executor: str

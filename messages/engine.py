@@ -84,7 +84,7 @@ class RoundFailed(msgspec.Struct, tag="round_failed", **_BUS):
 SchedulerInbox = Union[Admit, Abort, Sampled, RoundFailed, ActorFailed, Shutdown]
 
 
-# ---- to the front door, the `tokenizer` role (from the scheduler) -------------------
+# ---- to the front door (from the scheduler) -------------------
 
 class SeqOutput(msgspec.Struct, array_like=True, gc=False):
     """New tokens of one sequence this round; finish_reason set on its last."""
@@ -118,7 +118,7 @@ class SeqRejected(msgspec.Struct, tag="seq_rejected", **_BUS):
     message: str
 
 
-TokenizerInbox = Union[SeqOutputs, SeqRejected, ActorFailed, Shutdown]
+FrontDoorInbox = Union[SeqOutputs, SeqRejected, ActorFailed, Shutdown]
 
 
 # ---- to an executor ---------------------------------------------------------------

@@ -195,7 +195,7 @@ BUS_UNIONS = {  # every type a Codec decodes on the bus (actors/, gateway/client
     "ExecutorInbox": engine.ExecutorInbox,
     "SamplerInbox": engine.SamplerInbox,
     "SchedulerInbox": engine.SchedulerInbox,
-    "TokenizerInbox": engine.TokenizerInbox,
+    "FrontDoorInbox": engine.FrontDoorInbox,
     "KvInbox": engine.KvInbox,
     "KvReply": engine.KvReply,
     "ClientRequest": client.ClientRequest,

@@ -21,7 +21,7 @@ from zinfer.messages.channel import Outbox
 from zinfer.messages.client import (TERMINAL_EVENTS, Cancel, Cancelled, ClientEvent, ClientRequest, Delta, Detokenize,
                                     Failed, Finished, Generate, Rejected, Started, Tokenize, TokenizeResult)
 from zinfer.messages.codec import Codec
-from zinfer.messages.engine import ActorFailed, SchedulerStats, SeqError, SeqOutput, SeqOutputs, TokenizerInbox
+from zinfer.messages.engine import ActorFailed, SchedulerStats, SeqError, SeqOutput, SeqOutputs, FrontDoorInbox
 from zinfer.messages.params import SamplingParams
 from tiny import write_tiny_gguf
 
@@ -115,7 +115,7 @@ async def test_a_big_prompt_delays_no_other_stream(tiny_model):
         await c.send(Tokenize("t", text=big[:100_000]))
         (res,) = await c.until_terminal("t")
         assert (isinstance(res, TokenizeResult)
-                and res.token_ids == engine.actors["tokenizer"].prompts.tokenizer.encode(big[:100_000]))
+                and res.token_ids == engine.actors["front_door"].prompts.tokenizer.encode(big[:100_000]))
         await c.send(Detokenize("d", token_ids=res.token_ids))
         (text,) = await c.until_terminal("d")
         assert isinstance(text, TokenizeResult) and text.text == big[:100_000]
@@ -162,7 +162,7 @@ async def test_largest_seed_with_two_choices(tiny_model):
 async def test_requests_after_an_actor_failed_fail_at_once(tiny_model):
     async with (open_engine(EngineConfig(model=str(tiny_model), max_model_len=256)) as engine,
                 AsyncClient(engine.ctx, engine.addrs.frontend) as client):
-        out = Outbox(engine.ctx, engine.addrs.tokenizer, TokenizerInbox)
+        out = Outbox(engine.ctx, engine.addrs.front_door, FrontDoorInbox)
         await out.send(ActorFailed("executor", "process 1 exited with code -9"))
         out.close()
         with trio.fail_after(30):
@@ -184,10 +184,10 @@ async def test_a_sampling_error_fails_its_request_only(tiny_model):
                               params=SamplingParams(n=2, max_tokens=256, ignore_eos=True)))  # the whole context
         first = await c.recv()
         assert isinstance(first, Started)
-        tok = engine.actors["tokenizer"]
+        tok = engine.actors["front_door"]
         (request,) = [r for r in tok.requests.values() if r.request_id == "bad"]
         seq_ids = [ch.seq_id for ch in request.choices]
-        out = Outbox(engine.ctx, engine.addrs.tokenizer, TokenizerInbox)
+        out = Outbox(engine.ctx, engine.addrs.front_door, FrontDoorInbox)
         error = SeqError("engine_failed", "NaN in logits")
         failed = SeqOutput(seq_ids[0], [], None, finish_reason="error", error=error)
         await out.send(SeqOutputs([failed], SchedulerStats()))

@@ -51,7 +51,7 @@ def test_a_request_split_over_two_windows_comes_back_whole(tmp_path):
     # window 2 (still part files): round 2 and the request span, which ends last
     write(tmp_path, W1 + 60, [
         round_span(2, T, req, W1 + 60.1, W1 + 60.4),
-        span("request", T, req, None, W1 + 58.0, W1 + 60.5, {"request_id": "ws3.mine", "zinfer.actor": "tokenizer"}),
+        span("request", T, req, None, W1 + 58.0, W1 + 60.5, {"request_id": "ws3.mine", "zinfer.actor": "front_door"}),
     ])
 
     doc = request_trace(tmp_path, "mine", WINDOW_S)

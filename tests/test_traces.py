@@ -138,7 +138,7 @@ async def test_the_multi_process_topology_traces_into_one_trace(smollm2_path, tm
     assert all(r.kernel_us > 0 and (r.layers > 0 or "graph_replay" in r.kernels) for r in rounds)
     assert rounds[0].layers > 0  # the prefill round, op by op
     processes = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
-    assert processes == ({f"zinfer tokenizer ({os.getpid()})"}
+    assert processes == ({f"zinfer front_door ({os.getpid()})"}
                          | {f"zinfer {name} ({pid})" for name, pid in children.items()})
 
 
