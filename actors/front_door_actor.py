@@ -31,7 +31,7 @@ import trio
 import zmq
 from opentelemetry.trace import Span
 
-from zinfer.actors.front_door_requests import Choice, Request, request_fields
+from zinfer.actors.front_door_requests import Choice, Request, check_before_encoding, request_fields
 from zinfer.actors.grammar_checker import GrammarChecker
 from zinfer.actors.prompt_encoding import (
     EncodingWorker,
@@ -49,7 +49,6 @@ from zinfer.messages.client import (
     Cancelled,
     ClientEvent,
     ClientRequest,
-    Delta,
     Detokenize,
     EngineStats,
     Failed,
@@ -60,7 +59,6 @@ from zinfer.messages.client import (
     Started,
     Tokenize,
     TokenizeResult,
-    TopLogprob,
     request_id_of,
 )
 from zinfer.messages.codec import Codec
@@ -259,18 +257,7 @@ class FrontDoorActor:
             tok_span = self.tracing.start(TOKENIZE, span, {"zinfer.actor": "front_door"})
         r = Request(rid, peer, [], [], params=req.params, started=started, span=span)
         try:
-            req.params.validate()
-            max_tokens, n = req.params.max_tokens, req.params.n
-            if max_tokens > self.max_model_len:  # OpenAI and vLLM refuse it too: never silently clamped
-                raise ValueError(f"max_tokens {max_tokens} exceeds the context of {self.max_model_len} tokens")
-            if self.max_waiting and n > self.max_waiting:  # queue_full would come every time: no retry helps
-                raise ValueError(
-                    f"n {n} exceeds the {self.max_waiting} sequences the engine queues at once (--max-waiting)")
-            self.prompts.check_params(req.params.logit_bias, req.params.stop_token_ids)
-            if req.prompt is not None:
-                self.limits.check_text(len(req.prompt))
-            if req.prompt_ids is not None:
-                self.limits.check_ids(len(req.prompt_ids))
+            check_before_encoding(req, self.prompts, self.limits, self.max_model_len, self.max_waiting)
         except ValueError as exc:
             self._close(r, self._refusal(r, exc), tok_span)
             return
@@ -349,25 +336,11 @@ class FrontDoorActor:
         r.cached_tokens = max(r.cached_tokens, out.cached_tokens)
         if not r.first_token:
             r.first_token = time.perf_counter()
-        choice.tokens += len(out.token_ids)
-        text = "".join(choice.detok.push(t) for t in out.token_ids)
-        reason = out.finish_reason
-        if reason:
-            text += choice.detok.flush()
-        emit, hit = choice.stops.feed(text)
-        if hit:
-            reason = "stop"
+        text, reason = choice.feed(out.token_ids, out.finish_reason)
+        if reason and not out.finish_reason:  # a stop string ended it: the scheduler still runs it
             self.by_seq.pop(out.seq_id, None)
-            if not out.finish_reason:
-                self.sched_tx.send_nowait(Abort(out.seq_id, "stop string"))
-        elif reason:
-            emit += choice.stops.flush()
-        delta = Delta(r.request_id, index, emit, list(out.token_ids), finish_reason=reason)
-        if r.logprobs and out.logprobs is not None:
-            delta.logprobs = list(out.logprobs)
-            if r.top_n and out.top:
-                delta.top_logprobs = [[TopLogprob(t, lp) for t, lp in top] for top in out.top]
-        self._emit(r.peer, delta)
+            self.sched_tx.send_nowait(Abort(out.seq_id, "stop string"))
+        self._emit(r.peer, r.delta(index, out, text, reason))
         if reason:
             choice.finish_reason = reason
             self.by_seq.pop(out.seq_id, None)

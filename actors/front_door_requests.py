@@ -1,5 +1,5 @@
-"""What the front door (actors/front_door_actor.py) keeps per open request, and the line it logs
-when one ends."""
+"""What the front door (actors/front_door_actor.py) keeps per open request, the checks a request
+passes before its prompt is encoded, and the line it logs when one ends."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from typing import Any
 
 from opentelemetry.trace import Span
 
-from zinfer.messages.client import Usage
+from zinfer.actors.prompt_encoding import PromptLimits
+from zinfer.messages.client import Delta, Generate, TopLogprob, Usage
+from zinfer.messages.engine import SeqOutput
+from zinfer.models.prompt import PromptBuilder
 from zinfer.messages.params import SamplingParams
 from zinfer.models.detokenize import IncrementalDetokenizer, StopMatcher
 
@@ -20,6 +23,22 @@ class Choice:
     stops: StopMatcher
     tokens: int = 0
     finish_reason: str | None = None
+
+    def feed(self, token_ids: list[int], finish_reason: str | None) -> tuple[str, str | None]:
+        """The text these tokens add to the choice's stream, and why the choice ends here (None:
+        it goes on). The text is detokenized incrementally (never half a UTF-8 character) and
+        held back while it may begin a stop string; a stop string that matches ends the choice
+        with reason "stop" and its text cut before the string."""
+        self.tokens += len(token_ids)
+        text = "".join(self.detok.push(t) for t in token_ids)
+        if finish_reason:
+            text += self.detok.flush()
+        emit, hit = self.stops.feed(text)
+        if hit:
+            return emit, "stop"
+        if finish_reason:
+            emit += self.stops.flush()
+        return emit, finish_reason
 
 
 @dataclass
@@ -39,6 +58,14 @@ class Request:
     def usage(self) -> Usage:
         return Usage(len(self.prompt_ids), sum(c.tokens for c in self.choices), self.cached_tokens)
 
+    def delta(self, index: int, out: SeqOutput, text: str, reason: str | None) -> Delta:
+        """The client event for choice `index`: its text, its tokens, and their logprobs if asked."""
+        delta = Delta(self.request_id, index, text, list(out.token_ids), finish_reason=reason)
+        if self.logprobs and out.logprobs is not None:
+            delta.logprobs = list(out.logprobs)
+            if self.top_n and out.top:
+                delta.top_logprobs = [[TopLogprob(t, lp) for t, lp in top] for top in out.top]
+        return delta
 
 
 def request_fields(r: Request, outcome: str, reasons: list[str], now: float) -> dict[str, Any]:
@@ -65,3 +92,22 @@ def request_fields(r: Request, outcome: str, reasons: list[str], now: float) -> 
         "seed": p.seed,
         "max_tokens": p.max_tokens,
     }
+
+
+def check_before_encoding(
+    req: Generate, prompts: PromptBuilder, limits: PromptLimits, max_model_len: int, max_waiting: int
+) -> None:
+    """ValueError (PromptTooLong for a prompt over the limits) for what is refused before any
+    encoding: bad sampling parameters, max_tokens past the context, more choices than the
+    engine queues at once (max_waiting; 0: unchecked), a prompt too long for any encoding."""
+    req.params.validate()
+    max_tokens, n = req.params.max_tokens, req.params.n
+    if max_tokens > max_model_len:  # OpenAI and vLLM refuse it too: never silently clamped
+        raise ValueError(f"max_tokens {max_tokens} exceeds the context of {max_model_len} tokens")
+    if max_waiting and n > max_waiting:  # queue_full would come every time: no retry helps
+        raise ValueError(f"n {n} exceeds the {max_waiting} sequences the engine queues at once (--max-waiting)")
+    prompts.check_params(req.params.logit_bias, req.params.stop_token_ids)
+    if req.prompt is not None:
+        limits.check_text(len(req.prompt))
+    if req.prompt_ids is not None:
+        limits.check_ids(len(req.prompt_ids))
