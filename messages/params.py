@@ -59,6 +59,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=T
     llama.cpp/vLLM (repetition: divides positive logits, multiplies negative ones),
     counted over the generated tokens (presence/frequency) and over prompt plus
     generated tokens (repetition). logprobs N asks for the top-N alternatives per token.
+    speculative picks the drafts of speculative decoding (actors/speculation.py): it changes
+    speed only, never the greedy tokens nor the distribution sampled tokens follow.
     """
 
     temperature: float = 1.0
@@ -77,6 +79,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=T
     logprobs: Int64 | None = None
     n: Int64 = 1
     constraint: Constraint | None = None
+    speculative: str | None = None  # "ngram" (prompt lookup drafts) or "off"; None: the server's default
 
     def __post_init__(self) -> None:
         """Refuse a seed no 64-bit integer holds: it could not be encoded. Runs on decode too,
@@ -104,6 +107,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=T
             ("logprobs", self.logprobs is None or _int(self.logprobs, 0, MAX_LOGPROBS),
              f"an integer from 0 to {MAX_LOGPROBS}"),
             ("n", _int(self.n, 1, MAX_N), f"an integer from 1 to {MAX_N}"),
+            ("speculative", self.speculative in (None, "off", "ngram"), '"off" or "ngram"'),
             ("constraint", self.constraint is None or _constraint(self.constraint),
              f"kind one of {', '.join(CONSTRAINT_KINDS)} and a spec of at most {MAX_CONSTRAINT_BYTES >> 10} KiB"),
         ]
