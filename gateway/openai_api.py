@@ -112,6 +112,10 @@ def routes(state: GatewayState) -> list[Route]:
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
+        # llama-server's unprefixed aliases
+        Route("/chat/completions", chat, methods=["POST"]),
+        Route("/completions", completions, methods=["POST"]),
+        Route("/models", models, methods=["GET"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
     ]
@@ -226,12 +230,19 @@ def constrained(params: SamplingParams, constraint: Constraint | None, plan: Too
 
 
 async def answer(
-    request: Request, shaper: ReplyShaper, open_events: OpenEvents, stream: bool, usage: bool, record: RequestRecord
+    request: Request,
+    shaper: ReplyShaper,
+    open_events: OpenEvents,
+    stream: bool,
+    usage: bool,
+    record: RequestRecord,
+    live: type["LiveStream"] | None = None,
 ) -> Response:
-    """The generation's reply: a LiveStream to send (stream), else the shaper's whole
-    answer once the engine finishes (499 when the client left first)."""
+    """The generation's reply: a LiveStream to send (stream; `live`: a subclass that
+    frames the body otherwise, as NDJSON), else the shaper's whole answer once the engine
+    finishes (499 when the client left first)."""
     if stream:
-        return LiveStream(request, open_events, shaper, usage, record)
+        return (live or LiveStream)(request, open_events, shaper, usage, record)
     async with open_events() as events:
         done, result = await until_disconnect(request, shaper.collect, events)
     if isinstance(result, ApiError):
@@ -338,13 +349,19 @@ class LiveStream(Response):
                 elif isinstance(first, (Rejected, Failed, Cancelled)):
                     response = self.shaper.error(first).response()
                 else:
-                    response = SSEResponse(self.shaper.stream(first, events, self.usage), events.aclose)
+                    response = self.body_response(self.shaper.stream(first, events, self.usage), events.aclose)
                 await response(scope, receive, send)
         except Exception:
             self.record.finish("failed")
             raise
         finally:
             self.record.close()
+
+    def body_response(
+        self, frames: AsyncGenerator[bytes, None], on_close: Callable[[], Awaitable[None]]
+    ) -> Response:
+        """The 200 response that sends a stream's frames: SSE here (a subclass may frame them otherwise)."""
+        return SSEResponse(frames, on_close)
 
 
 async def first_output(events: AsyncIterator[ClientEvent]) -> ClientEvent:
