@@ -13,6 +13,7 @@ import trio
 from zinfer.actors.engine import EngineConfig, open_engine
 from zinfer.gateway.app import build_app
 from zinfer.gateway.client import AsyncClient
+from zinfer.gateway.model_facts import ModelFacts
 from zinfer.gateway.origins import OriginPolicy
 from zinfer.gateway.cli_config import engine_config, trace_config
 from zinfer.gateway.state import GatewayState, fingerprint
@@ -58,6 +59,8 @@ async def run_server(args: argparse.Namespace, config: EngineConfig) -> None:
             state.system_fingerprint = fingerprint(str(engine.source.path), engine.config.device)
             # what a compulsory tool call's grammar follows
             state.extra["tool_syntax"] = call_syntax(source_chat_template(engine.source))
+            # what llama-server's and Ollama's routes tell about the model and read from its vocabulary
+            state.extra["model"] = await trio.to_thread.run_sync(ModelFacts.from_source, engine.source)
             state.sampling = sampling_defaults(engine.source)
             state.client = client
             log.warning("serving", url=f"http://{args.host}:{args.port}", zmq=list(config.zmq_endpoints))
