@@ -20,7 +20,7 @@ from starlette.routing import Route
 from zinfer.gateway import openai_api, openai_responses, page, websocket
 from zinfer.gateway.auth import ApiKeyMiddleware
 from zinfer.gateway.client import EngineError
-from zinfer.gateway.openai_schema import ApiError
+from zinfer.gateway.error_shapes import shaped_for
 from zinfer.gateway.origins import BrowserGuard, JsonBodiesOnly
 from zinfer.gateway.state import GatewayState
 
@@ -45,7 +45,8 @@ def build_app(state: GatewayState) -> Starlette:
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         kind = "not_found" if exc.status_code == 404 else "method_not_allowed" if exc.status_code == 405 else None
-        return ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=kind).response()
+        shape = shaped_for(request.url.path)  # Anthropic's, Ollama's, llama-server's or OpenAI's error body
+        return shape(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=kind).response()
 
     # outermost first: Host and Origin (preflights need no key), then the key, then the body's type
     keyed = [Middleware(ApiKeyMiddleware, api_key=state.api_key)] if state.api_key else []
