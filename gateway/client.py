@@ -72,11 +72,19 @@ class AsyncClient:
     open gets a Failed event, so no stream waits forever.
     """
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str, curve: ClientKeys | None = None):
-        """curve: the keys for an engine whose endpoint is a CURVE server (`ClientKeys.load`)."""
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str, curve: ClientKeys | None = None,
+                 heartbeat_s: float = 0.0):
+        """curve: the keys for an engine whose endpoint is a CURVE server (`ClientKeys.load`).
+        heartbeat_s > 0: ZeroMQ heartbeats every heartbeat_s; a peer silent for three of them
+        is disconnected (a socket monitor sees it: gateway/router.py)."""
         self.sock = AsyncSocket(ctx, zmq.DEALER)
         if curve is not None:
             curve.apply(self.sock.socket)
+        if heartbeat_s > 0:
+            ms = max(1, int(heartbeat_s * 1000))
+            self.sock.socket.setsockopt(zmq.HEARTBEAT_IVL, ms)
+            self.sock.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * ms)
+            self.sock.socket.setsockopt(zmq.HEARTBEAT_TTL, 3 * ms)
         self.sock.socket.connect(address)
         self.requests_codec: Codec[ClientRequest] = Codec(ClientRequest)
         self.events_codec: Codec[ClientEvent] = Codec(ClientEvent)
