@@ -3,7 +3,9 @@
 `linear_for` picks once per matrix, from its type and the device's options:
 
 - Int8Linear: a packed type with an int8 kernel (VNNI or AVX2) (kernels/cpu_fast/int8/products.py), where the
-  CPU has one. Activations rounded to int8 per 32 values (K-quants per 256), as llama.cpp
+  CPU has one; on an AMX-INT8 CPU it carries the AMX tile layout too (8 bits a weight, beside the int8 view),
+  which rounds of many rows multiply on the tiles (ZINFER_INT8_KERNELS=vnni|avx2|amx forces a path).
+  Activations rounded to int8 per 32 values (K-quants per 256), as llama.cpp
   does; even at 512 rows this beats BLAS on f32 copies, so no copy is kept.
   The device groups these by activation layout (one rounding of x, one launch). They
   keep only the int8 kernels' layout (no packed blocks next to it): Q5_0 and Q6_K at
@@ -54,6 +56,8 @@ class FastWeight:
         if self.int8 is not None:
             w8 = self.int8
             arrays += [w8.qs, w8.d, w8.m[: self.shape[0]] if w8.kind == "u4" else w8.m]
+            if w8.amx is not None:
+                arrays += [w8.amx.codes, w8.amx.d, w8.amx.m]
         unique = {id(a): a for a in arrays if isinstance(a, np.ndarray)}
         return sum(a.nbytes for a in unique.values())
 
@@ -142,11 +146,11 @@ def linear_for(qt: QT, data: np.ndarray, shape: tuple[int, int], int8: bool, bud
         return F32Linear(shape, None, _f32(data, qt, shape))
     own_width = ci.from_gguf(qt, data, shape) if int8 else None
     if own_width is not None:
-        return Int8Linear(shape, None, None, own_width)
+        return Int8Linear(shape, None, None, ci.with_tiles(own_width, qt, data, shape))
     packed = cq.repack(qt, data, shape)
     int8_view = ci.prepare(packed) if int8 else None
     if int8_view is not None:  # the view alone: its scales (f16) or codes (p8) are copies
-        return Int8Linear(shape, None, None, int8_view)
+        return Int8Linear(shape, None, None, ci.with_tiles(int8_view, qt, data, shape))
     copy = _f32(data, qt, shape) if budget.take(shape[0] * shape[1] * 4) else None
     return QuantLinear(shape, packed, copy)
 

@@ -30,7 +30,7 @@ import functools
 import os
 from typing import NamedTuple
 
-from zinfer.kernels.cpu_fast.int8 import ir_blocks
+from zinfer.kernels.cpu_fast.int8 import amx_host, ir_blocks
 from zinfer.kernels.cpu_fast.int8 import ir_convert
 from zinfer.kernels.cpu_fast.int8 import ir_dot
 from zinfer.kernels.cpu_fast.int8 import ir_outer
@@ -256,7 +256,8 @@ def outer_addresses(kind: str) -> tuple[int, int] | None:
     return addr[convert], addr[product]
 
 
-ISA_ENV = "ZINFER_INT8_ISA"  # "avx2": the AVX2 kernels on a VNNI host too (tests run them so)
+# "avx2": the AVX2 kernels on a VNNI host too (tests run them so); amx_host.KERNELS_ENV=avx2 does the same
+ISA_ENV = "ZINFER_INT8_ISA"
 
 
 @functools.cache
@@ -267,7 +268,8 @@ def host_isa() -> str | None:
         native = ir_dot.host_isa(llvm_host.host_features())
     except (ImportError, RuntimeError, OSError):
         return None
-    return "avx2" if native and os.environ.get(ISA_ENV) == "avx2" else native
+    forced = os.environ.get(ISA_ENV) == "avx2" or os.environ.get(amx_host.KERNELS_ENV) == "avx2"
+    return "avx2" if native and forced else native
 
 
 def available() -> bool:

@@ -8,8 +8,11 @@ own width; `prepare` takes any other matrix from its cpu_quant repack (Packed u4
 `matmul` / `matmul_many` compute out [T, rows] = x [T, cols] @ W.T in one parallel launch
 (_run): row kernels (ir.py, ir_blocks.py, ir_super.py) tile by tile, or, for a task of
 OUTER_MIN_ROWS (32) activation rows or more of u5, k4 and u6, outer products (ir_outer.py,
-from a scratch ir_convert.py fills). Without VNNI or AVX2 (`available()` False) the device
-uses cpu_quant's float kernels instead.
+from a scratch ir_convert.py fills). Where the CPU has AMX-INT8 and the process may use
+its tiles (amx_host.py), a matrix may also carry its tile layout (Int8Weight.amx,
+amx_layout.py, made at upload), and a launch of amx_products.MIN_ROWS rows or more whose
+matrices all carry one runs on the tiles (amx_products.py) instead. Without VNNI or AVX2
+(`available()` False) the device uses cpu_quant's float kernels instead.
 
 Weight type -> int8 layout. Step: the kernels' unit of columns (8 int32 lanes). Bytes: of
 codes per step and weight row. D: the scales the kernels read; "f16 if exact": f16 where
@@ -76,7 +79,8 @@ from numba import prange
 
 from zinfer.kernels.cpu_fast.code_cache import cached_njit
 from zinfer.kernels.cpu_fast.int8 import layouts as bp
-from zinfer.kernels.cpu_fast.int8 import ir, ir_outer, ir_super
+from zinfer.kernels.cpu_fast.int8 import amx_host, amx_layout, amx_products, ir, ir_outer, ir_super
+from zinfer.kernels.cpu_fast.int8.amx_layout import AmxWeight
 from zinfer.kernels.cpu_fast.cpu_ops import PARALLEL_ROWS, specialize
 from zinfer.kernels.cpu_fast.cpu_quant import Packed
 from zinfer.kernels.cpu_fast.int8.activations import (
@@ -107,6 +111,7 @@ class Int8Weight(NamedTuple):
     d: np.ndarray  # [rows, groups] scales (k4, u6: [rows, cols/256 * 20 or 18] bytes, the super-blocks' scales)
     m: np.ndarray  # [rows + pad, blocks] u4 offsets, zero rows after the last (read 8 past it); others: d (not read)
     nsteps: int  # 8-lane steps per row
+    amx: AmxWeight | None = None  # the same matrix in AMX tiles (amx_layout.py), for rounds of many rows
 
     @property
     def nchunks(self) -> int:
@@ -148,6 +153,16 @@ def from_gguf(qt: QT, raw: np.ndarray, shape: tuple[int, int]) -> Int8Weight | N
         qs, sup = bp.by_rows(bp.u6_from_q6_k, raw, shape)
         return Int8Weight("u6", 2, True, qs, sup, sup, cols // 64)
     return None
+
+
+def with_tiles(w: Int8Weight, qt: QT, raw: np.ndarray, shape: tuple[int, int]) -> Int8Weight:
+    """w carrying its AMX tile layout too (from the file's blocks `raw`), where the int8
+    kernels asked for are AMX's (amx_host.kernels_choice) and the type and shape have one;
+    else w as it is."""
+    if amx_host.kernels_choice() != "amx":
+        return w
+    tiles = amx_layout.from_gguf(qt, raw, shape)
+    return w if tiles is None else w._replace(amx=tiles)
 
 
 def dequantize_rows(w: Int8Weight, rows: np.ndarray, out: np.ndarray) -> None:
@@ -298,6 +313,7 @@ class Jobs(NamedTuple):
     weights: list[Int8Weight]
     table: np.ndarray  # [n, 7 + 4] int64, the job columns above
     bounds: list[tuple[int, int]]  # each matrix's rows in the stacked output
+    amx: np.ndarray | None = None  # amx_products' jobs, where every matrix has tiles and they run here
 
     @property
     def rows(self) -> int:
@@ -314,7 +330,9 @@ def jobs_for(ws: list[Int8Weight]) -> Jobs:
          *_kernels(w.kind, w.dps, w.half), *_outer_kernels(w.kind))
         for w, row in zip(ws, first)
     ], np.int64)
-    return Jobs(ws, table, [(int(a), int(b)) for a, b in zip(first[:-1], first[1:])])
+    tiles = [w.amx for w in ws if w.amx is not None]
+    amx = amx_products.job_table(tiles, [int(f) for f in first[:-1]]) if len(tiles) == len(ws) else None
+    return Jobs(ws, table, [(int(a), int(b)) for a, b in zip(first[:-1], first[1:])], amx)
 
 
 def matmul(w: Int8Weight, x: np.ndarray, out: np.ndarray) -> None:
@@ -334,6 +352,9 @@ def matmul_many(jobs: Jobs, x: np.ndarray) -> list[np.ndarray]:
 
 def _launch(jobs: Jobs, x: np.ndarray, out: np.ndarray) -> None:
     w = jobs.weights[0]
+    if jobs.amx is not None and x.shape[0] >= amx_products.MIN_ROWS and w.amx is not None:
+        amx_products.product(jobs.amx, x, rounding_group(w), w.amx.block, out)
+        return
     PRODUCTS[activation_order(w)](jobs.table, x, rounding_group(w), w.nsteps, w.nchunks, out)
 
 
