@@ -9,6 +9,7 @@ from __future__ import annotations
 import msgspec
 
 from zinfer.actors.scheduler_policy import SchedulerConfig
+from zinfer.actors.speculation import SpeculationConfig
 from zinfer.devices.config import DeviceConfig, kind_of
 from zinfer.devices.registry import check_options, resolve_device
 from zinfer.models.loader import ModelSource
@@ -29,6 +30,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_waiting: int = 256
     token_budget: int = 512
     prefix_caching: bool = True
+    speculation: SpeculationConfig = msgspec.field(default_factory=SpeculationConfig)  # drafts; mode "off": none
     topology: str = "inproc"  # "inproc": one process; "ipc" / "tcp": an actor per process
     zmq_endpoints: tuple[str, ...] = ()  # public ZeroMQ endpoints of the front door, e.g. tcp://127.0.0.1:5555
     zmq_curve_secret: str = ""  # a .key_secret file: the public endpoints are CURVE servers under it
@@ -37,6 +39,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         kind_of(self.device)  # ValueError naming the known devices
+        self.speculation.validate()
 
     def with_resolved_device(self) -> "EngineConfig":
         """This config with `device` concrete ("auto" resolved here, logged) and its options
@@ -50,7 +53,8 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if ctx > source.spec.context_length:
             raise ValueError(f"max_model_len {ctx} exceeds the model's context of {source.spec.context_length}")
         blocks = self.num_blocks or default_kv_blocks(self.max_running, ctx, self.block_size)
-        cfg = SchedulerConfig(self.max_running, self.max_waiting, self.token_budget, ctx, self.block_size, blocks)
+        cfg = SchedulerConfig(self.max_running, self.max_waiting, self.token_budget, ctx, self.block_size, blocks,
+                              self.speculation)
         cfg.validate()
         return cfg
 

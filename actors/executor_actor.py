@@ -14,6 +14,7 @@ sequences with the error and frees its KV, and the next round runs as usual.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Sequence
 
@@ -29,6 +30,7 @@ from zinfer.devices.reductions import reduce_rows
 from zinfer.messages.channel import Inbox, Outbox
 from zinfer.messages.engine import (
     Candidates,
+    Draft,
     ExecutorInbox,
     Round,
     RoundFailed,
@@ -114,8 +116,9 @@ class ExecutorActor:
     async def run_round(self, r: Round) -> RoundLogits:
         tables = self.tables.update(r)
         chunks = [(s.token_ids, s.start_pos, t, s.wants_logits) for s, t in zip(r.seqs, tables)]
-        batch = ForwardBatch.build(chunks, self.block_size)
-        wanting = [s for s in r.seqs if s.wants_logits]
+        batch = drafted_rows(ForwardBatch.build(chunks, self.block_size), r.seqs)
+        wanting = [s for s in r.seqs if s.wants_logits for _ in range(s.draft + 1)]  # one per logits row
+        drafts = [Draft(s.seq_id, s.token_ids[len(s.token_ids) - s.draft :]) for s in r.seqs if s.draft]
         t0 = time.perf_counter()
         if self.round_tracer is None:
             seq_ids, logits, candidates = await trio.to_thread.run_sync(self.compute, batch, wanting)
@@ -124,7 +127,7 @@ class ExecutorActor:
             seq_ids, logits, candidates = await trio.to_thread.run_sync(rt.run, self.compute, batch, wanting)
             rt.finish(round_name(r), round_attributes(r, batch), r.traceparents)
         self.busy_seconds += time.perf_counter() - t0
-        return RoundLogits(r.round_id, seq_ids, logits, r.sampler_updates, r.traceparents, candidates)
+        return RoundLogits(r.round_id, seq_ids, logits, r.sampler_updates, r.traceparents, candidates, drafts)
 
     def compute(self, batch: ForwardBatch, wanting: list[RoundSeq], marks: LayerMarks | None = None) -> ShippedLogits:
         """One round on the device (worker thread), its logits cut on the device to what the
@@ -146,6 +149,21 @@ def reduce_logits(device: Any, logits: Any, seqs: Sequence[RoundSeq]) -> Shipped
     if top is not None:
         candidates = Candidates([seqs[i].seq_id for i in top.rows], top.ids, top.values, top.row_max)
     return [seqs[i].seq_id for i in r.full], r.full_logits, candidates
+
+
+def drafted_rows(batch: ForwardBatch, seqs: Sequence[RoundSeq]) -> ForwardBatch:
+    """batch with logits at the last draft + 1 rows of each drafted sequence of seqs (its
+    chunks, in order): speculative decoding verifies a draft from the logits after each of its
+    tokens. A round without drafts comes back as it is."""
+    if not any(s.draft for s in seqs):
+        return batch
+    rows: list[int] = []
+    for s, c in zip(seqs, batch.seqs):
+        if s.wants_logits:
+            if not 0 <= s.draft < c.n_tokens:
+                raise ValueError(f"seq {s.seq_id}: a draft of {s.draft} in a chunk of {c.n_tokens} tokens")
+            rows.extend(range(c.start + c.n_tokens - 1 - s.draft, c.start + c.n_tokens))
+    return dataclasses.replace(batch, logits_rows=np.asarray(rows, dtype=np.int64))  # [S + drafts]
 
 
 class BlockTables:
@@ -192,8 +210,9 @@ def _first_line(e: Exception) -> str:
 def round_name(r: Round) -> str:
     """What the round did: prefill (from position 0), append (a later prompt chunk) and
     decode (one token), joined with '+' when it mixes them."""
-    kinds = {"prefill" if s.start_pos == 0 else "decode" if len(s.token_ids) == 1 else "append" for s in r.seqs}
-    return "+".join(k for k in ("prefill", "append", "decode") if k in kinds)
+    kinds = {"prefill" if s.start_pos == 0 else "decode" if len(s.token_ids) == 1 else
+             "verify" if s.draft else "append" for s in r.seqs}
+    return "+".join(k for k in ("prefill", "append", "decode", "verify") if k in kinds)
 
 
 def round_attributes(r: Round, batch: ForwardBatch) -> dict[str, object]:
@@ -207,4 +226,5 @@ def round_attributes(r: Round, batch: ForwardBatch) -> dict[str, object]:
         "context_tokens": sum(s.start_pos + len(s.token_ids) for s in r.seqs),
         "kv_blocks": sum(s.table_start + len(s.new_blocks) for s in r.seqs),
         "logits_rows": len(batch.logits_rows),
+        "drafted_tokens": sum(s.draft for s in r.seqs),
     }

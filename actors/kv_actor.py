@@ -58,6 +58,7 @@ class KvActor:
         """One span per update, under the first request it serves and linked to the rest."""
         attrs = {
             "frees": len(update.free),
+            "truncations": len(update.truncate),
             "commits": len(update.commit),
             "allocations": len(update.allocate),
             "granted": sum(g.ok for g in reply.grants),
@@ -73,7 +74,7 @@ class KvActor:
 
 
 def apply_update(allocator: KVAllocator, update: KvUpdate) -> list[KvGrant]:
-    """Commits, then frees, then the allocations in order; returns one grant per ask.
+    """Commits, then frees, then truncations, then the allocations in order; returns one grant per ask.
 
     Commits come first so that the last blocks of a sequence that finished (or was
     aborted) in the round they were written still enter the prefix cache.
@@ -90,6 +91,8 @@ def apply_update(allocator: KVAllocator, update: KvUpdate) -> list[KvGrant]:
         allocator.commit(c.seq_id, c.first_block, c.token_ids)
     for seq_id in update.free:
         allocator.free(seq_id)
+    for t in update.truncate:
+        allocator.truncate(t.seq_id, t.num_tokens)
     grants = []
     refused = False
     for ask in update.allocate:

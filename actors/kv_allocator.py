@@ -174,6 +174,24 @@ class KVAllocator:
         if end > done:
             self._hashed[seq_id] = (end, parent)
 
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Shrink seq_id's table to the blocks covering its first num_tokens tokens (speculative
+        tokens past them were rejected): the blocks after go back, as free() returns them. Blocks
+        still hashed as committed stay (a commit never covers tokens past the KV that was kept).
+        Unknown seq_id: no-op."""
+        table = self._tables.get(seq_id)
+        if table is None:
+            return
+        keep = max(self._blocks_for(num_tokens), self._hashed[seq_id][0])
+        for block in reversed(table[keep:]):
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                if block in self._hash_of_block:
+                    self._evictable[block] = None
+                else:
+                    self._free.append(block)
+        del table[keep:]
+
     def free(self, seq_id: int) -> None:
         """Drop seq_id and its references to its blocks. Unknown seq_id: no-op.
 

@@ -28,6 +28,7 @@ from llguidance import LLTokenizer
 from zinfer.actors.constraints import COMPILE_STACK, ConstraintError, GrammarMask, MaskPrefetch, on_thread
 from zinfer.actors.grammar_vocab import grammar_tokenizer
 from zinfer.actors.sampling import RequestSampler
+from zinfer.actors.speculation_verify import candidates_sampler, full_row_sampler, verify_rows
 from zinfer.actors.topology import Addresses
 from zinfer.messages.channel import Inbox, Outbox
 from zinfer.messages.engine import (
@@ -121,24 +122,46 @@ class SamplerActor:
                     failed.add(u.seq_id)
             else:
                 self.samplers.pop(u.seq_id, None)
-        for row, seq_id in enumerate(msg.seq_ids):
+        drafts = {d.seq_id: d.token_ids for d in msg.drafts}
+        for row, seq_id, n in _row_runs(msg.seq_ids, drafts):
             if seq_id in failed:
                 continue
             try:
-                tokens.append(self._sample_row(seq_id, msg.logits[row]))  # [vocab]
+                if seq_id in drafts:
+                    tokens += self._verify(seq_id, drafts[seq_id], msg.logits[row : row + n], None)
+                else:
+                    tokens.append(self._sample_row(seq_id, msg.logits[row]))  # [vocab]
             except Exception as e:  # non-finite logits, a broken row: this request only
                 tokens.append(self._failure(seq_id, e))
         c = msg.candidates
-        for row, seq_id in enumerate(c.seq_ids if c is not None else ()):
+        for row, seq_id, n in _row_runs(c.seq_ids if c is not None else [], drafts):
             if seq_id in failed:
                 continue
             assert c is not None  # only candidates have these rows
             try:
-                # ids, values [K] each
-                tokens.append(self._sample_candidates(seq_id, c.ids[row], c.values[row], float(c.row_max[row])))
+                if seq_id in drafts:
+                    rows = (c.ids[row : row + n], c.values[row : row + n], c.row_max[row : row + n])
+                    tokens += self._verify(seq_id, drafts[seq_id], None, rows)
+                else:
+                    # ids, values [K] each
+                    tokens.append(self._sample_candidates(seq_id, c.ids[row], c.values[row], float(c.row_max[row])))
             except Exception as e:
                 tokens.append(self._failure(seq_id, e))
         return Sampled(msg.round_id, tokens)
+
+    def _verify(self, seq_id: int, draft: list[int], logits: np.ndarray | None,
+                candidates: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> list[TokenSample]:
+        """Verify seq_id's draft against its len(draft) + 1 rows: full logits [k + 1, vocab], or
+        candidates (ids, values [k + 1, K], row_max [k + 1]); its kept tokens, recorded."""
+        sampler = self.samplers.get(seq_id)
+        if sampler is None:
+            raise ValueError(f"no sampling state for seq {seq_id}")
+        if logits is not None:
+            kept = verify_rows(sampler, draft, full_row_sampler(sampler, logits))
+        else:
+            assert candidates is not None
+            kept = verify_rows(sampler, draft, candidates_sampler(sampler, *candidates))
+        return [TokenSample(seq_id, s.token_id, s.logprob, s.top_logprobs) for s in kept]
 
     async def _load_grammar_tokenizer(self, msg: RoundLogits) -> None:
         """Build llguidance's view of the vocabulary in a worker thread (seconds: the event
@@ -196,6 +219,20 @@ class SamplerActor:
             error = SeqError("engine_failed", message)
         log.warning("sampling failed", seq_id=seq_id, error=error.message)
         return TokenSample(seq_id, -1, error=error)
+
+
+def _row_runs(seq_ids: list[int], drafts: dict[int, list[int]]) -> list[tuple[int, int, int]]:
+    """(first row, seq id, rows) per sequence of a round's rows seq_ids: a drafted sequence's
+    len(draft) + 1 rows follow each other, any other has one. Raises ValueError on a short run."""
+    runs, row = [], 0
+    while row < len(seq_ids):
+        seq_id = seq_ids[row]
+        n = len(drafts[seq_id]) + 1 if seq_id in drafts else 1
+        if seq_ids[row : row + n] != [seq_id] * n:
+            raise ValueError(f"seq {seq_id}: a draft of {n - 1} tokens without its {n} logits rows")
+        runs.append((row, seq_id, n))
+        row += n
+    return runs
 
 
 def adds_constraint(msg: RoundLogits) -> bool:

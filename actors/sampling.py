@@ -124,7 +124,7 @@ class RequestSampler:
             token = int(allowed[_draw(z[allowed], p.temperature, p.top_k, p.top_p, p.min_p, u)])
         elif token is None:
             token = _draw(z, p.temperature, p.top_k, p.top_p, p.min_p, u)
-        return self._report(logits, raw_max, token)
+        return self.report(logits, raw_max, token)
 
     def sample_candidates(self, ids: np.ndarray, values: np.ndarray, row_max: float) -> SampledToken:
         """Choose the next token from the best candidates of its raw logits row: ids [K] and
@@ -142,7 +142,37 @@ class RequestSampler:
         if p.temperature == 0.0:
             return SampledToken(token_id=int(ids[0]))
         kept_ids, probs = candidate_distribution(ids[:k], values[:k], p.temperature, p.top_p, p.min_p)
-        return SampledToken(token_id=_walk(kept_ids, probs, u))
+        return SampledToken(token_id=walk(kept_ids, probs, u))
+
+    def distribution(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+        """The distribution sample(logits) draws from when temperature > 0: (ids [n], probs [n],
+        the raw row's max), with sample()'s checks; draws nothing, records nothing."""
+        if logits.shape != (self.vocab_size,):
+            raise ValueError(f"logits shape {logits.shape} != ({self.vocab_size},)")
+        p = self.params
+        z = self._processed(logits)  # [vocab]
+        raw_max = float(logits.max())
+        self._check_finite(raw_max)
+        if self.grammar is None:
+            ids, probs = filtered_distribution(z, p.temperature, p.top_k, p.top_p, p.min_p)
+            return ids, probs, raw_max
+        allowed = np.flatnonzero(z != -np.inf)  # [n_allowed] ids, ascending
+        if not allowed.size:
+            raise ValueError("every token is banned (all processed logits are -inf)")
+        ids, probs = filtered_distribution(z[allowed], p.temperature, p.top_k, p.top_p, p.min_p)
+        return allowed[ids], probs, raw_max
+
+    def candidates_distribution(self, ids: np.ndarray, values: np.ndarray, row_max: float
+                                ) -> tuple[np.ndarray, np.ndarray]:
+        """The distribution sample_candidates draws from when temperature > 0: (ids [n], probs [n]),
+        with its checks; draws nothing, records nothing."""
+        k = logits_needed(self.params)
+        if not 1 <= k <= ids.shape[0]:
+            raise ValueError(
+                f"seq {self.seq_id} needs {k or 'all'} logits, the round carried {ids.shape[0]} candidates")
+        self._check_finite(row_max)
+        p = self.params
+        return candidate_distribution(ids[:k], values[:k], p.temperature, p.top_p, p.min_p)
 
     def _check_finite(self, raw_max: float) -> None:
         """Raise ValueError when a row's max over the vocabulary is NaN, +inf or -inf."""
@@ -171,7 +201,7 @@ class RequestSampler:
             z = self.grammar.masked(z)  # a copy, banned tokens at -inf
         return z
 
-    def _report(self, logits: np.ndarray, raw_max: float, token: int) -> SampledToken:
+    def report(self, logits: np.ndarray, raw_max: float, token: int) -> SampledToken:
         """token, with its raw log-softmax logprob and the top-N alternatives if asked for."""
         n = self.params.logprobs
         if n is None:
@@ -231,10 +261,10 @@ def candidate_distribution(
 
 def _draw(z: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float, u: float) -> int:
     """The token of filtered_distribution(z, ...) that the uniform u in [0, 1) picks."""
-    return _walk(*filtered_distribution(z, temperature, top_k, top_p, min_p), u)
+    return walk(*filtered_distribution(z, temperature, top_k, top_p, min_p), u)
 
 
-def _walk(ids: np.ndarray, probs: np.ndarray, u: float) -> int:
+def walk(ids: np.ndarray, probs: np.ndarray, u: float) -> int:
     """The id of ids [n] whose cdf step over probs [n] holds the uniform u in [0, 1)."""
     cdf = np.cumsum(probs)  # [n]
     i = min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), cdf.size - 1)

@@ -26,6 +26,8 @@ Contracts:
   state and is recomputed from the waiting queue's head);
 - the KV actor is asked only when frees or commits are pending or a chunk needs blocks its table
   lacks (a decode step inside its last block needs no call);
+- a drafted chunk (speculative decoding) gets back its draft's kept prefix and one more token; the
+  blocks of its rejected tokens go back with the next KvUpdate (a KvTruncate);
 - a sample that failed ends its sequence alone with finish reason "error" and its SeqError; a failed round
   ends each of its sequences so, and its sampler updates go out again with the next round (the
   sampler never saw them).
@@ -43,6 +45,7 @@ from zinfer.messages.engine import (
     KvGrant,
     KvReply,
     KvStats,
+    KvTruncate,
     KvUpdate,
     Round,
     RoundFailed,
@@ -87,6 +90,9 @@ class SchedulerCore:
         self.in_flight_updates: list[SamplerUpdate] = []  # the sampler updates that round carries
         self.frees: list[int] = []  # seq ids whose KV the next KvUpdate frees
         self.commits: list[KvCommit] = []
+        self.truncations: list[KvTruncate] = []  # rejected drafts' blocks the next KvUpdate gives back
+        self.drafted_tokens = 0  # speculative tokens drafted in rounds that completed
+        self.accepted_tokens = 0  # of those, the ones verification kept
         self.forget: list[int] = []  # seq ids whose block tables the next Round tells the executor to drop
         self.sampler_updates: list[SamplerUpdate] = []  # for the next Round
         self._asked: list[Chunk] | None = None  # the chunks whose KV asks are out
@@ -111,28 +117,34 @@ class SchedulerCore:
         return True
 
     def update(self, sampled: Sampled) -> SeqOutputs | None:
-        """The in-flight round's samples: advance its sequences. Returns the outputs to send (a token
-        per sequence that sampled one, its finish reason on its last; "error" (with its SeqError) for a failed
-        sample), None when no sequence has one (all mid-prefill)."""
+        """The in-flight round's samples: advance its sequences. Returns the outputs to send (the
+        tokens of each sequence that sampled any: one, or a draft's kept prefix and one more; its
+        finish reason on its last; "error" (with its SeqError) for a failed sample), None when no
+        sequence has one (all mid-prefill)."""
         chunks, self.in_flight, self.in_flight_updates = self.in_flight or [], None, []
-        samples: dict[int, TokenSample] = {}
+        samples: dict[int, list[TokenSample]] = {}
         outputs: list[SeqOutput] = []
         for t in sampled.tokens:
             if t.error is None:
-                samples[t.seq_id] = t
+                samples.setdefault(t.seq_id, []).append(t)
             elif self.abort(t.seq_id):
                 outputs.append(_failed(t.seq_id, t.error))
-        commits, finished = self.policy.complete(chunks, {k: t.token_id for k, t in samples.items()})
-        self.commits += commits
-        reasons = {f.seq.seq_id: f.reason for f in finished}
+        result = self.policy.complete(chunks, {k: [t.token_id for t in ts] for k, ts in samples.items()})
+        self.commits += result.commits
+        self.truncations += result.truncations
+        reasons = {f.seq.seq_id: f.reason for f in result.finished}
         for c in chunks:
-            s = samples.get(c.seq.seq_id)
-            if s is None or (c.seq not in self.policy.running and c.seq.seq_id not in reasons):
+            e = result.emitted.get(c.seq.seq_id)
+            if e is None or (c.seq not in self.policy.running and c.seq.seq_id not in reasons):
                 continue  # mid-prefill, or aborted while the round ran
-            logprobs = [s.logprob] if s.logprob is not None else None
-            top = [s.top] if s.top is not None else None
+            kept = samples[c.seq.seq_id][: len(e.token_ids)]
+            logprobs = [t.logprob for t in kept if t.logprob is not None] if kept[0].logprob is not None else None
+            top = [t.top for t in kept if t.top is not None] if kept[0].top is not None else None
             reason = reasons.get(c.seq.seq_id)
-            outputs.append(SeqOutput(c.seq.seq_id, [s.token_id], logprobs, top, reason, c.seq.cached_tokens))
+            self.drafted_tokens += e.drafted
+            self.accepted_tokens += e.accepted
+            outputs.append(SeqOutput(c.seq.seq_id, e.token_ids, logprobs, top, reason, c.seq.cached_tokens,
+                                     drafted=e.drafted, accepted=e.accepted))
         for seq_id in reasons:
             self._release(seq_id)
         return SeqOutputs(outputs, self.stats()) if outputs else None
@@ -163,9 +175,10 @@ class SchedulerCore:
                 (chunks, accepted), self._granted = self._granted, None
             else:
                 chunks = self.policy.plan()
-                if not chunks and not (self.frees or self.commits):
+                pending = self.frees or self.commits or self.truncations
+                if not chunks and not pending:
                     return None
-                if self.frees or self.commits or not self.policy.kv_covered(chunks):
+                if pending or not self.policy.kv_covered(chunks):
                     self._asked = chunks
                     return self._kv_update(chunks)
                 grants = [KvGrant(c.seq.seq_id, True, c.seq.block_table) for c in chunks]
@@ -196,15 +209,16 @@ class SchedulerCore:
     def stats(self) -> SchedulerStats:
         p, kv = self.policy, self.kv_stats
         kv_blocks = (kv.num_blocks, kv.used_blocks, kv.cached_blocks)
-        return SchedulerStats(len(p.running), len(p.waiting), *kv_blocks, self.round_id)
+        return SchedulerStats(len(p.running), len(p.waiting), *kv_blocks, self.round_id,
+                              self.drafted_tokens, self.accepted_tokens)
 
     # ---- internals ------------------------------------------------------------------
 
     def _kv_update(self, chunks: list[Chunk]) -> KvUpdate:
         """The pending frees and commits, and the chunks' block asks."""
         parents = [c.seq.traceparent for c in chunks if c.seq.traceparent] if self.kv_traceparents else []
-        update = KvUpdate(self.frees, self.commits, self.policy.kv_asks(chunks), parents)
-        self.frees, self.commits = [], []
+        update = KvUpdate(self.frees, self.commits, self.policy.kv_asks(chunks), parents, self.truncations)
+        self.frees, self.commits, self.truncations = [], [], []
         return update
 
     def _start_round(self, accepted: list[Chunk]) -> RoundPlan:

@@ -22,6 +22,11 @@ Invariants:
   known to the executor (rounds carry only the entries after them);
 - a sequence ends at min(max_model_len, the whole pool's tokens), so the oldest running
   sequence can always grow and every sequence finishes.
+
+Speculative decoding (actors/speculation.py): a decoding sequence may carry a draft, tokens
+computed after its last one in the same chunk; verification keeps a prefix of it, the KV of
+the rest is dropped (num_computed stops at the kept tokens, and the blocks past the next
+step's go back to the allocator as a KvTruncate).
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from zinfer.messages.engine import KvAllocate, KvCommit, KvGrant, RoundSeq
+from zinfer.actors.speculation import NgramDrafter, SpeculationConfig
+from zinfer.messages.engine import KvAllocate, KvCommit, KvGrant, KvTruncate, RoundSeq
 from zinfer.messages.params import SamplingParams
 
 
@@ -43,11 +49,13 @@ class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_model_len: int = 2048  # context length: prompt + output
     block_size: int = 16
     num_blocks: int = 1024
+    speculation: SpeculationConfig = msgspec.field(default_factory=SpeculationConfig)
 
     def validate(self) -> None:
         for name in ("max_running", "max_waiting", "token_budget", "max_model_len", "block_size", "num_blocks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"scheduler.{name} must be >= 1")
+        self.speculation.validate()
 
 
 @dataclass
@@ -64,6 +72,7 @@ class Seq:
     committed_blocks: int = 0  # leading blocks the allocator knows are full and written
     sent_blocks: int = 0  # leading block_table entries the executor has
     order: int = 0  # admission order: lower is older
+    drafter: NgramDrafter | None = None  # its speculative drafts (None: it decodes plainly)
 
     @property
     def all_ids(self) -> list[int]:
@@ -82,14 +91,34 @@ class Chunk:
     """A sequence's share of a planned round."""
 
     seq: Seq
-    end: int  # the round computes all_ids[seq.num_computed:end]
+    end: int  # the round computes all_ids[seq.num_computed:end - len(draft)], then draft
     new: bool  # admitted from the waiting queue by this round
+    draft: list[int] = field(default_factory=list)  # speculative tokens after the sequence's last one
+
+
+@dataclass
+class Emitted:
+    """A round's result for one sequence: the tokens it gained, and the drafted tokens kept."""
+
+    token_ids: list[int]
+    drafted: int
+    accepted: int  # of token_ids, the drafted ones verification kept
 
 
 @dataclass
 class Finish:
     seq: Seq
     reason: str  # "stop" | "length"
+
+
+@dataclass
+class RoundResult:
+    """What a finished round changed (SchedulerPolicy.complete)."""
+
+    commits: list[KvCommit] = field(default_factory=list)  # KV blocks now full and written
+    finished: list[Finish] = field(default_factory=list)  # already removed from `running`
+    emitted: dict[int, Emitted] = field(default_factory=dict)  # seq id -> its new tokens (none mid-prefill)
+    truncations: list[KvTruncate] = field(default_factory=list)  # rejected drafts' blocks to give back
 
 
 class SchedulerPolicy:
@@ -120,6 +149,8 @@ class SchedulerPolicy:
         if len(self.waiting) >= cfg.max_waiting:
             return "queue_full", f"the waiting queue is full ({cfg.max_waiting} sequences)"
         seq.order = next(self._order)
+        mode = seq.params.speculative or cfg.speculation.mode
+        seq.drafter = NgramDrafter(cfg.speculation) if mode == "ngram" else None
         self.waiting.append(seq)
         return None
 
@@ -142,13 +173,15 @@ class SchedulerPolicy:
         """Choose this round's chunks: running sequences first, then admissions, in order."""
         budget = self.config.token_budget
         chunks = []
+        drafting = len(self.running) <= self.config.speculation.max_batch
         for s in self.running:
             if budget <= 0:
                 break
             n = min(len(s.prompt_ids) + len(s.output_ids) - s.num_computed, budget)
             if n > 0:
-                chunks.append(Chunk(s, s.num_computed + n, new=False))
-                budget -= n
+                draft = self._draft(s, budget - n) if n == 1 and drafting else []
+                chunks.append(Chunk(s, s.num_computed + n + len(draft), False, draft))
+                budget -= n + len(draft)
         slots = self.config.max_running - len(self.running)
         for s in itertools.islice(self.waiting, max(slots, 0)):
             if budget <= 0:
@@ -157,6 +190,15 @@ class SchedulerPolicy:
             chunks.append(Chunk(s, n, new=True))
             budget -= n
         return chunks
+
+    def _draft(self, s: Seq, budget: int) -> list[int]:
+        """A draft for decoding sequence s, within budget tokens and short enough that every
+        token it could yield stays within max_tokens and max_len; [] without a drafter."""
+        if s.drafter is None:
+            return []
+        total = len(s.prompt_ids) + len(s.output_ids)
+        limit = min(budget, s.params.max_tokens - len(s.output_ids) - 1, self.max_len - total - 1)
+        return s.drafter.propose(s.all_ids, limit) if limit > 0 else []
 
     def kv_covered(self, chunks: list[Chunk]) -> bool:
         """True when every chunk is a running sequence whose block table already covers
@@ -214,40 +256,66 @@ class SchedulerPolicy:
         out = []
         for c in chunks:
             s = c.seq
-            wants = c.end == len(s.prompt_ids) + len(s.output_ids)
+            d = len(c.draft)
+            wants = c.end - d == len(s.prompt_ids) + len(s.output_ids)
             new_blocks = s.block_table[s.sent_blocks :]
-            tokens = s.tokens(s.num_computed, c.end)
-            out.append(RoundSeq(s.seq_id, tokens, s.num_computed, s.sent_blocks, new_blocks, wants))
+            tokens = s.tokens(s.num_computed, c.end - d) + c.draft
+            out.append(RoundSeq(s.seq_id, tokens, s.num_computed, s.sent_blocks, new_blocks, wants, draft=d))
             s.sent_blocks = len(s.block_table)
         return out
 
     # ---- results --------------------------------------------------------------------
 
-    def complete(self, chunks: list[Chunk], sampled: dict[int, int]) -> tuple[list[KvCommit], list[Finish]]:
+    def complete(self, chunks: list[Chunk], sampled: dict[int, list[int]]) -> RoundResult:
         """A round finished: advance computed counts, append sampled tokens, find finishes.
 
-        Sequences aborted while the round ran are skipped. Returns the KV commits to send
-        and the sequences that finished (already removed from `running`).
+        sampled: each sequence's tokens, in order: one, or for a drafted chunk the draft's
+        kept prefix and the token after it. Tokens past a finish (a stop token, max_tokens,
+        max_len) are dropped. A drafted sequence's KV stops at its kept tokens and its table
+        at the blocks its next step needs (the rest go in the result's truncations).
+        Sequences aborted while the round ran are skipped. Mutates the sequences and `running`.
         """
-        commits, finished = [], []
+        result = RoundResult()
         bs = self.config.block_size
         for c in chunks:
             s = c.seq
             if s not in self.running:
                 continue
-            s.num_computed = c.end
-            token = sampled.get(s.seq_id)
-            if token is not None:
+            tokens, d = sampled.get(s.seq_id, []), len(c.draft)
+            kept = min(max(len(tokens) - 1, 0), d)
+            reason = None
+            emitted = []
+            for token in tokens:
                 s.output_ids.append(token)
+                emitted.append(token)
+                reason = self._finish_reason(s, token)
+                if reason:
+                    break
+            s.num_computed = min(c.end - d + kept, len(s.prompt_ids) + len(s.output_ids) - (1 if emitted else 0))
+            if emitted:
+                result.emitted[s.seq_id] = Emitted(emitted, d, min(kept, len(emitted)))
+            if d and s.drafter is not None:
+                s.drafter.verified(d, kept)
             full = s.num_computed // bs  # only full blocks enter the prefix cache
             if full > s.committed_blocks:
-                commits.append(KvCommit(s.seq_id, s.committed_blocks, s.tokens(s.committed_blocks * bs, full * bs)))
+                commit = KvCommit(s.seq_id, s.committed_blocks, s.tokens(s.committed_blocks * bs, full * bs))
+                result.commits.append(commit)
                 s.committed_blocks = full
-            reason = self._finish_reason(s, token)
             if reason:
                 self.running.remove(s)
-                finished.append(Finish(s, reason))
-        return commits, finished
+                result.finished.append(Finish(s, reason))
+            elif d:
+                self._truncate(s, result)
+        return result
+
+    def _truncate(self, s: Seq, result: RoundResult) -> None:
+        """Drop s's blocks past those its next step needs (its tokens + 1), telling the executor
+        and, through result, the allocator."""
+        keep = -(-(len(s.prompt_ids) + len(s.output_ids)) // self.config.block_size)
+        if len(s.block_table) > keep:
+            del s.block_table[keep:]
+            s.sent_blocks = min(s.sent_blocks, keep)
+            result.truncations.append(KvTruncate(s.seq_id, keep * self.config.block_size))
 
     def _finish_reason(self, s: Seq, token: int | None) -> str | None:
         if token is None:

@@ -96,6 +96,8 @@ class SeqOutput(msgspec.Struct, array_like=True, gc=False):
     finish_reason: str | None = None  # "stop" | "length" | "abort:<why>" | "error" (then `error` says why)
     cached_tokens: int = 0
     error: SeqError | None = None  # the sequence failed alone (finish_reason "error"): its request fails with it
+    drafted: int = 0  # speculative tokens drafted for this sequence in the round(s) behind this output
+    accepted: int = 0  # of those, the ones verification kept (each is one of token_ids)
 
 
 class SchedulerStats(msgspec.Struct, array_like=True, gc=False):
@@ -105,6 +107,8 @@ class SchedulerStats(msgspec.Struct, array_like=True, gc=False):
     kv_used_blocks: int = 0
     kv_cached_blocks: int = 0
     rounds: int = 0
+    drafted_tokens: int = 0  # speculative tokens drafted since the engine started
+    accepted_tokens: int = 0  # of those, the ones verification kept
 
 
 class SeqOutputs(msgspec.Struct, tag="outputs", **_BUS):
@@ -135,6 +139,7 @@ class RoundSeq(msgspec.Struct, array_like=True, gc=False):
     new_blocks: list[int]  # block ids appended after them
     wants_logits: bool
     logits_need: int = 0  # of a row it wants: 0 the full row, 1 the argmax, k the top-k (actors/logits_need.py)
+    draft: int = 0  # the last `draft` of token_ids are drafted (speculative): logits at the last draft + 1 rows
 
 
 class SamplerAdd(msgspec.Struct, tag="sampler_add", **_BUS):
@@ -148,6 +153,14 @@ class SamplerDrop(msgspec.Struct, tag="sampler_drop", **_BUS):
 
 
 SamplerUpdate = Union[SamplerAdd, SamplerDrop]
+
+
+class Draft(msgspec.Struct, array_like=True, gc=False):
+    """The drafted tokens of one sequence in a round, for the sampler to verify in order
+    against its draft + 1 logits rows (actors/speculation_verify.py)."""
+
+    seq_id: int
+    token_ids: list[int]
 
 
 class Round(msgspec.Struct, tag="round", **_BUS):
@@ -185,6 +198,8 @@ class RoundLogits(msgspec.Struct, tag="logits", **_BUS):
     sampler_updates: list[SamplerUpdate] = []
     traceparents: list[str] = []
     candidates: Candidates | None = None  # None: every row of the round is full
+    # sequences with drafted tokens: their draft + 1 rows follow each other (all full or all candidates)
+    drafts: list[Draft] = []
 
 
 SamplerInbox = Union[RoundLogits, Shutdown]
@@ -207,14 +222,23 @@ class KvCommit(msgspec.Struct, array_like=True, gc=False):
     token_ids: list[int]
 
 
+class KvTruncate(msgspec.Struct, array_like=True, gc=False):
+    """A sequence's KV now covers only num_tokens tokens (speculative tokens were rejected):
+    its blocks past them go back to the allocator."""
+
+    seq_id: int
+    num_tokens: int
+
+
 class KvUpdate(msgspec.Struct, tag="kv_update", **_BUS):
-    """Commits, then frees, then allocations in order (each all-or-nothing); the first
-    refused allocation refuses every later one, so blocks go first come, first served."""
+    """Commits, then frees, then truncations, then allocations in order (each all-or-nothing);
+    the first refused allocation refuses every later one, so blocks go first come, first served."""
 
     free: list[int] = []
     commit: list[KvCommit] = []
     allocate: list[KvAllocate] = []
     traceparents: list[str] = []  # of the requests whose blocks the update allocates
+    truncate: list[KvTruncate] = []
 
 
 class KvGrant(msgspec.Struct, array_like=True, gc=False):

@@ -10,6 +10,8 @@ sampler does not know, or keeps after it ended.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from zinfer.actors.executor_actor import BlockTables
 from zinfer.actors.kv_actor import apply_update
 from zinfer.actors.kv_allocator import KVAllocator
@@ -67,9 +69,9 @@ class Harness:
     def in_flight(self) -> bool:
         return self.core.in_flight is not None
 
-    def add(self, prompt: list[int], max_tokens: int, ignore_eos: bool = True) -> int:
+    def add(self, prompt: list[int], max_tokens: int, ignore_eos: bool = True, speculative: str | None = None) -> int:
         self.next_id += 1
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, speculative=speculative)
         rejected = self.core.admit(Admit(self.next_id, prompt, params, [EOS]))
         if rejected is not None:
             assert rejected.code in ("cannot_fit", "too_long", "queue_full"), rejected
@@ -148,6 +150,31 @@ class Harness:
                    for i in wanting]
         self._record(self.core.update(Sampled(r.round_id, samples)))
 
+    def finish_round_greedy(self, model: Callable[[list[int]], int]) -> None:
+        """The round's samples come back as a greedy sampler gives them for a fake model, the
+        next token of a sequence being model(its tokens): one per sequence wanting logits, or
+        for a drafted one each row's token up to the first that differs from the draft."""
+        r = self.sent_rounds[-1]
+        for u in r.sampler_updates:
+            if isinstance(u, SamplerAdd):
+                self.sampler_seqs.add(u.seq_id)
+            else:
+                self.sampler_seqs.discard(u.seq_id)
+        samples = []
+        for s in r.seqs:
+            if not s.wants_logits:
+                continue
+            assert s.seq_id in self.sampler_seqs, "the sampler has no state for a sequence it samples"
+            seq = next(q for q in self.policy.running if q.seq_id == s.seq_id)
+            prefix, draft = list(seq.all_ids), s.token_ids[len(s.token_ids) - s.draft :] if s.draft else []
+            for i in range(s.draft + 1):
+                token = model(prefix)
+                samples.append(TokenSample(s.seq_id, token))
+                if i == s.draft or token != draft[i]:
+                    break
+                prefix.append(token)
+        self._record(self.core.update(Sampled(r.round_id, samples)))
+
     def fail_round(self, message: str = "device fault") -> SeqOutputs:
         """The executor could not compute the round (its sampler updates never reach the sampler)."""
         outputs = self.core.fail_round(RoundFailed(self.sent_rounds[-1].round_id, message))
@@ -181,9 +208,12 @@ class Harness:
             assert not holds, f"waiting seq {s.seq_id} holds blocks"
         held = {b for s in p.running for b in s.block_table}
         pending = {b for seq_id in core.frees for b in self.alloc.block_table(seq_id)}
+        truncating = {t.seq_id: t.num_tokens // bs for t in core.truncations}  # rejected drafts' blocks, going back
+        pending |= {b for seq_id, keep in truncating.items() for b in self.alloc.block_table(seq_id)[keep:]}
         assert self.alloc.num_used_blocks == len(held | pending), "blocks held outside running sequences"
         for s in p.running:
-            assert s.block_table == self.alloc.block_table(s.seq_id)
+            allocated = self.alloc.block_table(s.seq_id)
+            assert s.block_table == allocated[: truncating.get(s.seq_id, len(allocated))]
             for pos in range(s.num_computed):
                 assert self.memory[s.block_table[pos // bs]][pos % bs] == s.all_ids[pos], f"seq {s.seq_id} KV at {pos}"
         assert self.tables.seq_ids() <= running | set(core.forget), "the executor keeps a dead sequence's table"

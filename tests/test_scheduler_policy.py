@@ -16,7 +16,7 @@ def _round(policy: SchedulerPolicy, alloc: KVAllocator) -> tuple[list, bool]:
     grants = apply_update(alloc, KvUpdate(allocate=policy.kv_asks(chunks)))
     accepted, victims = policy.accept(chunks, grants)
     assert not victims
-    policy.complete(accepted, {c.seq.seq_id: 7 for c in accepted})
+    policy.complete(accepted, {c.seq.seq_id: [7] for c in accepted})
     return accepted, covered
 
 
