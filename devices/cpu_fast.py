@@ -76,6 +76,8 @@ class FastCpuDevice(DeviceBase):
         self.fallbacks = F32Fallbacks("cpu-fast")  # types without a packed kernel, warned once each
         compile_cache.route_compiles()  # numba kernels missing from the cache compile in its helper
         self.int8 = ci.available() if int8 is None else int8 and ci.available()
+        # the int8 kernels asked for (amx, vnni, avx2): what upload makes follows it, so the weight cache keys it
+        self.int8_kernels = ci.kernels_choice() if self.int8 else "float"
         gemm_ir.address()  # compiled here, on the constructing thread, not in the first prefill
         self.kv_dtype = np.float16 if kv_f16 else np.float32
         self._jobs: dict[tuple[int, ...], tuple[tuple[FastWeight, ...], list[Int8Group]]] = {}  # ids -> (ws, groups)

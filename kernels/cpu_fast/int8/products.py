@@ -155,6 +155,11 @@ def from_gguf(qt: QT, raw: np.ndarray, shape: tuple[int, int]) -> Int8Weight | N
     return None
 
 
+def kernels_choice() -> str:
+    """The int8 kernels this process is asked to use: "amx", "vnni" or "avx2" (amx_host.kernels_choice)."""
+    return amx_host.kernels_choice()
+
+
 def with_tiles(w: Int8Weight, qt: QT, raw: np.ndarray, shape: tuple[int, int]) -> Int8Weight:
     """w carrying its AMX tile layout too (from the file's blocks `raw`), where the int8
     kernels asked for are AMX's (amx_host.kernels_choice) and the type and shape have one;
