@@ -16,7 +16,7 @@ from __future__ import annotations
 import uuid
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Any, AsyncIterator, Iterator, Sequence, TypeVar, cast
+from typing import Any, AsyncGenerator, Iterator, Protocol, Sequence, TypeVar, cast
 
 import msgspec
 import trio
@@ -61,6 +61,39 @@ def wire_frames(codec: Codec[ClientRequest], request: ClientRequest) -> list[byt
         return codec.encode(request)
     except (msgspec.MsgspecError, OverflowError, RecursionError, TypeError, ValueError, NotImplementedError) as exc:
         raise EngineError(f"invalid request: {exc}") from None
+
+
+class EngineClient(Protocol):
+    """What the gateways ask of an engine from trio code: one engine's AsyncClient, or the
+    router in front of many replicas (gateway/router.py). The calls mean what AsyncClient's do."""
+
+    def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: Sequence[MessageIn] | None = None,
+        prompt_ids: list[int] | None = None,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        add_special: bool = True,
+        traceparent: str | None = None,
+        tools: Sequence[ToolIn] | None = None,
+    ) -> AsyncGenerator[ClientEvent, None]: ...
+
+    def cancel(self, request_id: str) -> None: ...
+
+    async def tokenize(
+        self,
+        text: str | None = None,
+        *,
+        messages: Sequence[MessageIn] | None = None,
+        add_special: bool = True,
+        tools: Sequence[ToolIn] | None = None,
+    ) -> list[int]: ...
+
+    async def detokenize(self, token_ids: list[int]) -> str: ...
+
+    async def stats(self) -> EngineStats: ...
 
 
 class AsyncClient:
@@ -163,7 +196,7 @@ class AsyncClient:
         add_special: bool = True,
         traceparent: str | None = None,
         tools: Sequence[ToolIn] | None = None,
-    ) -> AsyncIterator[ClientEvent]:
+    ) -> AsyncGenerator[ClientEvent, None]:
         """Stream one request's events, ending with its terminal event. `tools`, with
         messages: ToolFunctions (or their maps) the chat template offers the model.
 

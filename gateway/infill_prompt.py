@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zinfer.gateway.client import AsyncClient
+from zinfer.gateway.client import EngineClient
 from zinfer.gateway.model_facts import ModelFacts
 from zinfer.gateway.openai_schema import ApiError
 from zinfer.gateway.state import GatewayState
@@ -71,6 +71,6 @@ async def infill_ids(
             fim.middle]
 
 
-async def _bos(client: AsyncClient) -> list[int]:
+async def _bos(client: EngineClient) -> list[int]:
     """[BOS] where the model adds one to a text, else []: the ids of "" with special tokens added."""
     return await client.tokenize("", add_special=True)

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from zinfer.gateway.client import AsyncClient, EngineError
+from zinfer.gateway.client import EngineClient, EngineError
 from zinfer.gateway.metrics import RequestRecord
 from zinfer.gateway.openai_schema import (
     ApiError,
@@ -260,7 +260,7 @@ def chat_form(req: ChatRequest, plan: ToolPlan | None) -> dict[str, Any]:
 
 @asynccontextmanager
 async def engine_events(
-    client: AsyncClient, forms: list[dict[str, Any]], params: SamplingParams, rid: str, record: RequestRecord
+    client: EngineClient, forms: list[dict[str, Any]], params: SamplingParams, rid: str, record: RequestRecord
 ) -> AsyncIterator[Events]:
     """One HTTP request's events from one engine request per prompt (`forms`), run in a
     nursery of the caller's: Started per prompt, Deltas with choice j of prompt p at index

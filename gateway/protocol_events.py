@@ -13,7 +13,7 @@ from typing import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 from starlette.responses import Response, StreamingResponse
 
-from zinfer.gateway.client import AsyncClient, EngineError
+from zinfer.gateway.client import EngineClient, EngineError
 from zinfer.gateway.openai_api import Events, LiveStream, OpenEvents
 from zinfer.gateway.sse import SSEResponse
 from zinfer.messages.client import ClientEvent, Delta, Finished, Started
@@ -82,7 +82,7 @@ async def _watch(events: Events, progress: Progress) -> Events:
         await events.aclose()
 
 
-async def matched_stop(client: AsyncClient, progress: Progress, stops: list[str]) -> str | None:
+async def matched_stop(client: EngineClient, progress: Progress, stops: list[str]) -> str | None:
     """The stop string that ended choice 0 (its reason was "stop"), or None when it ended at
     an end-of-generation token: the engine cuts the text before a stop string, so the whole
     decoded text of the ids generated goes on, right after the text sent, with the string."""

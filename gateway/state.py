@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 from typing import Any
 
-from zinfer.gateway.client import AsyncClient
+from zinfer.gateway.client import EngineClient
 from zinfer.gateway.metrics import Metrics
 from zinfer.gateway.openai_schema import ApiError
 from zinfer.gateway.origins import OriginPolicy
@@ -19,7 +19,7 @@ class GatewayState:
     model_name: str
     api_key: str | None = None
     origins: OriginPolicy = field(default_factory=OriginPolicy)  # Host, Origin and CORS rules
-    client: AsyncClient | None = None  # set once the engine is ready
+    client: EngineClient | None = None  # set once the engine is ready
     max_model_len: int = 0
     max_waiting: int = 0  # sequences the engine queues at once (--max-waiting): more is a 400; 0: unchecked
     model_aliases: set[str] = field(default_factory=set)  # other names a request may use (path, --served-model-name)
@@ -34,7 +34,7 @@ class GatewayState:
     def ready(self) -> bool:
         return self.client is not None
 
-    def engine(self) -> AsyncClient:
+    def engine(self) -> EngineClient:
         """The engine's client; ApiError 503 while the model loads."""
         if self.client is None:
             raise ApiError(503, "the model is loading", type="unavailable_error", code="loading")

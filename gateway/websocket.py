@@ -33,7 +33,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from zinfer.gateway.auth import authorized
 from zinfer.gateway.state import GatewayState
-from zinfer.gateway.client import AsyncClient, EngineError
+from zinfer.gateway.client import EngineClient, EngineError
 from zinfer.messages.json_errors import validation_message
 from zinfer.messages.client import MAX_REQUEST_ID, Cancelled, Delta, Failed, Finished, Rejected, Started
 from zinfer.messages.params import SamplingParams
@@ -208,7 +208,7 @@ class ChatSocket:
             self.unsent.add(msg.id)
             nursery.start_soon(self.generate, self.state.client, msg)
 
-    async def generate(self, client: AsyncClient, msg: WsGenerate) -> None:
+    async def generate(self, client: EngineClient, msg: WsGenerate) -> None:
         """Stream one generation's events to the socket, ending with its one terminal."""
         try:
             if msg.id not in self.unsent:  # cancelled before it was sent
