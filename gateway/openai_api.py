@@ -24,6 +24,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from zinfer.gateway.client import EngineClient, EngineError
+from zinfer.gateway.infill_prompt import facts
 from zinfer.gateway.metrics import RequestRecord
 from zinfer.gateway.openai_schema import (
     ApiError,
@@ -375,6 +376,8 @@ async def first_output(events: AsyncIterator[ClientEvent]) -> ClientEvent:
 class TokenizeBody(msgspec.Struct):
     content: Text
     add_special: bool = True
+    with_pieces: bool = False  # llama-server's: [{"id", "piece"}] (a piece not whole UTF-8: its bytes)
+    parse_special: bool = True  # special tokens' texts are always read as those tokens: false is refused
 
 
 class DetokenizeBody(msgspec.Struct):
@@ -384,7 +387,14 @@ class DetokenizeBody(msgspec.Struct):
 async def _tokenize(state: GatewayState, request: Request) -> Response:
     try:
         body = _decode(await read_body(request, state.max_body_bytes), TokenizeBody, state)
-        return JSONResponse({"tokens": await state.engine().tokenize(body.content, add_special=body.add_special)})
+        if not body.parse_special:
+            raise ApiError(400, "parse_special false is not supported: special tokens' texts are always parsed",
+                           param="parse_special")
+        ids = await state.engine().tokenize(body.content, add_special=body.add_special)
+        if body.with_pieces:
+            model = facts(state)
+            return JSONResponse({"tokens": [{"id": t, "piece": model.piece(t)} for t in ids]})
+        return JSONResponse({"tokens": ids})
     except ApiError as exc:
         return exc.response()
     except EngineError as exc:

@@ -16,6 +16,7 @@ from zinfer.gateway.client import AsyncClient
 from zinfer.gateway.model_facts import ModelFacts
 from zinfer.gateway.origins import OriginPolicy
 from zinfer.gateway.cli_config import engine_config, trace_config
+from zinfer.gateway.serve_replicas import run_replicated_server
 from zinfer.gateway.state import GatewayState, fingerprint
 from zinfer.models.sampling_defaults import sampling_defaults
 from zinfer.models.tool_prompt import call_syntax, source_chat_template
@@ -29,7 +30,10 @@ def serve(args: argparse.Namespace) -> int:
     if getattr(args, "trace_dir", None):
         trace = trace_config(args, str(parts_dir(args.trace_dir)), args.trace_window)
     try:
-        trio.run(run_server, args, engine_config(args, trace))
+        if getattr(args, "replicas", 0):
+            trio.run(run_replicated_server, args, engine_config(args, trace))
+        else:
+            trio.run(run_server, args, engine_config(args, trace))
     finally:
         if trace is not None:
             merge_windows(args.trace_dir, trace.window_s, final=True)
@@ -61,6 +65,7 @@ async def run_server(args: argparse.Namespace, config: EngineConfig) -> None:
             state.extra["tool_syntax"] = call_syntax(source_chat_template(engine.source))
             # what llama-server's and Ollama's routes tell about the model and read from its vocabulary
             state.extra["model"] = await trio.to_thread.run_sync(ModelFacts.from_source, engine.source)
+            state.extra["max_running"] = config.max_running  # llama-server's slots (/props, /slots)
             state.sampling = sampling_defaults(engine.source)
             state.client = client
             log.warning("serving", url=f"http://{args.host}:{args.port}", zmq=list(config.zmq_endpoints))
