@@ -52,6 +52,7 @@ OPTIONAL = {
     "cupy": "the cuda extra: a host without an NVIDIA GPU runs without it",
     "llama_cpp": "the llama extra: `zinfer bench --compare-llama-cpp` only",
     "opentelemetry.exporter.otlp": "the otlp extra: only with --otlp-endpoint",
+    "ray": "the ray extra: only with `zinfer serve --replicas` (gateway/replicas.py, replica_actor.py)",
 }
 """Third-party packages imported where they are needed, inside a function: why each is optional."""
 

@@ -1,0 +1,442 @@
+"""The router: one engine client in front of many replicas, for every transport.
+
+`Router` answers what `AsyncClient` answers (generate, cancel, tokenize, detokenize, stats),
+so the HTTP, websocket, ZeroMQ and stdio gateways take it in the client's place. Behind it,
+one supervisor task per replica finds the replica (a `ReplicaSource`: Ray in
+gateway/replicas.py, fixed endpoints in tests), holds an AsyncClient to its front door,
+polls its stats into the routing table (gateway/router_policy.py) and watches its
+connection. The connection carries ZeroMQ heartbeats, so a replica that dies or stops
+answering is noticed (socket monitor: disconnected) within `heartbeat_s` times a few,
+busy or not; the supervisor then marks it down, asks the source again (Ray restarts it,
+possibly elsewhere) and marks it up when its front door answers.
+
+Contracts:
+- A request goes to the replica the policy picks; while no replica is up it waits up to
+  `wait_s` for one, then ends with Failed code "no_replica". Every request ends with
+  exactly one terminal event.
+- A request whose replica is lost moves to another (gateway/router_stream.py: resent when
+  nothing was streamed, continued from prompt + tokens sent otherwise), at most `max_moves`
+  times. A Failed event that the replica itself sends (an actor in it failed) is passed on,
+  not retried: a request that breaks an engine is not handed to the next one.
+- `drain(name)` stops new requests to a replica, waits for its requests to finish up to a
+  timeout, then hands the rest over (they move as if it were lost) and stops it.
+- With tracing, each request gets a "router" span (replica, moves) that is the parent of
+  the replica's request span: the traceparent goes over the ZeroMQ protocol.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import AsyncGenerator, Protocol, Sequence
+
+import msgspec
+import structlog
+import trio
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from zinfer.gateway.client import AsyncClient, EngineError, MessageIn, ToolIn, _as_messages, _as_tools
+from zinfer.gateway.router_policy import ReplicaState, RoutePolicy, RoutingTable, affinity_key
+from zinfer.gateway.router_stream import RoutedStream
+from zinfer.messages.bus import AsyncSocket
+from zinfer.messages.client import ClientEvent, EngineStats, Failed, Generate
+from zinfer.messages.curve import ClientKeys
+from zinfer.messages.params import SamplingParams
+from zinfer.models.prompt import PromptBuilder
+from zinfer.traces.setup import Tracing
+
+log = structlog.get_logger("zinfer.router")
+
+NO_REPLICA = "no_replica"
+"""Failed.code when no replica is left to serve a request."""
+
+
+class ReplicaGone(Exception):
+    """The source will not bring this replica back (scaled down, or out of restarts)."""
+
+
+class ReplicaSource(Protocol):
+    """Where replicas are: their names, and each one's front door once it is up."""
+
+    def names(self) -> list[str]: ...
+
+    async def locate(self, name: str) -> str:
+        """The replica's front-door endpoint once it is up (waits while it starts or
+        restarts); ReplicaGone when it will not come back."""
+        ...
+
+    async def stop(self, name: str) -> None:
+        """Stop the replica for good (after a drain)."""
+        ...
+
+
+class RouterOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The router's timings and limits; validated at start-up."""
+
+    policy: RoutePolicy = RoutePolicy()
+    poll_s: float = 0.25  # how often each replica's stats are read
+    heartbeat_s: float = 1.0  # ZeroMQ heartbeat interval; a silent peer is lost after 3 of them
+    wait_s: float = 60.0  # how long a request waits for a replica while none is up
+    max_moves: int = 16  # replicas a request may lose before it fails
+    drain_s: float = 30.0  # how long a drain waits for a replica's requests before handing them over
+    stall_s: float = 30.0  # a replica whose stats go unanswered this long is lost
+
+    def validate(self) -> None:
+        self.policy.validate()
+        for name, lo, hi in (("poll_s", 0.01, 60.0), ("heartbeat_s", 0.05, 60.0), ("wait_s", 0.0, 3600.0),
+                             ("drain_s", 0.0, 3600.0), ("stall_s", 1.0, 3600.0)):
+            if not lo <= getattr(self, name) <= hi:
+                raise ValueError(f"{name} {getattr(self, name)}: {lo}..{hi}")
+        if not 0 <= self.max_moves <= 1000:
+            raise ValueError(f"max_moves {self.max_moves}: 0..1000")
+
+
+@dataclass
+class Link:
+    """The router's hold on one replica: its client while up, and its incarnation (bumped
+    each time it goes up or down, so a stream knows whether its replica was lost)."""
+
+    name: str
+    client: AsyncClient | None = None
+    incarnation: int = 0
+    stats: EngineStats | None = None
+    lost: trio.Event = field(default_factory=trio.Event)  # set when this incarnation is marked down
+    stop: trio.Event = field(default_factory=trio.Event)  # set by drain: supervision ends
+
+
+class Router:
+    """Routes requests over the replicas of a source. `async with Router(...) as router`."""
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], source: ReplicaSource,
+                 options: RouterOptions | None = None,
+                 prompts: PromptBuilder | None = None, curve: ClientKeys | None = None, tracing: Tracing | None = None):
+        """options: RouterOptions() when None. prompts: the model's tokenizer and template, for
+        affinity keys and continuations (None: requests go by load, and a stream that loses its
+        replica after tokens fails)."""
+        options = options or RouterOptions()
+        options.validate()
+        self.ctx, self.source, self.options, self.prompts, self.curve = ctx, source, options, prompts, curve
+        self.tracing = tracing
+        self.table = RoutingTable(options.policy)
+        self.links: dict[str, Link] = {}
+        self.where: dict[str, Link] = {}  # request id -> the link serving it now
+        self.changed = trio.Event()  # set (and replaced) whenever a replica goes up
+        for name in source.names():
+            self.table.add(name)
+            self.links[name] = Link(name)
+
+    async def __aenter__(self) -> "Router":
+        self._nursery_cm = trio.open_nursery()
+        self._nursery = await self._nursery_cm.__aenter__()
+        for name in self.links:
+            self._nursery.start_soon(self._supervise, self.links[name])
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool | None:
+        self._nursery.cancel_scope.cancel()
+        return await self._nursery_cm.__aexit__(exc_type, exc, tb)
+
+    # ---------------------------------------------------------------- the engine client's face
+
+    @property
+    def up(self) -> list[str]:
+        """The names of the replicas taking requests now."""
+        return [n for n, r in self.table.replicas.items() if r.eligible]
+
+    async def wait_up(self, count: int = 1) -> None:
+        """Return once at least count replicas are up."""
+        while len(self.up) < count:
+            await self._changed()
+
+    async def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: Sequence[MessageIn] | None = None,
+        prompt_ids: list[int] | None = None,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        add_special: bool = True,
+        traceparent: str | None = None,
+        tools: Sequence[ToolIn] | None = None,
+    ) -> AsyncGenerator[ClientEvent, None]:
+        """Stream one request's events from the replicas that serve it, ending with exactly one
+        terminal event. Leaving the loop early cancels the request on its replica."""
+        req = Generate(request_id or uuid.uuid4().hex, prompt, _as_messages(messages), prompt_ids,
+                       params or SamplingParams(), add_special, traceparent, _as_tools(tools))
+        stream = RoutedStream(req, self.prompts.tokenizer if self.prompts is not None else None)
+        key = affinity_key(self._leading_ids(req), self.options.policy) if self.options.policy.kind == "prefix" \
+            else None
+        span = self.tracing.start("router", traceparent, {"request_id": req.request_id}) if self.tracing else None
+        lost: set[str] = set()
+        try:
+            while not stream.done:
+                link = await self._choose(key, frozenset(lost))
+                if link is None or stream.moves > self.options.max_moves:
+                    why = "no replica is up" if link is None else f"it lost {stream.moves} replicas"
+                    yield Failed(req.request_id, f"no replica is left to serve the request ({why})", NO_REPLICA)
+                    return
+                if stream.needs_prompt_ids() and self.prompts is not None:
+                    stream.prompt_ids = await self._prompt_ids(req)
+                wire = stream.request()
+                if isinstance(wire, list):
+                    for event in wire:
+                        yield event
+                    return
+                if span is not None:
+                    span.set_attribute("replica", link.name)
+                    wire = msgspec.structs.replace(wire, traceparent=Tracing.traceparent(span))
+                async for event in self._on(link, wire, stream):
+                    yield event
+                if not stream.done:  # its replica was lost
+                    stream.moves += 1
+                    lost.add(link.name)
+                    if len(lost) >= len(self.links):
+                        lost.clear()  # every replica failed it once: any that returns may take it
+                    log.info("request moved", request_id=req.request_id, replica=link.name, tokens=len(stream.sent_ids))
+        finally:
+            if span is not None:
+                span.set_attribute("moves", stream.moves)
+                span.end()
+
+    async def _on(self, link: Link, wire: Generate, stream: RoutedStream) -> AsyncGenerator[ClientEvent, None]:
+        """The client's events from one replica's stream; returns without `stream.done` when
+        the replica was lost under it."""
+        client, incarnation = link.client, link.incarnation
+        if client is None:  # lost while the request waited for its prompt ids
+            return
+        self.where[wire.request_id] = link
+        self.table.opened(link.name)
+        try:
+            async with aclosing(client.generate(
+                    wire.prompt, messages=wire.messages, prompt_ids=wire.prompt_ids, params=wire.params,
+                    request_id=wire.request_id, add_special=wire.add_special, traceparent=wire.traceparent,
+                    tools=wire.tools)) as events:
+                async for event in events:
+                    if isinstance(event, Failed) and link.incarnation != incarnation:
+                        return  # the link closed under it: not the replica's failure
+                    for out in stream.see(event):
+                        yield out
+                    if stream.done:
+                        return
+        finally:
+            self.table.closed(link.name)
+            if self.where.get(wire.request_id) is link:
+                del self.where[wire.request_id]
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel a request on the replica serving it (its stream then ends with Cancelled);
+        an unknown id is ignored."""
+        link = self.where.get(request_id)
+        if link is not None and link.client is not None:
+            link.client.cancel(request_id)
+
+    async def tokenize(self, text: str | None = None, *, messages: Sequence[MessageIn] | None = None,
+                       add_special: bool = True, tools: Sequence[ToolIn] | None = None) -> list[int]:
+        return await (await self._any()).tokenize(text, messages=messages, add_special=add_special, tools=tools)
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        return await (await self._any()).detokenize(token_ids)
+
+    async def stats(self) -> EngineStats:
+        """Every up replica's last stats, summed (open_requests: the router's open requests)."""
+        total = EngineStats()
+        for link in self.links.values():
+            s = link.stats
+            if s is None or link.client is None:
+                continue
+            total.running += s.running
+            total.waiting += s.waiting
+            total.kv_blocks += s.kv_blocks
+            total.kv_used_blocks += s.kv_used_blocks
+            total.kv_cached_blocks += s.kv_cached_blocks
+            total.rounds += s.rounds
+            total.open_requests += s.open_requests
+        return total
+
+    def replica_stats(self) -> dict[str, EngineStats | None]:
+        """Each replica's last stats by name (None while it is down)."""
+        return {n: (link.stats if link.client is not None else None) for n, link in self.links.items()}
+
+    async def drain(self, name: str, timeout_s: float | None = None) -> None:
+        """Take no more requests on the replica, let its requests finish (up to timeout_s,
+        default drain_s), hand the rest over to other replicas, then stop it."""
+        link, state = self.links[name], self.table.replicas[name]
+        state.draining = True
+        with trio.move_on_after(self.options.drain_s if timeout_s is None else timeout_s):
+            while state.open:
+                await trio.sleep(0.05)
+        link.stop.set()
+        self._mark_down(link)
+        with trio.CancelScope(shield=True):
+            await self.source.stop(name)
+
+    async def drain_all(self, timeout_s: float | None = None) -> None:
+        """Drain every replica at once (shutdown): no request is handed over, as none is left."""
+        async with trio.open_nursery() as nursery:
+            for name in list(self.links):
+                nursery.start_soon(self.drain, name, timeout_s)
+
+    # ---------------------------------------------------------------- internals
+
+    def _leading_ids(self, req: Generate) -> list[int]:
+        """The prompt's leading token ids, enough for its affinity key (empty if unknown)."""
+        if req.prompt_ids is not None:
+            return req.prompt_ids
+        if self.prompts is None:
+            return []
+        p = self.options.policy
+        cap = p.prefix_blocks * p.block_size * 64  # characters: far more than the tokens keyed
+        try:
+            if req.messages is not None and req.prompt is None:
+                text = self.prompts.render(msgspec.to_builtins(req.messages), msgspec.to_builtins(req.tools))
+                return self.prompts.tokenizer.encode(text[:cap], add_special=False)
+            if req.prompt is not None:
+                return self.prompts.tokenizer.encode(req.prompt[:cap], add_special=req.add_special)
+        except (ValueError, TypeError, KeyError):
+            pass  # the replica refuses it with the reason
+        return []
+
+    async def _prompt_ids(self, req: Generate) -> list[int] | None:
+        """The whole prompt's ids as the replicas encode them (None if it cannot be encoded)."""
+        assert self.prompts is not None
+        prompts = self.prompts
+
+        def encode() -> list[int]:
+            if req.messages is not None:
+                return prompts.tokenize(None, msgspec.to_builtins(req.messages), True, msgspec.to_builtins(req.tools))
+            return prompts.prompt_ids(req.prompt, None, None, req.add_special)
+
+        try:
+            return await trio.to_thread.run_sync(encode)
+        except (ValueError, TypeError, KeyError):
+            return None
+
+    async def _choose(self, key: int | None, exclude: frozenset[str]) -> Link | None:
+        """The link to send to; waits up to wait_s while none is eligible."""
+        with trio.move_on_after(self.options.wait_s):
+            while True:
+                name = self.table.pick(key, exclude) or self.table.pick(key)
+                if name is not None and self.links[name].client is not None:
+                    return self.links[name]
+                await self._changed()
+        return None
+
+    async def _any(self) -> AsyncClient:
+        link = await self._choose(None, frozenset())
+        if link is None or link.client is None:
+            raise EngineError("no replica is up")
+        return link.client
+
+    async def _changed(self) -> None:
+        await self.changed.wait()
+
+    def _notify(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def _mark_down(self, link: Link) -> None:
+        if link.client is None:
+            return
+        link.client = None
+        link.incarnation += 1
+        link.lost.set()
+        self.table.replicas[link.name].up = False
+        log.warning("replica down", replica=link.name)
+
+    async def _supervise(self, link: Link) -> None:
+        """Keep the link to one replica: find it, hold it while it answers, find it again."""
+        state = self.table.replicas[link.name]
+        while not link.stop.is_set():
+            try:
+                endpoint = await self.source.locate(link.name)
+            except ReplicaGone:
+                log.warning("replica gone", replica=link.name)
+                return
+            try:
+                await self._hold(link, state, endpoint)
+            except (EngineError, zmq.ZMQError, trio.ClosedResourceError) as exc:
+                log.warning("replica link failed", replica=link.name, error=str(exc))
+            self._mark_down(link)
+            await trio.sleep(0.05)
+
+    async def _hold(self, link: Link, state: ReplicaState, endpoint: str) -> None:
+        """Serve through one incarnation of the replica until its connection is lost."""
+        monitor_addr = f"inproc://zinfer-router-monitor-{uuid.uuid4().hex[:12]}"
+        async with AsyncClient(self.ctx, endpoint, self.curve, heartbeat_s=self.options.heartbeat_s) as client:
+            client.sock.socket.monitor(monitor_addr, zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
+            monitor = AsyncSocket(self.ctx, zmq.PAIR, connect=monitor_addr)
+            try:
+                with trio.move_on_after(max(10.0, 10 * self.options.heartbeat_s)) as scope:
+                    stats = await client.stats()
+                if scope.cancelled_caught:
+                    return
+                link.stats = stats
+                link.client, link.lost = client, trio.Event()
+                link.incarnation += 1
+                state.up = True
+                self._apply(state, stats)
+                log.warning("replica up", replica=link.name, endpoint=endpoint, incarnation=link.incarnation)
+                self._notify()
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._poll, link, client, state)
+                    nursery.start_soon(self._until_lost, link, monitor)
+                    await link.lost.wait()
+                    nursery.cancel_scope.cancel()
+            finally:
+                self._mark_down(link)  # before the client closes: its streams' Failed read as a loss
+                with contextlib.suppress(zmq.ZMQError):
+                    client.sock.socket.disable_monitor()
+                monitor.close()
+
+    async def _until_lost(self, link: Link, monitor: AsyncSocket) -> None:
+        while True:
+            frames = await monitor.recv()
+            event = parse_monitor_message([bytes(f) for f in frames])
+            if event["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
+                self._mark_down(link)
+                return
+
+    async def _poll(self, link: Link, client: AsyncClient, state: ReplicaState) -> None:
+        """Read the replica's stats every poll_s; one that answers none for stall_s is lost
+        (a backstop: a dead peer's connection normally ends first)."""
+        last = trio.current_time()
+        while True:
+            await trio.sleep(self.options.poll_s)
+            with trio.move_on_after(max(1.0, 4 * self.options.poll_s)):
+                link.stats = stats = await client.stats()
+                self._apply(state, stats)
+                last = trio.current_time()
+            if trio.current_time() - last > self.options.stall_s:
+                log.warning("replica stalled", replica=link.name, seconds=round(trio.current_time() - last, 1))
+                self._mark_down(link)
+                return
+
+    @staticmethod
+    def _apply(state: ReplicaState, s: EngineStats) -> None:
+        state.waiting, state.running, state.kv_blocks, state.kv_used_blocks = \
+            s.waiting, s.running, s.kv_blocks, s.kv_used_blocks
+
+
+class StaticReplicas:
+    """Replicas at fixed endpoints (replicas started by other means, and tests): locate
+    returns the endpoint at once; stop forgets it."""
+
+    def __init__(self, endpoints: dict[str, str]):
+        self.endpoints = dict(endpoints)
+
+    def names(self) -> list[str]:
+        return list(self.endpoints)
+
+    async def locate(self, name: str) -> str:
+        if name not in self.endpoints:
+            raise ReplicaGone(name)
+        return self.endpoints[name]
+
+    async def stop(self, name: str) -> None:
+        self.endpoints.pop(name, None)
