@@ -169,6 +169,22 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--trace-dir", default=None,
                        help="trace every round; write a Perfetto trace file here per --trace-window")
     serve.add_argument("--trace-window", type=float, default=60.0, help="seconds of trace per file under --trace-dir")
+    serve.add_argument("--replicas", type=int, default=0,
+                       help="run N engine replicas as Ray actors behind a router (needs the ray extra); "
+                       "0: one engine in this process")
+    serve.add_argument("--ray-address", default=None,
+                       help="with --replicas: join this Ray cluster (e.g. auto, ray://head:10001) "
+                       "instead of starting a local Ray instance")
+    serve.add_argument("--route-policy", default="prefix", choices=("prefix", "load", "round_robin"),
+                       help="with --replicas: prefix (affinity on the prompt's leading KV blocks, bounded load), "
+                       "load (least loaded) or round_robin")
+    serve.add_argument("--route-prefix-blocks", type=int, default=4,
+                       help="with --route-policy prefix: leading KV blocks of a prompt that key its replica")
+    serve.add_argument("--route-load-bound", type=float, default=1.25,
+                       help="with --route-policy prefix: a replica takes a keyed request while its open requests "
+                       "stay within this times the mean (+1)")
+    serve.add_argument("--route-weights", default="open=1,waiting=1,kv=4",
+                       help="the load score's weights: requests open on the replica, its queue, its KV usage (0..1)")
 
     p = sub.add_parser("keygen", help="write CURVE key pairs (server, client) for `serve --zmq-curve-*`")
     p.add_argument("dir", help="created if missing; existing key files are never overwritten")

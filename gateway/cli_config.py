@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import argparse
 
+import msgspec
+
 from zinfer.actors.engine import EngineConfig
+from zinfer.gateway.replicas import ReplicaOptions, replica_resources
+from zinfer.gateway.router import RouterOptions
+from zinfer.gateway.router_policy import RoutePolicy
 from zinfer.devices.config import CpuFastConfig, CpuLlamaConfig, CudaConfig, DeviceConfig
 from zinfer.messages.params import SamplingParams
 from zinfer.traces.config import TraceConfig
@@ -70,3 +75,31 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
     )
     p.validate()
     return p
+
+
+def replica_options(args: argparse.Namespace, config: EngineConfig) -> ReplicaOptions:
+    """`serve --replicas N`: how many, where (--ray-address) and the resources each asks Ray for."""
+    cpus, gpus = replica_resources(config)
+    options = ReplicaOptions(replicas=args.replicas, ray_address=args.ray_address or "", num_cpus=cpus, num_gpus=gpus)
+    options.validate()
+    return options
+
+
+def router_options(args: argparse.Namespace, config: EngineConfig) -> RouterOptions:
+    """`serve --replicas N`: the router's policy (--route-*); its block size is the engine's.
+    --route-weights is "open=1,waiting=1,kv=4" (any of them); a bad one is a UsageError."""
+    weights: dict[str, float] = {}
+    for item in filter(None, (args.route_weights or "").split(",")):
+        name, _, value = item.partition("=")
+        if name.strip() not in ("open", "waiting", "kv"):
+            raise UsageError(f"--route-weights: {name.strip()!r} is not one of open, waiting, kv")
+        try:
+            weights["w_" + name.strip()] = float(value)
+        except ValueError:
+            raise UsageError(f"--route-weights: {item!r} is not NAME=NUMBER") from None
+    policy = msgspec.structs.replace(
+        RoutePolicy(kind=args.route_policy, prefix_blocks=args.route_prefix_blocks, block_size=config.block_size,
+                    load_bound=args.route_load_bound), **weights)
+    options = RouterOptions(policy=policy)
+    options.validate()
+    return options

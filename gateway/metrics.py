@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from typing import AsyncGenerator
+from typing import AsyncGenerator, Callable
 
 from zinfer.messages.client import Cancelled, ClientEvent, Delta, EngineStats, Failed, Finished, Rejected, Started
 
@@ -55,6 +55,8 @@ class Metrics:
         self.in_flight = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
+        # with replicas (gateway/router.py): each replica's last stats by name, None while it is down
+        self.replicas: Callable[[], dict[str, EngineStats | None]] | None = None
 
     def open(self) -> "RequestRecord":
         """Start accounting for one generation request (arrived now)."""
@@ -92,7 +94,34 @@ class Metrics:
             ]
             for name, help_, value in gauges:
                 metric(name, "gauge", help_, [f"{name} {value}"])
+        if self.replicas is not None:
+            out.extend(replica_lines(self.replicas()))
         return "\n".join(out) + "\n"
+
+
+REPLICA_GAUGES = (
+    ("zinfer_replica_up", "Whether the replica takes requests (1) or is down (0).", "up"),
+    ("zinfer_replica_queue_depth", "Sequences waiting for admission on the replica.", "waiting"),
+    ("zinfer_replica_running_sequences", "Sequences running in the replica's rounds.", "running"),
+    ("zinfer_replica_kv_blocks", "KV cache blocks in the replica's pool.", "kv_blocks"),
+    ("zinfer_replica_kv_used_blocks", "KV blocks held by the replica's sequences.", "kv_used_blocks"),
+    ("zinfer_replica_kv_cached_blocks", "Free KV blocks the replica keeps for prefix caching.", "kv_cached_blocks"),
+    ("zinfer_replica_open_requests", "Requests open in the replica's engine.", "open_requests"),
+)
+
+
+def replica_lines(replicas: dict[str, EngineStats | None]) -> list[str]:
+    """Per-replica gauges labelled replica="name", from each one's last stats (a replica
+    that is down shows zinfer_replica_up 0 and no other gauge)."""
+    out: list[str] = []
+    for name, help_, attr in REPLICA_GAUGES:
+        out += [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
+        for replica, stats in sorted(replicas.items()):
+            if attr == "up":
+                out.append(f'{name}{{replica="{replica}"}} {int(stats is not None)}')
+            elif stats is not None:
+                out.append(f'{name}{{replica="{replica}"}} {getattr(stats, attr)}')
+    return out
 
 
 class RequestRecord:

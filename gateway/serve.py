@@ -16,7 +16,7 @@ from zinfer.gateway.client import AsyncClient
 from zinfer.gateway.model_facts import ModelFacts
 from zinfer.gateway.origins import OriginPolicy
 from zinfer.gateway.cli_config import engine_config, trace_config
-from zinfer.gateway.serve_replicas import run_replicated_server
+from zinfer.gateway.serve_replicas import serve_replicated
 from zinfer.gateway.state import GatewayState, fingerprint
 from zinfer.models.sampling_defaults import sampling_defaults
 from zinfer.models.tool_prompt import call_syntax, source_chat_template
@@ -31,7 +31,7 @@ def serve(args: argparse.Namespace) -> int:
         trace = trace_config(args, str(parts_dir(args.trace_dir)), args.trace_window)
     try:
         if getattr(args, "replicas", 0):
-            trio.run(run_replicated_server, args, engine_config(args, trace))
+            serve_replicated(args, engine_config(args, trace))
         else:
             trio.run(run_server, args, engine_config(args, trace))
     finally:

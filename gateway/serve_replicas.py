@@ -1,0 +1,101 @@
+"""`zinfer serve --replicas N`: the gateway's servers in front of a router over N engine
+replicas that Ray places and restarts (gateway/replicas.py, gateway/router.py).
+
+Everything a single-engine serve offers is here too: HTTP (OpenAI and the other protocols),
+the websocket chat, `--zmq` (the router's front door speaks the engine's client protocol)
+and /metrics (each replica's gauges labelled by replica). The gateway process loads the
+model's tokenizer and template only (it routes on token ids and continues moved streams);
+the replicas load the weights. On shutdown the router drains every replica before Ray
+stops them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from functools import partial
+
+import hypercorn.config
+import hypercorn.trio
+import structlog
+import trio
+
+from zinfer.actors.engine import EngineConfig
+from zinfer.gateway.app import build_app
+from zinfer.gateway.cli_config import replica_options, router_options
+from zinfer.gateway.model_facts import ModelFacts
+from zinfer.gateway.origins import OriginPolicy
+from zinfer.gateway.replicas import RayReplicas
+from zinfer.gateway.router import Router
+from zinfer.gateway.router_front_door import RouterFrontDoor
+from zinfer.gateway.state import GatewayState, fingerprint
+from zinfer.messages.curve import CurveContext, KeyPair, load_public_keys
+from zinfer.models.loader import open_model
+from zinfer.models.sampling_defaults import sampling_defaults
+from zinfer.models.tool_prompt import call_syntax, source_chat_template
+from zinfer.traces.setup import open_tracing
+
+log = structlog.get_logger("zinfer.serve")
+
+
+def serve_replicated(args: argparse.Namespace, config: EngineConfig) -> None:
+    """Connect to Ray on this (the main) thread, then serve until interrupted."""
+    config = config.with_resolved_device() if config.device == "auto" else config
+    replicas = RayReplicas(replica_options(args, config), config)
+    replicas.connect()
+    trio.run(run_replicated_server, args, config, replicas)
+
+
+async def run_replicated_server(args: argparse.Namespace, config: EngineConfig, replicas: RayReplicas) -> None:
+    """Serve HTTP (and --zmq) at args.host:args.port from the replicas of config's engine,
+    until cancelled; then drain them and stop Ray's actors."""
+    origins = OriginPolicy.from_args(args.host, args.allowed_origins, args.allowed_hosts)
+    served = getattr(args, "served_model_name", None)
+    state = GatewayState(model_name=served[0] if served else args.model, api_key=args.api_key, origins=origins)
+    state.extra["trace_dir"] = getattr(args, "trace_dir", None)
+    state.extra["trace_window"] = getattr(args, "trace_window", 60.0)
+    hc = hypercorn.config.Config()
+    hc.bind = [f"{args.host}:{args.port}"]
+    hc.accesslog = None
+    options = router_options(args, config)
+    source = await trio.to_thread.run_sync(open_model, config.model)
+    facts = await trio.to_thread.run_sync(ModelFacts.from_source, source)
+    tracing = open_tracing(config.trace, "router", {"zinfer.model": source.name})
+    clients = load_public_keys(config.zmq_curve_clients) if config.zmq_curve_clients else None
+    ctx = CurveContext(clients=clients)
+    try:
+        async with trio.open_nursery() as nursery:
+            # hypercorn types an app as its own ASGI callable, which Starlette's signature does not match
+            await nursery.start(partial(hypercorn.trio.serve, build_app(state), hc))  # type: ignore[arg-type]
+            await trio.to_thread.run_sync(replicas.start)
+            try:
+                async with Router(ctx, replicas, options, facts.prompts, replicas.client_keys, tracing) as router:
+                    await router.wait_up(1)
+                    state.max_model_len = config.scheduler_config(source).max_model_len
+                    state.max_waiting = config.max_waiting
+                    state.model_aliases = set(served[1:]) if served else {str(source.path), source.path.name}
+                    state.system_fingerprint = fingerprint(str(source.path), config.device)
+                    state.extra["tool_syntax"] = call_syntax(source_chat_template(source))
+                    state.extra["model"] = facts
+                    state.sampling = sampling_defaults(source)
+                    state.metrics.replicas = router.replica_stats
+                    state.client = router
+                    if config.zmq_endpoints:
+                        keys = KeyPair.load(config.zmq_curve_secret) if config.zmq_curve_secret else None
+                        door = RouterFrontDoor(ctx, router, config.zmq_endpoints, keys)
+                        await nursery.start(door.run)
+                    log.warning("serving", url=f"http://{args.host}:{args.port}", zmq=list(config.zmq_endpoints),
+                                replicas=router.up)
+                    try:
+                        await trio.sleep_forever()
+                    finally:
+                        state.client = None  # new requests get 503 while the replicas drain
+                        with trio.CancelScope(shield=True):
+                            await router.drain_all()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(replicas.close)
+    finally:
+        ctx.destroy(linger=0)
+        if tracing is not None:
+            tracing.close()
+
