@@ -43,6 +43,8 @@ ALREADY_DONE = {
 KNOWN_SKIPS = {
     (".ci/run", "runs the whole suite, this test among it"),
     ("python3 -m pip install -e '.[dev]'", ALREADY_DONE["python3 -m pip install -e '.[dev]'"]),
+    ("zinfer serve --replicas 2 --threads 1 --model smollm2-135m",
+     "starts Ray and two replicas; tests/test_replicas.py serves them on a Ray cluster"),
 }
 
 # Text a block's output must contain (a user would notice its absence), by a piece of the block.
