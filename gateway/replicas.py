@@ -15,6 +15,7 @@ replicas are asked for; a serve without --replicas never imports it.
 from __future__ import annotations
 
 import os
+import uuid
 from typing import Any
 
 import msgspec
@@ -72,6 +73,7 @@ class RayReplicas:
         self.client = KeyPair.generate()
         self.actors: dict[str, Any] = {}
         self.started_ray = False
+        self.prefix = f"zinfer-{uuid.uuid4().hex[:8]}-"  # Ray actor names of this serve's replicas (`ray list actors`)
 
     @property
     def client_keys(self) -> ClientKeys | None:
@@ -112,10 +114,12 @@ class RayReplicas:
         config_json = msgspec.json.encode(self.config)
         for name in self.names():
             self.actors[name] = remote.options(
+                name=self.prefix + name, namespace=o.namespace,
                 num_cpus=o.num_cpus, num_gpus=o.num_gpus, max_restarts=o.max_restarts, max_task_retries=0,
                 max_concurrency=2, runtime_env={"env_vars": _engine_env(o.num_cpus)},
             ).remote(name, config_json, keys, o.host)
-        log.warning("replicas placed", replicas=o.replicas, ray_address=o.ray_address or "local",
+        log.warning("replicas placed", replicas=o.replicas, actors=f"{self.prefix}replica-*", namespace=o.namespace,
+                    ray_address=o.ray_address or "local",
                     cpus=o.num_cpus, gpus=o.num_gpus)
 
     def info(self, name: str, timeout_s: float = 5.0) -> ReplicaInfo:

@@ -198,7 +198,8 @@ class Router:
                     lost.add(link.name)
                     if len(lost) >= len(self.links):
                         lost.clear()  # every replica failed it once: any that returns may take it
-                    log.info("request moved", request_id=req.request_id, replica=link.name, tokens=len(stream.sent_ids))
+                    log.warning("request moved", request_id=req.request_id, lost=link.name,
+                                tokens_sent=len(stream.sent_ids))
         finally:
             if span is not None:
                 span.set_attribute("moves", stream.moves)

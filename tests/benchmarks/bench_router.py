@@ -1,0 +1,115 @@
+"""The router alone: requests per second and the time it adds per request, against stub
+replicas (tests/router_stubs.py) in another process, so this process holds the router only.
+
+Each request is a text prompt (a chat-sized system prompt plus a question, ~100 tokens)
+that the router tokenizes for its affinity key, and asks for one token. The same requests
+go straight to one stub through an AsyncClient (no router) for the baseline; the router's
+added time per request is the difference of the mean latencies at concurrency 1, and its
+throughput is measured at concurrency 64.
+
+    python tests/benchmarks/bench_router.py [--requests 20000] [--policy prefix]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import trio
+import zmq
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from router_stubs import StubReplica  # noqa: E402
+from zinfer.gateway.client import AsyncClient  # noqa: E402
+from zinfer.gateway.router import Router, RouterOptions, StaticReplicas  # noqa: E402
+from zinfer.gateway.router_policy import RoutePolicy  # noqa: E402
+from zinfer.messages.params import SamplingParams  # noqa: E402
+from zinfer.models.loader import open_model  # noqa: E402
+from zinfer.models.prompt import PromptBuilder  # noqa: E402
+
+ONE = SamplingParams(temperature=0.0, max_tokens=1)
+SYSTEM = "You are a careful assistant. Answer briefly and cite the section you used. " * 4
+
+
+def prompt(i: int) -> str:
+    return f"{SYSTEM}\nQuestion {i}: what does clause {i % 97} of the contract say about renewals?"
+
+
+async def serve_stubs(n: int) -> None:
+    """The child process: n stubs; prints their endpoints, serves until stdin closes."""
+    prompts = PromptBuilder.from_source(open_model("smollm2-135m"))
+    ctx = zmq.Context()
+    stubs = [StubReplica(ctx, prompts) for _ in range(n)]
+    async with trio.open_nursery() as nursery:
+        for s in stubs:
+            await nursery.start(s.run)
+        print(" ".join(s.endpoint for s in stubs), flush=True)
+        await trio.to_thread.run_sync(sys.stdin.read)
+        nursery.cancel_scope.cancel()
+
+
+async def timed(generate, n: int, concurrency: int) -> tuple[float, float]:
+    """(requests per second, mean latency in ms) of n one-token requests at the concurrency."""
+    limit = trio.Semaphore(concurrency)
+    total = 0.0
+
+    async def one(i: int) -> None:
+        nonlocal total
+        async with limit:
+            t = time.perf_counter()
+            async for _ in generate(prompt(i), params=ONE):
+                pass
+            total += time.perf_counter() - t
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(one, i)
+    wall = time.perf_counter() - t0
+    return n / wall, total / n * 1000
+
+
+async def main(args: argparse.Namespace) -> None:
+    child = subprocess.Popen([sys.executable, __file__, "--child", str(args.stubs)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdin is not None
+    endpoints = child.stdout.readline().split()
+    prompts = PromptBuilder.from_source(open_model("smollm2-135m"))
+    ctx = zmq.Context()
+    n = args.requests
+    try:
+        async with AsyncClient(ctx, endpoints[0]) as direct:
+            await timed(direct.generate, 500, 1)  # warm
+            d_rps1, d_lat1 = await timed(direct.generate, n // 10, 1)
+            d_rps, d_lat = await timed(direct.generate, n, 64)
+        source = StaticReplicas({f"stub-{i}": e for i, e in enumerate(endpoints)})
+        options = RouterOptions(policy=RoutePolicy(kind=args.policy))
+        async with Router(ctx, source, options, prompts) as router:
+            await router.wait_up(len(endpoints))
+            await timed(router.generate, 500, 1)
+            r_rps1, r_lat1 = await timed(router.generate, n // 10, 1)
+            r_rps, r_lat = await timed(router.generate, n, 64)
+    finally:
+        child.stdin.close()
+        child.wait()
+        ctx.destroy(linger=0)
+    print(f"policy {args.policy}, {len(endpoints)} stub replicas, {n} requests")
+    print(f"concurrency 1:  direct {d_lat1:.3f} ms/request, router {r_lat1:.3f} ms: "
+          f"the router adds {r_lat1 - d_lat1:.3f} ms")
+    print(f"concurrency 64: direct {d_rps:.0f} requests/s, router {r_rps:.0f} requests/s "
+          f"(mean latency {d_lat:.2f} / {r_lat:.2f} ms)")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        trio.run(serve_stubs, int(sys.argv[2]))
+    else:
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--requests", type=int, default=20000)
+        ap.add_argument("--stubs", type=int, default=2)
+        ap.add_argument("--policy", default="prefix", choices=("prefix", "load", "round_robin"))
+        trio.run(main, ap.parse_args())
