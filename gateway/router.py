@@ -124,6 +124,7 @@ class Router:
         self.table = RoutingTable(options.policy)
         self.links: dict[str, Link] = {}
         self.where: dict[str, Link] = {}  # request id -> the link serving it now
+        self.streams: dict[str, RoutedStream] = {}  # request id -> its stream, from arrival to its end
         self.changed = trio.Event()  # set (and replaced) whenever a replica goes up
         for name in source.names():
             self.table.add(name)
@@ -174,8 +175,12 @@ class Router:
             else None
         span = self.tracing.start("router", traceparent, {"request_id": req.request_id}) if self.tracing else None
         lost: set[str] = set()
+        self.streams.setdefault(req.request_id, stream)
         try:
             while not stream.done:
+                if stream.cancelled:  # cancelled while it moved between replicas
+                    yield stream.cancel()
+                    return
                 link = await self._choose(key, frozenset(lost))
                 if link is None or stream.moves > self.options.max_moves:
                     why = "no replica is up" if link is None else f"it lost {stream.moves} replicas"
@@ -201,6 +206,8 @@ class Router:
                     log.warning("request moved", request_id=req.request_id, lost=link.name,
                                 tokens_sent=len(stream.sent_ids))
         finally:
+            if self.streams.get(req.request_id) is stream:
+                del self.streams[req.request_id]
             if span is not None:
                 span.set_attribute("moves", stream.moves)
                 span.end()
@@ -236,6 +243,8 @@ class Router:
         link = self.where.get(request_id)
         if link is not None and link.client is not None:
             link.client.cancel(request_id)
+        elif request_id in self.streams:
+            self.streams[request_id].cancelled = True
 
     async def tokenize(self, text: str | None = None, *, messages: Sequence[MessageIn] | None = None,
                        add_special: bool = True, tools: Sequence[ToolIn] | None = None) -> list[int]:

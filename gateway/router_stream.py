@@ -46,6 +46,7 @@ class RoutedStream:
     finish_reason: str | None = None  # of choice 0, once a Delta carried one
     moves: int = 0  # replicas lost under this request
     done: bool = False
+    cancelled: bool = False  # the client cancelled it while no replica held it
     _continuing: bool = False  # the current replica serves a continuation
     _base_tokens: int = 0  # tokens generated before the current continuation
     _detok: IncrementalDetokenizer | None = None
@@ -90,6 +91,11 @@ class RoutedStream:
         params = msgspec.structs.replace(self.original.params, max_tokens=left)
         return msgspec.structs.replace(self.original, prompt=None, messages=None, tools=None,
                                        prompt_ids=prompt + self.sent_ids, params=params, add_special=False)
+
+    def cancel(self) -> ClientEvent:
+        """The Cancelled that ends a stream the client cancelled between two replicas."""
+        usage = Usage(self.started.prompt_tokens if self.started else 0, len(self.sent_ids))
+        return self._end(Cancelled(self.request_id, usage))
 
     def see(self, event: ClientEvent) -> list[ClientEvent]:
         """The events the client sees for one event of the current replica (the terminal
