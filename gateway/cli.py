@@ -29,6 +29,7 @@ from zinfer.gateway.bench_plan import bench_args  # noqa: E402
 from zinfer.gateway.cli_config import UsageError, engine_config  # noqa: E402
 from zinfer.gateway.run_command import run  # noqa: E402
 from zinfer.gateway.serve import serve  # noqa: E402
+from zinfer.gateway.serve_replicas import stdio_replicated  # noqa: E402
 from zinfer.gateway.stdio import stdio_main  # noqa: E402
 from zinfer.messages.curve import KeyPair, is_loopback, load_public_keys, write_keypairs  # noqa: E402
 from zinfer.models.convert import convert_gguf_to_hf  # noqa: E402
@@ -115,6 +116,26 @@ def engine_args(p: argparse.ArgumentParser) -> None:
                    help="also export trace spans over OTLP/HTTP (needs opentelemetry-exporter-otlp-proto-http)")
 
 
+def replica_args(p: argparse.ArgumentParser) -> None:
+    """`serve` and `stdio` with replicas on Ray behind a router (gateway/replicas.py, router.py)."""
+    p.add_argument("--replicas", type=int, default=0,
+                   help="run N engine replicas as Ray actors behind a router (needs the ray extra); "
+                   "0: one engine in this process")
+    p.add_argument("--ray-address", default=None,
+                   help="with --replicas: join this Ray cluster (e.g. auto, ray://head:10001) "
+                   "instead of starting a local Ray instance")
+    p.add_argument("--route-policy", default="prefix", choices=("prefix", "load", "round_robin"),
+                   help="with --replicas: prefix (affinity on the prompt's leading KV blocks, bounded load), "
+                   "load (least loaded) or round_robin")
+    p.add_argument("--route-prefix-blocks", type=int, default=4,
+                   help="with --route-policy prefix: leading KV blocks of a prompt that key its replica")
+    p.add_argument("--route-load-bound", type=float, default=1.25,
+                   help="with --route-policy prefix: a replica takes a keyed request while its open requests "
+                   "stay within this times the mean (+1)")
+    p.add_argument("--route-weights", default="open=1,waiting=1,kv=4",
+                   help="the load score's weights: requests open on the replica, its queue, its KV usage (0..1)")
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="zinfer", description="An actor-based streaming LLM inference engine.")
     ap.add_argument("--version", action="version", version=f"zinfer {package_version()}")
@@ -169,22 +190,8 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--trace-dir", default=None,
                        help="trace every round; write a Perfetto trace file here per --trace-window")
     serve.add_argument("--trace-window", type=float, default=60.0, help="seconds of trace per file under --trace-dir")
-    serve.add_argument("--replicas", type=int, default=0,
-                       help="run N engine replicas as Ray actors behind a router (needs the ray extra); "
-                       "0: one engine in this process")
-    serve.add_argument("--ray-address", default=None,
-                       help="with --replicas: join this Ray cluster (e.g. auto, ray://head:10001) "
-                       "instead of starting a local Ray instance")
-    serve.add_argument("--route-policy", default="prefix", choices=("prefix", "load", "round_robin"),
-                       help="with --replicas: prefix (affinity on the prompt's leading KV blocks, bounded load), "
-                       "load (least loaded) or round_robin")
-    serve.add_argument("--route-prefix-blocks", type=int, default=4,
-                       help="with --route-policy prefix: leading KV blocks of a prompt that key its replica")
-    serve.add_argument("--route-load-bound", type=float, default=1.25,
-                       help="with --route-policy prefix: a replica takes a keyed request while its open requests "
-                       "stay within this times the mean (+1)")
-    serve.add_argument("--route-weights", default="open=1,waiting=1,kv=4",
-                       help="the load score's weights: requests open on the replica, its queue, its KV usage (0..1)")
+    replica_args(serve)
+    replica_args(sub.choices["stdio"])
 
     p = sub.add_parser("keygen", help="write CURVE key pairs (server, client) for `serve --zmq-curve-*`")
     p.add_argument("dir", help="created if missing; existing key files are never overwritten")
@@ -302,7 +309,7 @@ def dispatch(args: argparse.Namespace) -> int:
         check_zmq_security(args)
         return serve(args)
     if args.command == "stdio":
-        return stdio_main(args)
+        return stdio_main(args, stdio_replicated if args.replicas else None)
     raise UsageError(f"unknown command {args.command!r}")
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Callable
 
 import msgspec
 import structlog
@@ -232,13 +233,18 @@ class StdioRelay:
         self.nursery.cancel_scope.cancel()
 
 
-def stdio_main(args: argparse.Namespace) -> int:
-    """Run the engine as a stdin/stdout JSON-lines server until stdin ends; exit status."""
+def stdio_main(args: argparse.Namespace, relay: Callable[[argparse.Namespace, int], None] | None = None) -> int:
+    """Run the engine as a stdin/stdout JSON-lines server until stdin ends; exit status.
+    relay: what serves the protocol on the file descriptor given it (default: one engine in
+    this process; `--replicas`: gateway/serve_replicas.py's router over Ray replicas)."""
     sys.stdout.flush()
     protocol_fd = os.dup(1)
     os.dup2(2, 1)  # from here on, anything printed to fd 1 lands on stderr
     sys.stdout = sys.stderr
-    trio.run(_stdio, args, protocol_fd)
+    if relay is not None:
+        relay(args, protocol_fd)
+    else:
+        trio.run(_stdio, args, protocol_fd)
     return 0
 
 
