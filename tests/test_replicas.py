@@ -1,13 +1,19 @@
-"""`zinfer serve --replicas 2` on a local Ray cluster of three raylets (a head without CPUs
-and two one-CPU nodes), SmolLM2 with one thread per replica: streamed greedy completions at
-concurrency 32 while replica processes are killed. Every request completes, a moved
-stream's text is the fault-free text, and afterwards /metrics shows nothing in flight and
-no KV block in use on any replica. The issue's full run (1,000 requests, 10 kills) is
-tests/benchmarks/bench_replicas.py."""
+"""`zinfer serve --replicas 2` and `zinfer stdio --replicas 2` on a local Ray cluster of three
+raylets (a head without CPUs and two one-CPU nodes), SmolLM2 with one thread per replica.
+
+Serve: streamed greedy completions at concurrency 32 while replica processes are killed;
+every request completes, a moved stream's text is the fault-free text, and afterwards
+/metrics shows nothing in flight and no KV block in use on any replica. The issue's full run
+(1,000 requests, 10 kills) is tests/benchmarks/bench_replicas.py.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -18,9 +24,14 @@ from replica_chaos import chaos, ray_cluster, replicated_server  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-async def test_requests_survive_killed_replicas_with_the_fault_free_text(tmp_path):
-    with ray_cluster(nodes=2) as address, \
-            replicated_server(address, "smollm2-135m", 2, tmp_path / "serve.log") as url:
+@pytest.fixture(scope="module")
+def cluster():
+    with ray_cluster(nodes=2) as address:
+        yield address
+
+
+async def test_requests_survive_killed_replicas_with_the_fault_free_text(cluster, tmp_path):
+    with replicated_server(cluster, "smollm2-135m", 2, tmp_path / "serve.log") as url:
         result = await chaos(url, n=120, concurrency=32, kills=3, replicas=2, max_tokens=8)
     log = (tmp_path / "serve.log").read_text()
     assert result.kills == 3
@@ -35,3 +46,22 @@ async def test_requests_survive_killed_replicas_with_the_fault_free_text(tmp_pat
     for k, v in m.items():
         if k.startswith(("zinfer_replica_kv_used_blocks{", "zinfer_replica_open_requests{")):
             assert v == 0, (k, v)
+
+
+def test_stdio_relays_through_the_router_and_exits_at_eof(cluster):
+    lines = [{"type": "generate", "request_id": f"r{i}", "prompt": f"Count to {i}:",
+              "params": {"temperature": 0, "max_tokens": 6}} for i in range(3)]
+    lines.append({"type": "stats", "request_id": "s"})
+    cmd = [sys.executable, "-m", "zinfer.gateway.cli", "stdio", "--model", "smollm2-135m", "--replicas", "2",
+           "--ray-address", cluster, "--threads", "1"]
+    done = subprocess.run(cmd, input="".join(json.dumps(x) + "\n" for x in lines), capture_output=True, text=True,
+                          timeout=240, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    events = [json.loads(x) for x in done.stdout.splitlines()]
+    assert events[0]["type"] == "ready"
+    for i in range(3):
+        mine = [e for e in events if e.get("request_id") == f"r{i}"]
+        assert [e["type"] for e in mine][0] == "started" and mine[-1]["type"] == "finished"
+        assert sum(e["type"] in ("finished", "failed", "cancelled", "rejected") for e in mine) == 1
+        assert "".join(e.get("text", "") for e in mine if e["type"] == "delta")
+    assert [e["type"] for e in events if e.get("request_id") == "s"] == ["stats"]

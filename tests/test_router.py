@@ -19,6 +19,8 @@ from zinfer.messages.client import TERMINAL_EVENTS, Cancelled, ClientEvent, Delt
 from zinfer.messages.params import SamplingParams
 from zinfer.models.loader import open_model
 from zinfer.models.prompt import PromptBuilder
+from zinfer.traces.config import TraceConfig
+from zinfer.traces.setup import Tracing
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 PROMPTS = [f"the router test prompt number {i} " * 3 for i in range(6)]
@@ -199,3 +201,20 @@ async def test_the_routers_zmq_front_door_speaks_the_engine_protocol(ctx, prompt
     assert all(e.request_id == "same" for e in first + second)
     assert text_and_ids(first) == text_and_ids(second) and isinstance(first[-1], Finished)
     assert stats.kv_blocks == 100 and b"bad_request" in reply
+
+
+async def test_the_replica_gets_the_router_span_as_its_parent_in_the_clients_trace(ctx, prompts, tmp_path):
+    tracing = Tracing(TraceConfig(dir=str(tmp_path)), "router")
+    stub = StubReplica(ctx, prompts)
+    client_trace, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(stub.run)
+        async with Router(ctx, StaticReplicas({"a": stub.endpoint}), options(), prompts, tracing=tracing) as router:
+            await router.wait_up(1)
+            await collect(router.generate(PROMPTS[0], params=GREEDY, traceparent=f"00-{client_trace}-{client_span}-01"))
+        nursery.cancel_scope.cancel()
+    tracing.close()
+    sent = stub.seen[0].traceparent
+    assert sent is not None
+    _, trace_id, span_id, _ = sent.split("-")
+    assert trace_id == client_trace and span_id != client_span  # the router's span, in the client's trace
