@@ -8,6 +8,10 @@ int8 kernel: GMAC/s of `--rows` activation rows as cpu-fast multiplies them (out
 products for u5, k4 and u6 tasks of 32+ rows, kernels/cpu_fast/int8/ir_outer.py) and by the row
 kernels alone (the same job table with its outer-product columns zeroed), each as a share
 of the N-thread peak. Best of `--repeat`. Needs AVX512-VNNI (the peak loop is vpdpbusd).
+
+On a CPU with AMX-INT8 (and the process permitted its tiles) it also prints the tiles' peak
+(amx_ir.peak_ir: tdpbssd on 4 C tiles held in registers, 1 and N threads) and each
+matrix on the tiles (kernels/cpu_fast/int8/amx_products.py), as a share of that peak.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from gguf import GGMLQuantizationType as QT
 
 from zinfer.devices.cpu_fast import FastCpuDevice
 from zinfer.kernels.cpu_fast.int8 import products as ci
+from zinfer.kernels.cpu_fast.int8 import amx_host, amx_ir
 from zinfer.kernels.cpu_fast.int8 import ir as int8_ir
 from zinfer.kernels.cpu_fast import llvm_host
 from zinfer.models.loader import open_model
@@ -69,6 +74,30 @@ def peak_gmacs(threads: int, iterations: int = 20_000_000) -> float:
     return threads * iterations * 2 * _ACCUMULATORS * 32 / best / 1e9
 
 
+def _threads_rate(fn, threads: int, per_thread_macs: float) -> float:
+    """GMAC/s of fn() run on `threads` threads at once (ctypes releases the GIL), best of 3."""
+    best = float("inf")
+    for _ in range(3):
+        workers = [threading.Thread(target=fn) for _ in range(threads)]
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best = min(best, time.perf_counter() - start)
+    return threads * per_thread_macs / best / 1e9
+
+
+def amx_peak_gmacs(threads: int, iterations: int = 500_000) -> float:
+    """GMAC/s of the AMX peak loop (amx_ir.peak_ir) on `threads` threads at once."""
+    fn = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p)(
+        llvm_host.compile_for_host(amx_ir.peak_ir(), ["amx_peak"])["amx_peak"])
+    scratch = [np.zeros(8192, np.uint8) for _ in range(threads)]
+    calls = iter(scratch * 3)
+    return _threads_rate(lambda: fn(iterations, next(calls).ctypes.data), threads,
+                         iterations * amx_ir.PEAK_MACS_PER_ITERATION)
+
+
 def _best(fn, repeat: int) -> float:
     fn()
     times = []
@@ -90,22 +119,31 @@ def main() -> None:
         raise SystemExit("needs AVX512-VNNI (the peak loop is vpdpbusd)")
     one, peak = peak_gmacs(1), peak_gmacs(args.threads)
     print(f"vpdpbusd peak: {one:.1f} GMAC/s on 1 thread, {peak:.1f} on {args.threads}")
+    amx = amx_host.tiles_permitted()
+    amx_peak = amx_peak_gmacs(args.threads) if amx else 0.0
+    if amx:
+        print(f"AMX tdpbssd peak: {amx_peak_gmacs(1):.1f} GMAC/s on 1 thread, {amx_peak:.1f} on {args.threads}")
     src = open_model(args.model)
     dev = FastCpuDevice(threads=args.threads)
-    print(f"{'matrix':28} {'type':6} {'kind':4} {'shape':>12}   outer GMAC/s (% peak)   rows only (% peak)")
+    amx_head = "   AMX GMAC/s (% AMX peak)" if amx else ""
+    print(f"{'matrix':28} {'type':6} {'kind':4} {'shape':>12}   outer GMAC/s (% peak)   rows only (% peak){amx_head}")
     for name, tensor in sorted(src.tensors.items()):
         if not name.startswith("blk.0.") or len(tensor.shape) != 2:
             continue
         w = dev.upload(name, tensor)
         if getattr(w, "int8", None) is None:
             continue
-        jobs = ci.jobs_for([w.int8])
+        tiles = ci.jobs_for([w.int8])
+        jobs = tiles._replace(amx=None)  # the VNNI kernels alone
         rows_only = ci.Jobs(jobs.weights, jobs.table.copy(), jobs.bounds)
         rows_only.table[:, ci.JOB_COLUMNS - 3 :] = 0  # no outer-product kernels: every task on the row kernels
         x = np.random.default_rng(0).standard_normal((args.rows, w.shape[1]), dtype=np.float32)
         macs = args.rows * w.shape[0] * w.shape[1] / 1e9
         rates = [macs / _best(lambda j=j: ci.matmul_many(j, x), args.repeat) for j in (jobs, rows_only)]
         cells = "   ".join(f"{r:7.1f} ({100 * r / peak:4.1f}%)" for r in rates)
+        if amx and tiles.amx is not None:
+            rate = macs / _best(lambda: ci.matmul_many(tiles, x), args.repeat)
+            cells += f"   {rate:7.1f} ({100 * rate / amx_peak:4.1f}%)"
         print(f"{name:28} {QT(tensor.qtype).name:6} {w.int8.kind:4} {str(tuple(w.shape)):>12}   {cells}")
 
 
