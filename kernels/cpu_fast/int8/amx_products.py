@@ -1,6 +1,6 @@
 """The int8 products of rounds with many rows on AMX tiles: activations rounded for the tile
 kernels, the parallel driver over (weight rows, activation rows) tasks, and the kernels'
-compile. products.py calls `product` for a launch of at least MIN_ROWS activation rows
+compile. products.py calls `product` for a launch of at least MIN_ROWS activation rows (a whole tile)
 whose matrices all have a tile layout (amx_layout.py); fewer rows keep the VNNI kernels.
 
 The activations are the VNNI kernels' codes (rounded per 32 columns, per 256 for the
@@ -28,7 +28,7 @@ from zinfer.kernels.cpu_fast.kernel_signature import call_kernel
 from zinfer.kernels.cpu_fast.numba_types import Int
 
 # activation rows of a launch from which the tiles beat the VNNI kernels (BENCHMARKS.md: measured per row count)
-MIN_ROWS = 32
+MIN_ROWS = 16
 ROWS_PER_TASK = 32  # weight rows per parallel task (one kernel step)
 ACT_ROWS_PER_TASK = 128  # activation rows per parallel task
 PAD_ROWS = 32  # the kernels' step of activation rows
