@@ -207,6 +207,8 @@ class FrontDoorActor:
                 s.kv_cached_blocks,
                 s.rounds,
                 len(self.requests),
+                s.drafted_tokens,
+                s.accepted_tokens,
             ))
         elif isinstance(req, Detokenize):
             self.tasks.start_soon(self._detokenize, peer, req)
@@ -334,6 +336,8 @@ class FrontDoorActor:
             return
         index, choice = next((i, c) for i, c in enumerate(r.choices) if c.seq_id == out.seq_id)
         r.cached_tokens = max(r.cached_tokens, out.cached_tokens)
+        r.drafted_tokens += out.drafted
+        r.accepted_tokens += out.accepted
         if not r.first_token:
             r.first_token = time.perf_counter()
         text, reason = choice.feed(out.token_ids, out.finish_reason)

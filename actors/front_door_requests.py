@@ -48,6 +48,8 @@ class Request:
     prompt_ids: list[int]
     choices: list[Choice]
     cached_tokens: int = 0
+    drafted_tokens: int = 0  # speculative decoding, over its choices
+    accepted_tokens: int = 0
     logprobs: bool = False
     top_n: int = 0
     params: SamplingParams = field(default_factory=SamplingParams)  # for the request's log line
@@ -56,7 +58,8 @@ class Request:
     span: Span | None = None  # its "request" span while tracing
 
     def usage(self) -> Usage:
-        return Usage(len(self.prompt_ids), sum(c.tokens for c in self.choices), self.cached_tokens)
+        return Usage(len(self.prompt_ids), sum(c.tokens for c in self.choices), self.cached_tokens,
+                     self.drafted_tokens, self.accepted_tokens)
 
     def delta(self, index: int, out: SeqOutput, text: str, reason: str | None) -> Delta:
         """The client event for choice `index`: its text, its tokens, and their logprobs if asked."""

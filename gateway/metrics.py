@@ -55,8 +55,9 @@ class Metrics:
         self.in_flight = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
-        # with replicas (gateway/router.py): each replica's last stats by name, None while it is down
-        self.replicas: Callable[[], dict[str, EngineStats | None]] | None = None
+        # with replicas (gateway/router.py): by replica name, its last stats (None while it is down)
+        # and the requests the router has sent it (moved ones count on each replica that had them)
+        self.replicas: Callable[[], dict[str, tuple[EngineStats | None, int]]] | None = None
 
     def open(self) -> "RequestRecord":
         """Start accounting for one generation request (arrived now)."""
@@ -94,6 +95,11 @@ class Metrics:
             ]
             for name, help_, value in gauges:
                 metric(name, "gauge", help_, [f"{name} {value}"])
+            counter("zinfer_spec_drafted_tokens_total", "Speculative tokens drafted.", stats.drafted_tokens)
+            counter("zinfer_spec_accepted_tokens_total", "Speculative tokens verification kept.", stats.accepted_tokens)
+            rate = round(stats.accepted_tokens / stats.drafted_tokens, 6) if stats.drafted_tokens else 0.0
+            metric("zinfer_spec_acceptance_ratio", "gauge", "Accepted over drafted speculative tokens.",
+                   [f"zinfer_spec_acceptance_ratio {rate}"])
         if self.replicas is not None:
             out.extend(replica_lines(self.replicas()))
         return "\n".join(out) + "\n"
@@ -110,13 +116,15 @@ REPLICA_GAUGES = (
 )
 
 
-def replica_lines(replicas: dict[str, EngineStats | None]) -> list[str]:
-    """Per-replica gauges labelled replica="name", from each one's last stats (a replica
-    that is down shows zinfer_replica_up 0 and no other gauge)."""
-    out: list[str] = []
+def replica_lines(replicas: dict[str, tuple[EngineStats | None, int]]) -> list[str]:
+    """Per-replica counters and gauges labelled replica="name": the requests routed to it, and
+    its last stats (a replica that is down shows zinfer_replica_up 0 and no other gauge)."""
+    name = "zinfer_replica_requests_total"
+    out = [f"# HELP {name} Requests the router sent the replica.", f"# TYPE {name} counter"]
+    out += [f'{name}{{replica="{replica}"}} {routed}' for replica, (_, routed) in sorted(replicas.items())]
     for name, help_, attr in REPLICA_GAUGES:
         out += [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
-        for replica, stats in sorted(replicas.items()):
+        for replica, (stats, _) in sorted(replicas.items()):
             if attr == "up":
                 out.append(f'{name}{{replica="{replica}"}} {int(stats is not None)}')
             elif stats is not None:

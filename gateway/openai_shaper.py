@@ -216,4 +216,9 @@ def usage_body(u: Usage) -> Body:
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        # speculative decoding's drafts, as OpenAI reports predicted outputs
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": u.accepted_tokens,
+            "rejected_prediction_tokens": u.drafted_tokens - u.accepted_tokens,
+        },
     }

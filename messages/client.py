@@ -139,6 +139,8 @@ class Usage(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    drafted_tokens: int = 0  # speculative decoding: tokens drafted for the request
+    accepted_tokens: int = 0  # of those, the ones verification kept (part of completion_tokens)
 
 
 class Finished(msgspec.Struct, tag="finished", **_MAP):
@@ -195,6 +197,8 @@ class EngineStats(msgspec.Struct, tag="stats", **_MAP):
     kv_cached_blocks: int = 0
     rounds: int = 0
     open_requests: int = 0
+    drafted_tokens: int = 0  # speculative tokens drafted since the engine started
+    accepted_tokens: int = 0  # of those, the ones verification kept
 
 
 ClientEvent = Union[Started, Delta, Finished, Cancelled, Rejected, Failed, TokenizeResult, EngineStats]
