@@ -8,6 +8,7 @@ import argparse
 import msgspec
 
 from zinfer.actors.engine import EngineConfig
+from zinfer.actors.speculation import SpeculationConfig
 from zinfer.gateway.replicas import ReplicaOptions, replica_resources
 from zinfer.gateway.router import RouterOptions
 from zinfer.gateway.router_policy import RoutePolicy
@@ -55,11 +56,26 @@ def engine_config(args: argparse.Namespace, trace: TraceConfig | None = None) ->
         max_waiting=args.max_waiting,
         topology=args.topology,
         num_blocks=args.num_blocks,
+        speculation=speculation_config(args),
         zmq_endpoints=(args.zmq,) if getattr(args, "zmq", None) else (),
         zmq_curve_secret=getattr(args, "zmq_curve_secret", None) or "",
         zmq_curve_clients=getattr(args, "zmq_curve_clients", None) or "",
         trace=trace or trace_config(args),
     )
+
+
+def speculation_config(args: argparse.Namespace) -> SpeculationConfig:
+    """--speculate and its limits (defaults where a command has no such flags); bad values are a UsageError."""
+    config = SpeculationConfig(
+        mode=getattr(args, "speculate", "off"),
+        max_draft=getattr(args, "speculate_max_draft", 8),
+        max_batch=getattr(args, "speculate_max_batch", 4),
+    )
+    try:
+        config.validate()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return config
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:

@@ -6,7 +6,7 @@ becomes param "temperature"). Every number, string and list is bounded here or i
 SamplingParams.validate(), so nothing a client sends can fail to encode on the way to
 the engine. Unknown fields are ignored, as OpenAI-compatible servers do. Extensions
 taken the way vLLM and llama-server take them, as extra body fields: top_k (-1 or 0:
-off), min_p, repetition_penalty, ignore_eos. The structured-output fields (response_format,
+off), min_p, repetition_penalty, ignore_eos, speculative ("ngram" / "off"). The structured-output fields (response_format,
 guided_*, structured_outputs, json_schema, grammar) are decoded as given and checked in
 gateway/openai_constraints.py.
 """
@@ -141,6 +141,7 @@ class _Sampling(msgspec.Struct, kw_only=True):
     min_p: Unit | None = None
     repetition_penalty: Annotated[float, Meta(gt=0.0)] | None = None
     ignore_eos: bool = False
+    speculative: str | None = None  # "ngram" or "off" (speculative decoding's drafts); None: the server's default
     # Structured output, checked and turned into one Constraint by gateway/openai_constraints.py:
     response_format: Any = None  # OpenAI
     guided_json: Any = None  # vLLM's guided_* and structured_outputs
@@ -319,6 +320,7 @@ def sampling_params(
         ignore_eos=req.ignore_eos,
         logprobs=logprobs,
         n=req.n or 1,
+        speculative=req.speculative,
     )
     try:
         p.validate()

@@ -21,6 +21,7 @@ from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.registry import make_device
 from zinfer.gateway.api import EngineConfig, EngineThread
 from zinfer.gateway.client import AsyncClient
+from zinfer.gateway.openai_schema import ApiError, ChatRequest, CompletionRequest, parse, sampling_params
 from zinfer.messages.client import Delta, Finished
 from zinfer.messages.params import Constraint, SamplingParams
 from zinfer.models.forward import round_logits
@@ -144,3 +145,14 @@ def _binned(observed: np.ndarray, expected: np.ndarray, least: float = 5.0) -> t
     obs = np.append(observed[big], observed[~big].sum())
     exp = np.append(expected[big], expected[~big].sum())
     return obs, exp * obs.sum() / exp.sum()
+
+
+def test_the_openai_field_and_the_server_flag_choose_drafts_and_refuse_others():
+    body = b'{"messages": [{"role": "user", "content": "hi"}], "speculative": "ngram"}'
+    assert sampling_params(parse(body, ChatRequest), 64).speculative == "ngram"
+    assert sampling_params(parse(b'{"prompt": "x"}', CompletionRequest), 64).speculative is None  # the server's
+    with pytest.raises(ApiError) as bad:
+        sampling_params(parse(body.replace(b'"ngram"', b'"eagle"'), ChatRequest), 64)
+    assert bad.value.status == 400 and bad.value.param == "speculative"
+    with pytest.raises(ValueError, match="speculation mode"):
+        EngineConfig(speculation=SpeculationConfig(mode="medusa"))
