@@ -6,9 +6,9 @@ becomes param "temperature"). Every number, string and list is bounded here or i
 SamplingParams.validate(), so nothing a client sends can fail to encode on the way to
 the engine. Unknown fields are ignored, as OpenAI-compatible servers do. Extensions
 taken the way vLLM and llama-server take them, as extra body fields: top_k (-1 or 0:
-off), min_p, repetition_penalty, ignore_eos, speculative ("ngram" / "off"). The structured-output fields (response_format,
-guided_*, structured_outputs, json_schema, grammar) are decoded as given and checked in
-gateway/openai_constraints.py.
+off), min_p, repetition_penalty, ignore_eos, speculative ("ngram" / "off"). The
+structured-output fields (response_format, guided_*, structured_outputs, json_schema,
+grammar) are decoded as given and checked in gateway/openai_constraints.py.
 """
 
 from __future__ import annotations
