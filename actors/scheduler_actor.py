@@ -151,6 +151,17 @@ class SchedulerActor:
             "kv_used_blocks": kv.used_blocks,
             "kv_free_blocks": kv.num_blocks - kv.used_blocks,
             "preemptions": core.preemptions,
+            "drafted_tokens": sum(len(c.draft) for c in plan.chunks),
             "zinfer.actor": "scheduler",
         }
         tracing.record(SCHEDULE, parents[0] if parents else None, attrs, parents, t0)
+        drafted = [c for c in plan.chunks if c.draft]
+        if drafted:  # speculative decoding: the drafts this round verifies, planned with it
+            draft_parents = [c.seq.traceparent for c in drafted if c.seq.traceparent]
+            draft_attrs = {
+                "round_id": core.round_id,
+                "seq_ids": [c.seq.seq_id for c in drafted],
+                "drafted_tokens": [len(c.draft) for c in drafted],
+                "zinfer.actor": "scheduler",
+            }
+            tracing.record("draft", draft_parents[0] if draft_parents else None, draft_attrs, draft_parents, t0)

@@ -19,6 +19,7 @@ from zinfer.actors.speculation import SpeculationConfig
 from zinfer.actors.speculation_verify import full_row_sampler, verify_rows
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.registry import make_device
+from zinfer.actors.engine import open_engine
 from zinfer.gateway.api import EngineConfig, EngineThread
 from zinfer.gateway.client import AsyncClient
 from zinfer.gateway.openai_schema import ApiError, ChatRequest, CompletionRequest, parse, sampling_params
@@ -27,6 +28,10 @@ from zinfer.messages.params import Constraint, SamplingParams
 from zinfer.models.forward import round_logits
 from zinfer.models.loader import open_model
 from zinfer.models.weight_cache import build_device_weights
+from zinfer.traces.check import check_trace
+from zinfer.traces.config import TraceConfig
+from zinfer.traces.merge import merge_parts
+from zinfer.traces.parts import part_files
 
 # prompts whose text repeats, so prompt lookup finds drafts
 PROMPTS = [
@@ -156,3 +161,20 @@ def test_the_openai_field_and_the_server_flag_choose_drafts_and_refuse_others():
     assert bad.value.status == 400 and bad.value.param == "speculative"
     with pytest.raises(ValueError, match="speculation mode"):
         EngineConfig(speculation=SpeculationConfig(mode="medusa"))
+
+
+async def test_draft_and_verify_spans_in_the_trace(tmp_path):
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", "llama")
+    config = EngineConfig(model=str(path), device="cpu", speculation=SpeculationConfig(mode="ngram"),
+                          trace=TraceConfig(dir=str(tmp_path / "trace")))
+    async with open_engine(config) as engine:
+        async with AsyncClient(engine.ctx, engine.addrs.frontend) as client:
+            _, _, end = await _collect(client, PROMPTS[2], SamplingParams(temperature=0.0, max_tokens=16))
+    assert isinstance(end, Finished) and end.usage.drafted_tokens > 0
+    doc = merge_parts(part_files(tmp_path / "trace"))
+    assert check_trace(doc) == []
+    events = [e for e in doc["traceEvents"] if e["ph"] == "X" and "trace_id" in e.get("args", {})]  # spans, not mirrors
+    drafts = [e for e in events if e["name"] == "draft"]
+    verifies = [e for e in events if e["name"].endswith("verify") and e["args"].get("drafted_tokens")]
+    assert drafts and sum(sum(e["args"]["drafted_tokens"]) for e in drafts) == end.usage.drafted_tokens
+    assert len(verifies) == len(drafts)
