@@ -1,0 +1,43 @@
+"""Speculative decoding on a real model on the default device (cpu-fast here): greedy code edits with
+prompt-lookup drafts give exactly the tokens plain decoding gives, and drafts are kept (slow tier)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+
+from conftest import _model
+from zinfer.actors.speculation import SpeculationConfig
+from zinfer.gateway.api import EngineConfig, EngineThread
+from zinfer.gateway.client import AsyncClient
+from zinfer.messages.client import Delta, Finished
+from zinfer.messages.params import SamplingParams
+
+CHATS = [p["messages"] for p in json.loads((Path(__file__).parent / "benchmarks/speculative_prompts.json").read_text())]
+
+
+@pytest.mark.slow
+def test_code_edits_with_drafts_equal_plain_greedy_on_qwen_coder():
+    config = EngineConfig(model=str(_model("qwen2.5-coder-0.5b")), max_running=2,
+                          speculation=SpeculationConfig(mode="ngram"))
+
+    async def run(engine: EngineThread) -> None:
+        async with AsyncClient(engine.ctx, engine.address) as client:
+            for chat in (CHATS[0], CHATS[8]):
+                outputs = {}
+                for mode in ("off", "ngram"):
+                    ids: list[int] = []
+                    async for ev in client.generate(messages=chat, params=SamplingParams(
+                            temperature=0.0, max_tokens=40, speculative=mode)):
+                        ids += ev.token_ids if isinstance(ev, Delta) else []
+                        end = ev
+                    assert isinstance(end, Finished)
+                    outputs[mode] = (ids, end.usage)
+                assert outputs["ngram"][0] == outputs["off"][0]
+                assert outputs["ngram"][1].accepted_tokens > 10, "the edited code is mostly drafted from the prompt"
+
+    with EngineThread(config) as engine:
+        trio.run(run, engine)
