@@ -42,9 +42,11 @@ from zinfer.messages.params import SamplingParams
 from zinfer.models.loader import resolve
 
 
-async def _group(client: AsyncClient, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[Stream]]:
-    """Send every prompt at once; (arrival time, each request's token arrival times)."""
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+async def _group(client: AsyncClient, prompts: list[list[int]], max_tokens: int, speculative: str | None = None
+                 ) -> tuple[float, list[Stream]]:
+    """Send every prompt at once; (arrival time, each request's token arrival times). speculative:
+    each request's drafts ("off", "ngram"; None: the server's default)."""
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, speculative=speculative)
     streams: list[Stream] = [[] for _ in prompts]
 
     async def one(ids: list[int], times: Stream) -> None:
@@ -78,11 +80,27 @@ async def bench_engine(config: EngineConfig, plan: Plan) -> dict[str, Any]:
         one_at_a_time = [await _group(client, [ids], 1) for ids in prompts["prefill"]]
         prefill_s = sum(s[0][-1] - t for t, s in one_at_a_time)
         result: dict[str, Any] = {"prefill": {"prefill_tok_s": plan.prefill_requests * plan.prefill_len / prefill_s}}
+        # --speculate: the plain workloads with drafts off, then each once more with drafts ("..._spec")
+        mode = config.speculation.mode
+        plain = "off" if mode != "off" else None
         say("zinfer: decode, batch 1")
-        result["decode_b1"] = summarize([await _group(client, [ids], plan.output_len) for ids in prompts["decode_b1"]])
+        result["decode_b1"] = summarize(
+            [await _group(client, [ids], plan.output_len, plain) for ids in prompts["decode_b1"]])
         for n in plan.streams:
             say(f"zinfer: {n} streams")
-            result[f"streams_{n}"] = summarize([await _group(client, prompts[f"streams_{n}"], plan.output_len)])
+            result[f"streams_{n}"] = summarize([await _group(client, prompts[f"streams_{n}"], plan.output_len, plain)])
+        if mode != "off":
+            before = await client.stats()
+            say(f"zinfer: decode, batch 1, speculative {mode}")
+            result["decode_b1_spec"] = summarize(
+                [await _group(client, [ids], plan.output_len, mode) for ids in prompts["decode_b1"]])
+            for n in plan.streams:
+                say(f"zinfer: {n} streams, speculative {mode}")
+                result[f"streams_{n}_spec"] = summarize(
+                    [await _group(client, prompts[f"streams_{n}"], plan.output_len, mode)])
+            after = await client.stats()
+            result["speculation"] = {"mode": mode, "drafted_tokens": after.drafted_tokens - before.drafted_tokens,
+                                     "accepted_tokens": after.accepted_tokens - before.accepted_tokens}
         spec = engine.source.spec
         result["model"] = engine.source.name
         result["device"] = engine.config.device  # the resolved device (auto -> ...)

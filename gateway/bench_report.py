@@ -53,6 +53,13 @@ def rows(plan: Plan, ours: Figures, theirs: Figures | None, unified: Figures | N
     for n in plan.streams:
         spec.append((f"streams_{n}", "e2e_tok_s", f"{n} streams, end to end", theirs))
         spec.append((f"streams_{n}", "decode_tok_s", f"{n} streams, decode window", theirs))
+    if "decode_b1_spec" in ours:  # --speculate: the same workloads with drafts, against llama.cpp's plain decoding
+        mode = ours["speculation"]["mode"]
+        spec.append(("decode_b1_spec", "decode_tok_s", f"decode, batch 1, speculative {mode}", {
+            "decode_b1_spec": theirs.get("decode_b1", {})}))
+        for n in plan.streams:
+            spec.append((f"streams_{n}_spec", "e2e_tok_s", f"{n} streams, end to end, speculative {mode}", {
+                f"streams_{n}_spec": theirs.get(f"streams_{n}", {})}))
     if unified:
         n = max(plan.streams)
         spec.append((f"streams_{n}", "e2e_tok_s", f"{n} streams, end to end, llama.cpp unified KV", unified))
@@ -125,6 +132,11 @@ def print_table(report: Figures) -> None:
             print(f"zinfer {n} streams: ttft p50/p99 {ttft['p50_ms']:.0f}/{ttft['p99_ms']:.0f} ms, "
                   f"itl p50/p99 {itl['p50_ms']:.1f}/{itl['p99_ms']:.1f} ms, "
                   f"first completion {s['first_completion_s']:.2f} s, last first token {s['last_first_token_s']:.2f} s")
+    if "speculation" in ours:
+        s = ours["speculation"]
+        rate = s["accepted_tokens"] / s["drafted_tokens"] if s["drafted_tokens"] else 0.0
+        print(f"zinfer speculative {s['mode']}: {s['drafted_tokens']} tokens drafted, {s['accepted_tokens']} accepted "
+              f"({rate:.0%}); plain rows ran with drafts off")
     if "rounds" in ours:
         outside = ours["bus_overhead_ms_per_round"]
         print(f"zinfer rounds {ours['rounds']}, time outside the forward {outside:.2f} ms/round")

@@ -6,6 +6,7 @@ keeps the sampled distribution: a chi-square test on the tiny model's logits ove
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.registry import make_device
 from zinfer.actors.engine import open_engine
 from zinfer.gateway.api import EngineConfig, EngineThread
+from zinfer.gateway.cli import main as cli_main
 from zinfer.gateway.client import AsyncClient
 from zinfer.gateway.openai_schema import ApiError, ChatRequest, CompletionRequest, parse, sampling_params
 from zinfer.messages.client import Delta, Finished
@@ -178,3 +180,20 @@ async def test_draft_and_verify_spans_in_the_trace(tmp_path):
     verifies = [e for e in events if e["name"].endswith("verify") and e["args"].get("drafted_tokens")]
     assert drafts and sum(sum(e["args"]["drafted_tokens"]) for e in drafts) == end.usage.drafted_tokens
     assert len(verifies) == len(drafts)
+
+
+def test_zinfer_bench_speculate_adds_speculative_rows(capsys, tmp_path):
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", "llama")
+    argv = ["bench", "--model", str(path), "--device", "cpu", "--prefill-len", "16", "--prefill-requests", "1",
+            "--prompt-len", "16", "--output-len", "12", "--decode-requests", "1", "--streams", "2",
+            "--bandwidth-mib", "0", "--speculate", "ngram", "--json"]
+    with pytest.raises(SystemExit) as done:
+        cli_main(argv)
+    out = capsys.readouterr()
+    assert done.value.code == 0, out.err
+    report = json.loads(out.out)
+    labels = {r["label"]: r for r in report["rows"]}
+    assert labels["decode, batch 1, speculative ngram"]["zinfer"] > 0
+    assert labels["2 streams, end to end, speculative ngram"]["zinfer"] > 0
+    assert report["zinfer"]["streams_2_spec"]["tokens"] == report["zinfer"]["streams_2"]["tokens"] == 24
+    assert report["zinfer"]["speculation"]["drafted_tokens"] >= report["zinfer"]["speculation"]["accepted_tokens"]
