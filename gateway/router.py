@@ -269,9 +269,10 @@ class Router:
             total.open_requests += s.open_requests
         return total
 
-    def replica_stats(self) -> dict[str, EngineStats | None]:
-        """Each replica's last stats by name (None while it is down)."""
-        return {n: (link.stats if link.client is not None else None) for n, link in self.links.items()}
+    def replica_stats(self) -> dict[str, tuple[EngineStats | None, int]]:
+        """By replica name: its last stats (None while it is down) and the requests routed to it."""
+        return {n: (link.stats if link.client is not None else None, self.table.replicas[n].routed)
+                for n, link in self.links.items()}
 
     async def drain(self, name: str, timeout_s: float | None = None) -> None:
         """Take no more requests on the replica, let its requests finish (up to timeout_s,

@@ -74,6 +74,7 @@ class ReplicaState:
     up: bool = False
     draining: bool = False
     open: int = 0  # requests the router has sent it and not seen end
+    routed: int = 0  # requests the router has sent it in all
     waiting: int = 0  # its queue, as of its last stats
     running: int = 0
     kv_blocks: int = 0
@@ -139,7 +140,9 @@ class RoutingTable:
         self._points = [p for p, _ in self._ring]
 
     def opened(self, name: str) -> None:
-        self.replicas[name].open += 1
+        r = self.replicas[name]
+        r.open += 1
+        r.routed += 1
 
     def closed(self, name: str) -> None:
         r = self.replicas.get(name)

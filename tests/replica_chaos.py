@@ -1,5 +1,5 @@
 """Replicas under fire: a `zinfer serve --replicas N` subprocess joined to a local Ray cluster
-(ray.cluster_utils.Cluster, several raylets on this machine), streamed completions at a
+(ray.cluster_utils.Cluster, several raylets on this machine), streamed chat completions at a
 fixed concurrency while replica processes are killed (SIGKILL) at random moments.
 
 Used by tests/test_replicas.py (a lean run) and tests/benchmarks/bench_replicas.py (the
@@ -38,6 +38,7 @@ class ChaosResult:
     errors: list[str] = field(default_factory=list)
     mismatched: list[tuple[str, str, str]] = field(default_factory=list)  # prompt, expected, got
     kills: int = 0
+    midstream: int = 0  # requests now open that have streamed text
     seconds: float = 0.0
     metrics_after: dict[str, float] = field(default_factory=dict)
 
@@ -113,22 +114,31 @@ def read_metrics(url: str) -> dict[str, float]:
                                        if line and not line.startswith("#"))}
 
 
-async def stream_completion(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int) -> tuple[str, str]:
-    """(text, finish_reason) of one streamed greedy completion; raises on an error event."""
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
-    text, reason = [], ""
-    async with client.stream("POST", url + "/v1/completions", json=body, timeout=300) as resp:
-        if resp.status_code != 200:
-            raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(f"error event: {chunk['error']}")
-            choice = chunk["choices"][0]
-            text.append(choice.get("text") or "")
-            reason = choice.get("finish_reason") or reason
+async def stream_completion(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int,
+                            result: ChaosResult | None = None) -> tuple[str, str]:
+    """(text, finish_reason) of one streamed greedy chat completion; raises on an error event.
+    result.midstream counts it while it is open after its first text."""
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+            "stream": True}
+    text, reason, counted = [], "", False
+    try:
+        async with client.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as resp:
+            if resp.status_code != 200:
+                raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    raise RuntimeError(f"error event: {chunk['error']}")
+                choice = chunk["choices"][0]
+                text.append(choice.get("delta", {}).get("content") or "")
+                reason = choice.get("finish_reason") or reason
+                if result is not None and text[-1] and not counted and not reason:
+                    counted, result.midstream = True, result.midstream + 1
+    finally:
+        if counted and result is not None:
+            result.midstream -= 1
     return "".join(text), reason
 
 
@@ -143,7 +153,7 @@ async def run_load(url: str, prompts: list[str], n: int, concurrency: int, max_t
             prompt = prompts[i % len(prompts)]
             async with limit:
                 try:
-                    text, _ = await stream_completion(client, url, prompt, max_tokens)
+                    text, _ = await stream_completion(client, url, prompt, max_tokens, result)
                 except (RuntimeError, httpx.HTTPError) as exc:
                     result.errors.append(f"{prompt!r}: {exc}")
                     return
@@ -161,12 +171,16 @@ async def run_load(url: str, prompts: list[str], n: int, concurrency: int, max_t
 
 async def killer(n: int, kills: int, result: ChaosResult, seed: int) -> None:
     """Kill a random live replica process `kills` times, at random points of the run (after a
-    random number of the n requests has finished, between 10% and 90% of them)."""
+    random number of the n requests has finished, between 10% and 90% of them), each while
+    streams are under way (up to 5 s waiting for 8 of them), so some are cut mid-stream."""
     rng = random.Random(seed)
     marks = sorted(rng.sample(range(n // 10, max(n // 10 + kills, n * 9 // 10)), kills))
     for mark in marks:
         while result.finished < mark:
             await trio.sleep(0.02)
+        with trio.move_on_after(5):
+            while result.midstream < 8:
+                await trio.sleep(0.005)
         pids = await trio.to_thread.run_sync(replica_pids)
         while not pids:  # every replica is restarting
             await trio.sleep(0.2)
@@ -180,6 +194,7 @@ async def chaos(url: str, n: int, concurrency: int, kills: int, replicas: int, m
     """Fault-free texts of every prompt first, then n requests while replicas are killed."""
     result = ChaosResult()
     expected = await run_load(url, prompts, len(prompts), concurrency, max_tokens, ChaosResult(), None)
+    assert all(expected.values()), "a prompt streamed no text: nothing to compare"
     t0 = time.perf_counter()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(killer, n, kills, result, seed)
