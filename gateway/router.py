@@ -12,8 +12,9 @@ possibly elsewhere) and marks it up when its front door answers.
 
 Contracts:
 - A request goes to the replica the policy picks; while no replica is up it waits up to
-  `wait_s` for one, then ends with Failed code "no_replica". Every request ends with
-  exactly one terminal event.
+  `wait_s` for one, then ends with Failed code "no_replica". A replica whose queue is full
+  (Rejected "queue_full") passes it to the next replica that has not refused it; the last
+  refusal reaches the client. Every request ends with exactly one terminal event.
 - A request whose replica is lost moves to another (gateway/router_stream.py: resent when
   nothing was streamed, continued from prompt + tokens sent otherwise), at most `max_moves`
   times. A Failed event that the replica itself sends (an actor in it failed) is passed on,
@@ -43,7 +44,7 @@ from zinfer.gateway.client import AsyncClient, EngineError, MessageIn, ToolIn, _
 from zinfer.gateway.router_policy import ReplicaState, RoutePolicy, RoutingTable, affinity_key
 from zinfer.gateway.router_stream import RoutedStream
 from zinfer.messages.bus import AsyncSocket
-from zinfer.messages.client import ClientEvent, EngineStats, Failed, Generate
+from zinfer.messages.client import ClientEvent, EngineStats, Failed, Generate, Rejected
 from zinfer.messages.curve import ClientKeys
 from zinfer.messages.params import SamplingParams
 from zinfer.models.prompt import PromptBuilder
@@ -175,13 +176,14 @@ class Router:
             else None
         span = self.tracing.start("router", traceparent, {"request_id": req.request_id}) if self.tracing else None
         lost: set[str] = set()
+        full: set[str] = set()  # replicas that refused it with a full queue
         self.streams.setdefault(req.request_id, stream)
         try:
             while not stream.done:
                 if stream.cancelled:  # cancelled while it moved between replicas
                     yield stream.cancel()
                     return
-                link = await self._choose(key, frozenset(lost))
+                link = await self._choose(key, frozenset(lost | full))
                 if link is None or stream.moves > self.options.max_moves:
                     why = "no replica is up" if link is None else f"it lost {stream.moves} replicas"
                     yield Failed(req.request_id, f"no replica is left to serve the request ({why})", NO_REPLICA)
@@ -196,8 +198,10 @@ class Router:
                 if span is not None:
                     span.set_attribute("replica", link.name)
                     wire = msgspec.structs.replace(wire, traceparent=Tracing.traceparent(span))
-                async for event in self._on(link, wire, stream):
+                async for event in self._on(link, wire, stream, full):
                     yield event
+                if link.name in full:  # its queue was full: another replica may take it
+                    continue
                 if not stream.done:  # its replica was lost
                     stream.moves += 1
                     lost.add(link.name)
@@ -212,9 +216,11 @@ class Router:
                 span.set_attribute("moves", stream.moves)
                 span.end()
 
-    async def _on(self, link: Link, wire: Generate, stream: RoutedStream) -> AsyncGenerator[ClientEvent, None]:
+    async def _on(self, link: Link, wire: Generate, stream: RoutedStream,
+                  full: set[str]) -> AsyncGenerator[ClientEvent, None]:
         """The client's events from one replica's stream; returns without `stream.done` when
-        the replica was lost under it."""
+        the replica was lost under it, or (adding its name to full) when its queue was full
+        and another eligible replica has not refused the request yet."""
         client, incarnation = link.client, link.incarnation
         if client is None:  # lost while the request waited for its prompt ids
             return
@@ -228,6 +234,10 @@ class Router:
                 async for event in events:
                     if isinstance(event, Failed) and link.incarnation != incarnation:
                         return  # the link closed under it: not the replica's failure
+                    if isinstance(event, Rejected) and event.code == "queue_full" and \
+                            set(self.up) - full - {link.name}:
+                        full.add(link.name)
+                        return
                     for out in stream.see(event):
                         yield out
                     if stream.done:

@@ -25,6 +25,7 @@ from zinfer.messages.client import (
     Finished,
     Generate,
     GetStats,
+    Rejected,
     Started,
     TokenizeResult,
     Usage,
@@ -46,8 +47,9 @@ class StubReplica:
     """One stub replica. `async with trio.open_nursery() as n: await n.start(stub.run)`."""
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], prompts: PromptBuilder, delay_s: float = 0.0,
-                 die_after: int | None = None):
-        self.ctx, self.prompts, self.delay_s, self.die_after = ctx, prompts, delay_s, die_after
+                 die_after: int | None = None, full: bool = False):
+        """full: refuse every generation with Rejected "queue_full"."""
+        self.ctx, self.prompts, self.delay_s, self.die_after, self.full = ctx, prompts, delay_s, die_after, full
         self.vocab = min(prompts.tokenizer.vocab_size, 200)
         self.sock = AsyncSocket(ctx, zmq.ROUTER, bind="tcp://127.0.0.1:*")
         self.endpoint = self.sock.endpoint
@@ -72,7 +74,10 @@ class StubReplica:
                         self.cancelled.add(req.request_id)
                     elif isinstance(req, Generate):
                         self.seen.append(req)
-                        nursery.start_soon(self._generate, bytes(peer), req)
+                        if self.full:
+                            await self._send(bytes(peer), Rejected(req.request_id, "queue_full", "the queue is full"))
+                        else:
+                            nursery.start_soon(self._generate, bytes(peer), req)
                     else:
                         await self._send(bytes(peer), TokenizeResult(req.request_id, [1, 2, 3]))
             except trio.ClosedResourceError:

@@ -15,7 +15,7 @@ from zinfer.gateway.router import NO_REPLICA, Router, RouterOptions, StaticRepli
 from zinfer.gateway.router_front_door import RouterFrontDoor
 from zinfer.gateway.router_policy import RoutePolicy
 from zinfer.messages.bus import AsyncSocket
-from zinfer.messages.client import TERMINAL_EVENTS, Cancelled, ClientEvent, Delta, Failed, Finished, Started
+from zinfer.messages.client import TERMINAL_EVENTS, Cancelled, ClientEvent, Delta, Failed, Finished, Rejected, Started
 from zinfer.messages.params import SamplingParams
 from zinfer.models.loader import open_model
 from zinfer.models.prompt import PromptBuilder
@@ -218,3 +218,22 @@ async def test_the_replica_gets_the_router_span_as_its_parent_in_the_clients_tra
     assert sent is not None
     _, trace_id, span_id, _ = sent.split("-")
     assert trace_id == client_trace and span_id != client_span  # the router's span, in the client's trace
+
+
+async def test_a_full_queue_passes_the_request_to_another_replica_and_the_last_refusal_reaches_the_client(ctx, prompts):
+    full, healthy = StubReplica(ctx, prompts, full=True), StubReplica(ctx, prompts)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(full.run)
+        await nursery.start(healthy.run)
+        source = StaticReplicas({"a": full.endpoint, "b": healthy.endpoint})
+        async with Router(ctx, source, options("load"), prompts) as router:
+            await router.wait_up(2)
+            router.table.replicas["b"].open = 5  # the load policy tries "a" first
+            with trio.fail_after(5):
+                served = await collect(router.generate(PROMPTS[0], params=GREEDY))
+            await router.drain("b", timeout_s=0)
+            with trio.fail_after(5):
+                refused = await collect(router.generate(PROMPTS[1], params=GREEDY))
+        nursery.cancel_scope.cancel()
+    assert len(full.seen) == 2 and isinstance(served[-1], Finished)
+    assert [type(e) for e in refused] == [Rejected] and refused[0].code == "queue_full"
