@@ -32,7 +32,7 @@ SAMPLERS = ("penalties", "top_k", "top_p", "min_p", "temperature")
 """The samplers zinfer runs: penalties first, then temperature, top_k, top_p, min_p (actors/sampling.py)."""
 NO_OP_SAMPLERS = {  # llama.cpp samplers zinfer lacks, listed harmlessly while their parameter is off
     "dry": "dry_multiplier", "typ_p": "typical_p", "typical_p": "typical_p", "xtc": "xtc_probability",
-    "top_n_sigma": "top_n_sigma", "mirostat": "mirostat", "infill": None,
+    "top_n_sigma": "top_n_sigma", "mirostat": "mirostat",
 }
 SAMPLER_LETTERS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "m": "min_p", "x": "xtc",
                    "t": "temperature", "s": "top_n_sigma", "i": "infill", "e": "penalties"}
@@ -121,6 +121,8 @@ def sampler_settings(body: CompletionBody) -> dict[str, Any]:
         return {}
     names = [SAMPLER_LETTERS.get(c, c) for c in given] if isinstance(given, str) else list(given)
     for name in names:
+        if name == "infill":
+            raise ApiError(400, "the infill sampler is not supported: leave it out of samplers", param="samplers")
         if name not in SAMPLERS and name not in NO_OP_SAMPLERS:
             raise ApiError(400, f"unknown sampler {name!r}; known: {', '.join([*SAMPLERS, *NO_OP_SAMPLERS])}",
                            param="samplers")
