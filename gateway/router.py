@@ -41,7 +41,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from zinfer.gateway.client import AsyncClient, EngineError, MessageIn, ToolIn, _as_messages, _as_tools
-from zinfer.gateway.router_policy import ReplicaState, RoutePolicy, RoutingTable, affinity_key
+from zinfer.gateway.router_policy import ReplicaState, RoutePolicy, RoutingTable, affinity_chain
 from zinfer.gateway.router_stream import RoutedStream
 from zinfer.messages.bus import AsyncSocket
 from zinfer.messages.client import ClientEvent, EngineStats, Failed, Generate, Rejected
@@ -172,8 +172,8 @@ class Router:
         req = Generate(request_id or uuid.uuid4().hex, prompt, _as_messages(messages), prompt_ids,
                        params or SamplingParams(), add_special, traceparent, _as_tools(tools))
         stream = RoutedStream(req, self.prompts.tokenizer if self.prompts is not None else None)
-        key = affinity_key(self._leading_ids(req), self.options.policy) if self.options.policy.kind == "prefix" \
-            else None
+        chain = affinity_chain(self._leading_ids(req), self.options.policy) \
+            if self.options.policy.kind == "prefix" else []
         span = self.tracing.start("router", traceparent, {"request_id": req.request_id}) if self.tracing else None
         lost: set[str] = set()
         full: set[str] = set()  # replicas that refused it with a full queue
@@ -183,7 +183,7 @@ class Router:
                 if stream.cancelled:  # cancelled while it moved between replicas
                     yield stream.cancel()
                     return
-                link = await self._choose(key, frozenset(lost | full))
+                link = await self._choose(chain, frozenset(lost | full))
                 if link is None or stream.moves > self.options.max_moves:
                     why = "no replica is up" if link is None else f"it lost {stream.moves} replicas"
                     yield Failed(req.request_id, f"no replica is left to serve the request ({why})", NO_REPLICA)
@@ -312,7 +312,7 @@ class Router:
         if self.prompts is None:
             return []
         p = self.options.policy
-        cap = p.prefix_blocks * p.block_size * 64  # characters: far more than the tokens keyed
+        cap = p.chain_blocks * p.block_size * 16  # characters: more than the tokens of chain_blocks blocks
         try:
             if req.messages is not None and req.prompt is None:
                 text = self.prompts.render(msgspec.to_builtins(req.messages), msgspec.to_builtins(req.tools))
@@ -338,18 +338,20 @@ class Router:
         except (ValueError, TypeError, KeyError):
             return None
 
-    async def _choose(self, key: int | None, exclude: frozenset[str]) -> Link | None:
-        """The link to send to; waits up to wait_s while none is eligible."""
+    async def _choose(self, chain: list[int], exclude: frozenset[str]) -> Link | None:
+        """The link to send to (remembered as holding chain's blocks); waits up to wait_s
+        while none is eligible."""
         with trio.move_on_after(self.options.wait_s):
             while True:
-                name = self.table.pick(key, exclude) or self.table.pick(key)
+                name = self.table.pick(chain, exclude) or self.table.pick(chain)
                 if name is not None and self.links[name].client is not None:
+                    self.table.remember(chain, name)
                     return self.links[name]
                 await self._changed()
         return None
 
     async def _any(self) -> AsyncClient:
-        link = await self._choose(None, frozenset())
+        link = await self._choose([], frozenset())
         if link is None or link.client is None:
             raise EngineError("no replica is up")
         return link.client

@@ -6,14 +6,18 @@ states and asks `pick` for each request. Its contracts:
 
 - `pick` returns only a replica that is up and not draining, never one in `exclude`;
   None when there is none.
-- "prefix": a request whose prompt holds at least one full KV block is keyed by the hash
-  of its leading `prefix_blocks` full blocks, chained exactly as the prefix cache chains
-  them (actors/kv_allocator.py's block_hash from its root), so requests that would share
-  cached blocks share a key. The key's place on a ring of `vnodes` points per replica
-  names a first choice; walking the ring clockwise, the first replica whose open requests
-  stay within `load_bound` times the mean (plus one) takes it (consistent hashing with
-  bounded loads, Mirrokni et al. 2018), so a hot prefix spills to the next replica instead
-  of swamping one. A prompt shorter than one block goes by load.
+- "prefix": a request's prompt is read as the hash chain of its full KV blocks, chained
+  exactly as the prefix cache chains them (actors/kv_allocator.py's block_hash from its
+  root), up to `chain_blocks` blocks. The table remembers (`remember`, LRU, `memory`
+  entries) which replica each block hash was last sent to: the replica that got the
+  longest prefix of this chain holds those blocks in its cache, and takes the request
+  while its open requests stay within `load_bound` times the mean (plus one); so the turns
+  of one conversation stay together. A prefix never seen is keyed by the hash of its
+  leading `prefix_blocks` blocks on a ring of `vnodes` points per replica: walking it
+  clockwise from the key, the first replica within the bound takes it (consistent hashing
+  with bounded loads, Mirrokni et al. 2018), so requests sharing a prefix share a first
+  choice, and a hot prefix spills to the next replica instead of swamping one. A prompt
+  shorter than one block goes by load.
 - "load": the lowest score w_open * open + w_waiting * waiting + w_kv * KV usage (0..1),
   ties to the lower name.
 - "round_robin": the next eligible replica in name order.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -41,7 +46,9 @@ class RoutePolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How the router picks a replica; validated at start-up (ValueError names the field)."""
 
     kind: str = "prefix"  # prefix | load | round_robin
-    prefix_blocks: int = 4  # leading full KV blocks hashed into a request's affinity key
+    prefix_blocks: int = 4  # leading full KV blocks hashed into a new prefix's ring key
+    chain_blocks: int = 256  # full KV blocks of a prompt looked up and remembered
+    memory: int = 200_000  # block hashes remembered (LRU) with the replica they were sent to
     block_size: int = 16  # tokens per KV block: the engine's (EngineConfig.block_size)
     load_bound: float = 1.25  # a replica takes a keyed request while open <= bound * (mean open + 1)
     vnodes: int = 64  # ring points per replica
@@ -54,6 +61,8 @@ class RoutePolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"route policy {self.kind!r}: one of {', '.join(POLICIES)}")
         if not 1 <= self.prefix_blocks <= 1024:
             raise ValueError(f"prefix_blocks {self.prefix_blocks}: 1..1024")
+        if not 1 <= self.chain_blocks <= 65536 or not 0 <= self.memory <= 100_000_000:
+            raise ValueError(f"chain_blocks {self.chain_blocks} (1..65536) or memory {self.memory} (0..1e8)")
         if not 1 <= self.block_size <= 4096:
             raise ValueError(f"block_size {self.block_size}: 1..4096")
         if not 1.0 <= self.load_bound <= 100.0:
@@ -98,11 +107,15 @@ def block_chain(token_ids: Sequence[int], block_size: int, limit: int) -> list[i
     return out
 
 
-def affinity_key(token_ids: Sequence[int], policy: RoutePolicy) -> int | None:
+def affinity_chain(token_ids: Sequence[int], policy: RoutePolicy) -> list[int]:
+    """The chain a request is routed on: its first chain_blocks full blocks' hashes."""
+    return block_chain(token_ids, policy.block_size, policy.chain_blocks)
+
+
+def ring_key(chain: Sequence[int], policy: RoutePolicy) -> int | None:
     """The hash of the leading prefix_blocks full blocks (fewer if the prompt is shorter);
     None for a prompt under one block."""
-    chain = block_chain(token_ids, policy.block_size, policy.prefix_blocks)
-    return chain[-1] if chain else None
+    return chain[min(policy.prefix_blocks, len(chain)) - 1] if chain else None
 
 
 def _point(text: str) -> int:
@@ -120,6 +133,7 @@ class RoutingTable:
     _ring: list[tuple[int, str]] = field(default_factory=list)
     _points: list[int] = field(default_factory=list)
     _next: int = 0
+    _sent: OrderedDict[int, str] = field(default_factory=OrderedDict)  # block hash -> replica it went to (LRU)
 
     def __post_init__(self) -> None:
         self.policy.validate()
@@ -149,8 +163,20 @@ class RoutingTable:
         if r is not None and r.open > 0:
             r.open -= 1
 
-    def pick(self, key: int | None, exclude: frozenset[str] = frozenset()) -> str | None:
-        """The replica for a request with this affinity key (None: no key); see the module docstring."""
+    def remember(self, chain: Sequence[int], name: str) -> None:
+        """The request with this chain was sent to replica `name` (its blocks are cached there)."""
+        if self.policy.kind != "prefix" or not self.policy.memory:
+            return
+        sent = self._sent
+        for h in chain:
+            sent[h] = name
+            sent.move_to_end(h)
+        while len(sent) > self.policy.memory:
+            sent.popitem(last=False)
+
+    def pick(self, chain: Sequence[int], exclude: frozenset[str] = frozenset()) -> str | None:
+        """The replica for a request with this block hash chain (empty: a prompt under one
+        block, or unknown); see the module docstring."""
         live = [r for r in self.replicas.values() if r.eligible and r.name not in exclude]
         if not live:
             return None
@@ -159,14 +185,27 @@ class RoutingTable:
             live.sort(key=lambda r: r.name)
             self._next += 1
             return live[self._next % len(live)].name
+        key = ring_key(chain, self.policy)
         if kind == "prefix" and key is not None:
-            return self._ring_pick(key, live)
+            return self._cached_pick(chain, live) or self._ring_pick(key, live)
         return min(live, key=lambda r: (r.score(self.policy), r.name)).name
 
+    def _cap(self, live: list[ReplicaState]) -> float:
+        return self.policy.load_bound * (sum(r.open for r in live) / len(live) + 1.0)
+
+    def _cached_pick(self, chain: Sequence[int], live: list[ReplicaState]) -> str | None:
+        """The eligible replica within the load bound that got the longest prefix of chain."""
+        if not self._sent:
+            return None
+        names, cap = {r.name: r for r in live}, self._cap(live)
+        for h in reversed(chain):
+            name = self._sent.get(h)
+            if name is not None and name in names and names[name].open + 1 <= cap:
+                return name
+        return None
+
     def _ring_pick(self, key: int, live: list[ReplicaState]) -> str:
-        names = {r.name for r in live}
-        mean = sum(r.open for r in live) / len(live)
-        cap = self.policy.load_bound * (mean + 1.0)
+        names, cap = {r.name for r in live}, self._cap(live)
         start = bisect.bisect_left(self._points, key % (1 << 64))
         n = len(self._ring)
         seen: set[str] = set()
