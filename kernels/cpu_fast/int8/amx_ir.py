@@ -9,15 +9,18 @@ tdpbssd with K = the block (exact integers), stored to a 1 KiB buffer and applie
 
     acc[t] += float(C[t, :]) * (d_w[block, 16 rows] * d_a[t, block])   (+ m_w * N[t, block])
 
-where acc[t] is a vector of 16 weight rows' sums, kept in registers over the row's blocks,
-N = d_a times the activation codes' sum of the block (the layouts with offsets m_w: Q4_1,
-Q4_K), as the VNNI kernels compute them (ir.py). Folding a block's scale into requantized
-codes (one tdpbssd of K = 64) would change the numbers; the float epilogue is the cost of
-keeping them (BENCHMARKS.md has the measured share of the tiles' peak).
+where acc[t] is a vector of 16 weight rows' sums, N = d_a times the activation codes' sum of
+the block (the layouts with offsets m_w: Q4_1, Q4_K), as the VNNI kernels compute them
+(ir.py). A kernel step is 32 weight rows by 32 activation rows: 2 A and 2 B tiles, 4
+independent tdpbssd into 4 C tiles (one alone waits out the tiles' latency), their float
+sums [2, 2, 16, 16] in a stack buffer (64 vectors: more than the 32 registers). Folding a
+block's scale into requantized codes (one tdpbssd of K = 64) would change the numbers; the
+float epilogue (a conversion, a multiply and an fma per 16 sums of 32 products) is the
+cost of keeping them, and bounds the kernel well below the tiles' peak (BENCHMARKS.md).
 
-Kernel contract (AmxArgs): out[t, r] for t in [t0, t1) and r in [r0, r1) (multiples of 16);
-tiles of 16 activation rows from t0, rows from t1 on computed but not stored (A, S, N must
-be readable up to t0 + 16 * ceil((t1 - t0) / 16)). B: the weights' tiles, 16 weight rows at
+Kernel contract (AmxArgs): out[t, r] for t in [t0, t1) and r in [r0, r1) (multiples of 32);
+steps of 32 activation rows from t0, rows from t1 on computed but not stored (A, S, N must
+be readable up to t0 + 32 * ceil((t1 - t0) / 32)). B: the weights' tiles, 16 weight rows at
 B + (r / 16) * nblocks * 16 * block bytes; D and M: [rows / 16, nblocks, 16] f32.
 """
 
