@@ -11,11 +11,22 @@ import zmq
 from router_stubs import StubReplica
 from tiny import write_tiny_gguf
 from zinfer.gateway.client import AsyncClient
+from zinfer.gateway.metrics import Metrics
 from zinfer.gateway.router import NO_REPLICA, Router, RouterOptions, StaticReplicas
 from zinfer.gateway.router_front_door import RouterFrontDoor
 from zinfer.gateway.router_policy import RoutePolicy
 from zinfer.messages.bus import AsyncSocket
-from zinfer.messages.client import TERMINAL_EVENTS, Cancelled, ClientEvent, Delta, Failed, Finished, Rejected, Started
+from zinfer.messages.client import (
+    TERMINAL_EVENTS,
+    Cancelled,
+    ClientEvent,
+    Delta,
+    EngineStats,
+    Failed,
+    Finished,
+    Rejected,
+    Started,
+)
 from zinfer.messages.params import SamplingParams
 from zinfer.models.loader import open_model
 from zinfer.models.prompt import PromptBuilder
@@ -237,3 +248,14 @@ async def test_a_full_queue_passes_the_request_to_another_replica_and_the_last_r
         nursery.cancel_scope.cancel()
     assert len(full.seen) == 2 and isinstance(served[-1], Finished)
     assert [type(e) for e in refused] == [Rejected] and refused[0].code == "queue_full"
+
+
+def test_metrics_label_each_replicas_gauges_and_show_a_down_one_as_down():
+    m = Metrics()
+    m.replicas = lambda: {"replica-0": (EngineStats(running=2, kv_used_blocks=7, kv_blocks=64), 11),
+                          "replica-1": (None, 4)}
+    text = m.render(None)
+    assert 'zinfer_replica_up{replica="replica-0"} 1' in text and 'zinfer_replica_up{replica="replica-1"} 0' in text
+    assert 'zinfer_replica_kv_used_blocks{replica="replica-0"} 7' in text
+    assert 'zinfer_replica_requests_total{replica="replica-1"} 4' in text
+    assert 'zinfer_replica_running_sequences{replica="replica-1"}' not in text  # no stats while it is down
