@@ -24,7 +24,7 @@ import trio
 
 from zinfer.actors.engine import EngineConfig
 from zinfer.gateway.replica_actor import ReplicaActor, ReplicaInfo, ReplicaKeys
-from zinfer.gateway.router import ReplicaGone
+from zinfer.gateway.router_links import ReplicaGone
 from zinfer.messages.curve import ClientKeys, KeyPair
 
 log = structlog.get_logger("zinfer.replicas")

@@ -2,13 +2,11 @@
 
 `Router` answers what `AsyncClient` answers (generate, cancel, tokenize, detokenize, stats),
 so the HTTP, websocket, ZeroMQ and stdio gateways take it in the client's place. Behind it,
-one supervisor task per replica finds the replica (a `ReplicaSource`: Ray in
-gateway/replicas.py, fixed endpoints in tests), holds an AsyncClient to its front door,
-polls its stats into the routing table (gateway/router_policy.py) and watches its
-connection. The connection carries ZeroMQ heartbeats, so a replica that dies or stops
-answering is noticed (socket monitor: disconnected) within `heartbeat_s` times a few,
-busy or not; the supervisor then marks it down, asks the source again (Ray restarts it,
-possibly elsewhere) and marks it up when its front door answers.
+gateway/router_links.py keeps a link to each replica of a `ReplicaSource` (Ray in
+gateway/replicas.py, fixed endpoints in tests) and its state in the routing table
+(gateway/router_policy.py), which picks the replica of each request; a replica that dies
+is marked down within a few `heartbeat_s`, busy or not, and up again once Ray has
+restarted it and its front door answers.
 
 Contracts:
 - A request goes to the replica the policy picks; while no replica is up it waits up to
@@ -27,23 +25,20 @@ Contracts:
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from contextlib import aclosing
-from dataclasses import dataclass, field
 from types import TracebackType
-from typing import AsyncGenerator, Protocol, Sequence
+from typing import AsyncGenerator, Sequence
 
 import msgspec
 import structlog
 import trio
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from zinfer.gateway.client import AsyncClient, EngineError, MessageIn, ToolIn, _as_messages, _as_tools
-from zinfer.gateway.router_policy import ReplicaState, RoutePolicy, RoutingTable, affinity_chain
+from zinfer.gateway.router_links import Link, ReplicaLinks, ReplicaSource
+from zinfer.gateway.router_policy import RoutePolicy, RoutingTable, affinity_chain
 from zinfer.gateway.router_stream import RoutedStream
-from zinfer.messages.bus import AsyncSocket
 from zinfer.messages.client import ClientEvent, EngineStats, Failed, Generate, Rejected
 from zinfer.messages.curve import ClientKeys
 from zinfer.messages.params import SamplingParams
@@ -54,25 +49,6 @@ log = structlog.get_logger("zinfer.router")
 
 NO_REPLICA = "no_replica"
 """Failed.code when no replica is left to serve a request."""
-
-
-class ReplicaGone(Exception):
-    """The source will not bring this replica back (scaled down, or out of restarts)."""
-
-
-class ReplicaSource(Protocol):
-    """Where replicas are: their names, and each one's front door once it is up."""
-
-    def names(self) -> list[str]: ...
-
-    async def locate(self, name: str) -> str:
-        """The replica's front-door endpoint once it is up (waits while it starts or
-        restarts); ReplicaGone when it will not come back."""
-        ...
-
-    async def stop(self, name: str) -> None:
-        """Stop the replica for good (after a drain)."""
-        ...
 
 
 class RouterOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -96,19 +72,6 @@ class RouterOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"max_moves {self.max_moves}: 0..1000")
 
 
-@dataclass
-class Link:
-    """The router's hold on one replica: its client while up, and its incarnation (bumped
-    each time it goes up or down, so a stream knows whether its replica was lost)."""
-
-    name: str
-    client: AsyncClient | None = None
-    incarnation: int = 0
-    stats: EngineStats | None = None
-    lost: trio.Event = field(default_factory=trio.Event)  # set when this incarnation is marked down
-    stop: trio.Event = field(default_factory=trio.Event)  # set by drain: supervision ends
-
-
 class Router:
     """Routes requests over the replicas of a source. `async with Router(...) as router`."""
 
@@ -120,22 +83,18 @@ class Router:
         replica after tokens fails)."""
         options = options or RouterOptions()
         options.validate()
-        self.ctx, self.source, self.options, self.prompts, self.curve = ctx, source, options, prompts, curve
-        self.tracing = tracing
+        self.source, self.options, self.prompts, self.tracing = source, options, prompts, tracing
         self.table = RoutingTable(options.policy)
-        self.links: dict[str, Link] = {}
+        self.replicas = ReplicaLinks(ctx, source, self.table, curve, options.heartbeat_s, options.poll_s,
+                                     options.stall_s)
+        self.links = self.replicas.links
         self.where: dict[str, Link] = {}  # request id -> the link serving it now
         self.streams: dict[str, RoutedStream] = {}  # request id -> its stream, from arrival to its end
-        self.changed = trio.Event()  # set (and replaced) whenever a replica goes up
-        for name in source.names():
-            self.table.add(name)
-            self.links[name] = Link(name)
 
     async def __aenter__(self) -> "Router":
         self._nursery_cm = trio.open_nursery()
         self._nursery = await self._nursery_cm.__aenter__()
-        for name in self.links:
-            self._nursery.start_soon(self._supervise, self.links[name])
+        self._nursery.start_soon(self.replicas.run)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -148,12 +107,12 @@ class Router:
     @property
     def up(self) -> list[str]:
         """The names of the replicas taking requests now."""
-        return [n for n, r in self.table.replicas.items() if r.eligible]
+        return self.replicas.up
 
     async def wait_up(self, count: int = 1) -> None:
         """Return once at least count replicas are up."""
         while len(self.up) < count:
-            await self._changed()
+            await self.replicas.changed.wait()
 
     async def generate(
         self,
@@ -293,7 +252,7 @@ class Router:
             while state.open:
                 await trio.sleep(0.05)
         link.stop.set()
-        self._mark_down(link)
+        self.replicas.mark_down(link)
         with trio.CancelScope(shield=True):
             await self.source.stop(name)
 
@@ -347,7 +306,7 @@ class Router:
                 if name is not None and self.links[name].client is not None:
                     self.table.remember(chain, name)
                     return self.links[name]
-                await self._changed()
+                await self.replicas.changed.wait()
         return None
 
     async def _any(self) -> AsyncClient:
@@ -356,110 +315,3 @@ class Router:
             raise EngineError("no replica is up")
         return link.client
 
-    async def _changed(self) -> None:
-        await self.changed.wait()
-
-    def _notify(self) -> None:
-        self.changed.set()
-        self.changed = trio.Event()
-
-    def _mark_down(self, link: Link) -> None:
-        if link.client is None:
-            return
-        link.client = None
-        link.incarnation += 1
-        link.lost.set()
-        self.table.replicas[link.name].up = False
-        log.warning("replica down", replica=link.name)
-
-    async def _supervise(self, link: Link) -> None:
-        """Keep the link to one replica: find it, hold it while it answers, find it again."""
-        state = self.table.replicas[link.name]
-        while not link.stop.is_set():
-            try:
-                endpoint = await self.source.locate(link.name)
-            except ReplicaGone:
-                log.warning("replica gone", replica=link.name)
-                return
-            try:
-                await self._hold(link, state, endpoint)
-            except (EngineError, zmq.ZMQError, trio.ClosedResourceError) as exc:
-                log.warning("replica link failed", replica=link.name, error=str(exc))
-            self._mark_down(link)
-            await trio.sleep(0.05)
-
-    async def _hold(self, link: Link, state: ReplicaState, endpoint: str) -> None:
-        """Serve through one incarnation of the replica until its connection is lost."""
-        monitor_addr = f"inproc://zinfer-router-monitor-{uuid.uuid4().hex[:12]}"
-        async with AsyncClient(self.ctx, endpoint, self.curve, heartbeat_s=self.options.heartbeat_s) as client:
-            client.sock.socket.monitor(monitor_addr, zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
-            monitor = AsyncSocket(self.ctx, zmq.PAIR, connect=monitor_addr)
-            try:
-                with trio.move_on_after(max(10.0, 10 * self.options.heartbeat_s)) as scope:
-                    stats = await client.stats()
-                if scope.cancelled_caught:
-                    return
-                link.stats = stats
-                link.client, link.lost = client, trio.Event()
-                link.incarnation += 1
-                state.up = True
-                self._apply(state, stats)
-                log.warning("replica up", replica=link.name, endpoint=endpoint, incarnation=link.incarnation)
-                self._notify()
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._poll, link, client, state)
-                    nursery.start_soon(self._until_lost, link, monitor)
-                    await link.lost.wait()
-                    nursery.cancel_scope.cancel()
-            finally:
-                self._mark_down(link)  # before the client closes: its streams' Failed read as a loss
-                with contextlib.suppress(zmq.ZMQError):
-                    client.sock.socket.disable_monitor()
-                monitor.close()
-
-    async def _until_lost(self, link: Link, monitor: AsyncSocket) -> None:
-        while True:
-            frames = await monitor.recv()
-            event = parse_monitor_message([bytes(f) for f in frames])
-            if event["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
-                self._mark_down(link)
-                return
-
-    async def _poll(self, link: Link, client: AsyncClient, state: ReplicaState) -> None:
-        """Read the replica's stats every poll_s; one that answers none for stall_s is lost
-        (a backstop: a dead peer's connection normally ends first)."""
-        last = trio.current_time()
-        while True:
-            await trio.sleep(self.options.poll_s)
-            with trio.move_on_after(max(1.0, 4 * self.options.poll_s)):
-                link.stats = stats = await client.stats()
-                self._apply(state, stats)
-                last = trio.current_time()
-            if trio.current_time() - last > self.options.stall_s:
-                log.warning("replica stalled", replica=link.name, seconds=round(trio.current_time() - last, 1))
-                self._mark_down(link)
-                return
-
-    @staticmethod
-    def _apply(state: ReplicaState, s: EngineStats) -> None:
-        state.waiting, state.running, state.kv_blocks, state.kv_used_blocks = \
-            s.waiting, s.running, s.kv_blocks, s.kv_used_blocks
-
-
-class StaticReplicas:
-    """Replicas at fixed endpoints (replicas started by other means, and tests): locate
-    returns the endpoint at once; stop forgets it."""
-
-    def __init__(self, endpoints: dict[str, str]):
-        self.endpoints = dict(endpoints)
-
-    def names(self) -> list[str]:
-        return list(self.endpoints)
-
-    async def locate(self, name: str) -> str:
-        if name not in self.endpoints:
-            raise ReplicaGone(name)
-        return self.endpoints[name]
-
-    async def stop(self, name: str) -> None:
-        self.endpoints.pop(name, None)

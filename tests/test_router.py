@@ -12,7 +12,8 @@ from router_stubs import StubReplica
 from tiny import write_tiny_gguf
 from zinfer.gateway.client import AsyncClient
 from zinfer.gateway.metrics import Metrics
-from zinfer.gateway.router import NO_REPLICA, Router, RouterOptions, StaticReplicas
+from zinfer.gateway.router import NO_REPLICA, Router, RouterOptions
+from zinfer.gateway.router_links import StaticReplicas
 from zinfer.gateway.router_front_door import RouterFrontDoor
 from zinfer.gateway.router_policy import RoutePolicy
 from zinfer.messages.bus import AsyncSocket

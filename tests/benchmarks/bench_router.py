@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from router_stubs import StubReplica  # noqa: E402
 from zinfer.gateway.client import AsyncClient  # noqa: E402
-from zinfer.gateway.router import Router, RouterOptions, StaticReplicas  # noqa: E402
+from zinfer.gateway.router import Router, RouterOptions  # noqa: E402
+from zinfer.gateway.router_links import StaticReplicas  # noqa: E402
 from zinfer.gateway.router_policy import RoutePolicy  # noqa: E402
 from zinfer.messages.params import SamplingParams  # noqa: E402
 from zinfer.models.loader import open_model  # noqa: E402
