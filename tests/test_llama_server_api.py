@@ -130,3 +130,5 @@ def test_infill_lays_out_the_models_fim_tokens(server):
     assert r.status_code == 200, r.text
     assert r.json()["prompt"] == "Rmyproject\nFutil.py\nX = 1\nFfilename\nPdef f(aS):\nM"
     assert r.json()["tokens_predicted"] == 3 and FIELDS <= set(r.json())
+    plain = post(server, "/infill", {"input_prefix": "def f(", "input_suffix": "):\n", "n_predict": 1})
+    assert plain.json()["prompt"] == "Pdef f(S):\nM"  # no extra files: no repo and file names
