@@ -21,11 +21,12 @@ from zinfer.actors.engine_build import Engine, build_actor, engine_context, open
 from zinfer.actors.engine_config import EngineConfig
 from zinfer.actors.front_door_actor import FrontDoorActor
 from zinfer.actors.processes import open_process_engine
+from zinfer.actors.speculation import SpeculationConfig
 from zinfer.actors.topology import Addresses
 from zinfer.devices.registry import kv_value_bytes
 from zinfer.models.loader import ModelSource, open_model
 
-__all__ = ["Engine", "EngineConfig", "open_engine"]
+__all__ = ["Engine", "EngineConfig", "SpeculationConfig", "open_engine"]
 
 log = structlog.get_logger("zinfer.engine")
 

@@ -7,8 +7,7 @@ import argparse
 
 import msgspec
 
-from zinfer.actors.engine import EngineConfig
-from zinfer.actors.speculation import SpeculationConfig
+from zinfer.actors.engine import EngineConfig, SpeculationConfig
 from zinfer.gateway.replicas import ReplicaOptions, replica_resources
 from zinfer.gateway.router import RouterOptions
 from zinfer.gateway.router_policy import RoutePolicy
