@@ -47,6 +47,9 @@ def test_a_bad_kernels_choice_is_refused_and_vnni_is_honoured(monkeypatch):
         amx_host.kernels_choice()
     monkeypatch.setenv(amx_host.KERNELS_ENV, "vnni")
     assert amx_host.kernels_choice() == "vnni"
+    monkeypatch.delenv(amx_host.KERNELS_ENV)
+    monkeypatch.setenv(amx_host.ISA_ENV, "avx2")  # the AVX2 kernels asked for: no tiles
+    assert amx_host.kernels_choice() == "avx2"
 
 
 @pytest.mark.parametrize("qt", amx_layout.TYPES, ids=lambda q: q.name)

@@ -10,8 +10,8 @@ any AMX kernel is compiled, and logs one line either way; where the CPU lacks AM
 refuses, the int8 products keep their VNNI / AVX2 kernels.
 
 `kernels_choice()` is the int8 kernels a run is asked to use: ZINFER_INT8_KERNELS=amx, vnni
-or avx2 forces one for A/B runs (amx where the tiles are not permitted falls back to vnni);
-unset, AMX where permitted.
+or avx2 forces one for A/B runs (amx where the tiles are not permitted falls back to vnni;
+ZINFER_INT8_ISA=avx2, the older switch, counts as avx2); unset, AMX where permitted.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ SYS_ARCH_PRCTL = 158  # x86_64
 ARCH_REQ_XCOMP_PERM = 0x1023
 XFEATURE_XTILEDATA = 18
 KERNELS_ENV = "ZINFER_INT8_KERNELS"  # "amx", "vnni" or "avx2"
+ISA_ENV = "ZINFER_INT8_ISA"  # ir.ISA_ENV: "avx2" asks for the AVX2 kernels (and so no tiles)
 CHOICES = ("amx", "vnni", "avx2")
 AMX_FEATURES = ("+amx-tile", "+amx-int8")
 
@@ -72,4 +73,6 @@ def kernels_choice() -> str:
         raise ValueError(f"{KERNELS_ENV}={asked!r}: want one of {', '.join(CHOICES)}")
     if asked in ("vnni", "avx2"):
         return asked
+    if os.environ.get(ISA_ENV) == "avx2":  # the AVX2 kernels asked for the older way: no tiles either
+        return "avx2"
     return "amx" if tiles_permitted() else "vnni"

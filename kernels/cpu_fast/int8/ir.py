@@ -257,7 +257,7 @@ def outer_addresses(kind: str) -> tuple[int, int] | None:
 
 
 # "avx2": the AVX2 kernels on a VNNI host too (tests run them so); amx_host.KERNELS_ENV=avx2 does the same
-ISA_ENV = "ZINFER_INT8_ISA"
+ISA_ENV = amx_host.ISA_ENV
 
 
 @functools.cache
