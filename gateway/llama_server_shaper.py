@@ -18,7 +18,8 @@ from zinfer.gateway.error_shapes import LlamaServerError, reshaped
 from zinfer.gateway.model_facts import ModelFacts
 from zinfer.gateway.openai_schema import ApiError
 from zinfer.gateway.openai_shaper import engine_error
-from zinfer.gateway.protocol_events import Progress, matched_stop
+from zinfer.gateway.progress import Progress, timings
+from zinfer.gateway.protocol_events import matched_stop
 from zinfer.gateway.sse import frame
 from zinfer.gateway.state import GatewayState
 from zinfer.messages.client import Cancelled, ClientEvent, Delta, Failed, Finished, Rejected
@@ -26,25 +27,6 @@ from zinfer.messages.params import SamplingParams
 
 Body = dict[str, Any]
 RANDOM_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: a seed drawn per request
-
-
-def timings(p: Progress, completion_tokens: int, prompt_tokens: int, cached: int) -> Body:
-    """llama-server's timings of one request (milliseconds)."""
-    prompt_ms, predicted_ms = p.prompt_s * 1e3, p.predicted_s * 1e3
-    evaluated = max(prompt_tokens - cached, 0)
-    # the first token comes with the prompt's evaluation: the rest are the decode steps
-    steps = max(completion_tokens - 1, 0)
-    return {
-        "cache_n": cached,
-        "prompt_n": evaluated,
-        "prompt_ms": prompt_ms,
-        "prompt_per_token_ms": prompt_ms / evaluated if evaluated else 0.0,
-        "prompt_per_second": evaluated / prompt_ms * 1e3 if prompt_ms > 0 else 0.0,
-        "predicted_n": completion_tokens,
-        "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": predicted_ms / steps if steps else 0.0,
-        "predicted_per_second": steps / predicted_ms * 1e3 if predicted_ms > 0 else 0.0,
-    }
 
 
 def settings(params: SamplingParams, n_predict: int, samplers: list[str]) -> Body:

@@ -38,7 +38,9 @@ from zinfer.gateway.openai_schema import (
 )
 from zinfer.gateway.openai_constraints import constraint_field, constraint_from_request
 from zinfer.gateway.openai_shaper import Shaper
+from zinfer.gateway.openai_timings import TimedShaper
 from zinfer.gateway.openai_tools import ToolPlan, tool_constraint, tool_plan
+from zinfer.gateway.progress import Progress, watched
 from zinfer.gateway.sse import SSEResponse, until_disconnect
 from zinfer.gateway.state import GatewayState
 from zinfer.messages.client import (
@@ -188,10 +190,13 @@ async def respond(
         record.finish("rejected")
         return exc.response()
     rid = uuid.uuid4().hex
-    open_events = partial(engine_events, state.engine(), forms, params, rid, record)
+    open_events: OpenEvents = partial(engine_events, state.engine(), forms, params, rid, record)
     # the field named when the engine refuses the grammar
     field = "tools" if plan is not None and plan.forced else constraint_field(req)
-    shaper = Shaper(state, isinstance(req, ChatRequest), rid, plan, field)
+    shaper: ReplyShaper = Shaper(state, isinstance(req, ChatRequest), rid, plan, field)
+    if req.timings_per_token:  # llama-server's timings, asked for
+        progress = Progress()
+        open_events, shaper = watched(open_events, progress), TimedShaper(shaper, progress)
     return await answer(request, shaper, open_events, req.stream, include_usage(req), record)
 
 

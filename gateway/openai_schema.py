@@ -142,6 +142,7 @@ class _Sampling(msgspec.Struct, kw_only=True):
     repetition_penalty: Annotated[float, Meta(gt=0.0)] | None = None
     ignore_eos: bool = False
     speculative: str | None = None  # "ngram" or "off" (speculative decoding's drafts); None: the server's default
+    timings_per_token: bool = False  # llama-server's: the reply carries its timings (gateway/openai_timings.py)
     # Structured output, checked and turned into one Constraint by gateway/openai_constraints.py:
     response_format: Any = None  # OpenAI
     guided_json: Any = None  # vLLM's guided_* and structured_outputs

@@ -1,85 +1,20 @@
 """What the Anthropic, Ollama and llama-server shapers share beyond gateway/openai_api.py's
-machinery: the progress of one request as its events pass (prompt size, when the first
-and last tokens came, the ids generated: their timings and durations are made from it),
-which stop string ended a text, and NDJSON streaming (Ollama's).
+machinery: which stop string ended a text, and NDJSON streaming (Ollama's). Progress and
+watched (gateway/progress.py) are re-exported here.
 """
 
 from __future__ import annotations
 
-import time
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import AsyncGenerator, Awaitable, Callable
 
 from starlette.responses import Response, StreamingResponse
 
 from zinfer.gateway.client import EngineClient, EngineError
-from zinfer.gateway.openai_api import Events, LiveStream, OpenEvents
+from zinfer.gateway.openai_api import LiveStream
+from zinfer.gateway.progress import Progress, watched
 from zinfer.gateway.sse import SSEResponse
-from zinfer.messages.client import ClientEvent, Delta, Finished, Started
 
-
-@dataclass
-class Progress:
-    """One request's progress, updated as its events pass (see watched); times are perf_counter seconds."""
-
-    t0: float = field(default_factory=time.perf_counter)  # the request arrived
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    first_token: float | None = None
-    last_token: float | None = None
-    token_ids: list[int] = field(default_factory=list)  # choice 0's generated ids
-    text: list[str] = field(default_factory=list)  # choice 0's text as sent
-
-    def see(self, event: ClientEvent) -> None:
-        if isinstance(event, Started):
-            self.prompt_tokens = event.prompt_tokens
-        elif isinstance(event, Delta) and event.index == 0:
-            now = time.perf_counter()
-            if event.token_ids:
-                self.first_token = self.first_token or now
-                self.last_token = now
-            self.token_ids.extend(event.token_ids)
-            self.text.append(event.text)
-        elif isinstance(event, Finished):
-            self.prompt_tokens = event.usage.prompt_tokens
-            self.cached_tokens = event.usage.cached_tokens
-
-    @property
-    def prompt_s(self) -> float:
-        """From arrival to the first token (the prompt's evaluation, queueing included)."""
-        return ((self.first_token or time.perf_counter()) - self.t0)
-
-    @property
-    def predicted_s(self) -> float:
-        """From the first token to the last."""
-        if self.first_token is None or self.last_token is None:
-            return 0.0
-        return self.last_token - self.first_token
-
-
-def watched(open_events: OpenEvents, progress: Progress) -> OpenEvents:
-    """open_events, with progress seeing every event that passes."""
-
-    @asynccontextmanager
-    async def opened() -> AsyncIterator[Events]:
-        async with open_events() as events:
-            passing = _watch(events, progress)
-            try:
-                yield passing
-            finally:
-                await passing.aclose()
-
-    return opened
-
-
-async def _watch(events: Events, progress: Progress) -> Events:
-    try:
-        async for event in events:
-            progress.see(event)
-            yield event
-    finally:
-        await events.aclose()
+__all__ = ["NDJSONLiveStream", "NDJSONResponse", "Progress", "matched_stop", "watched"]
 
 
 async def matched_stop(client: EngineClient, progress: Progress, stops: list[str]) -> str | None:

@@ -99,8 +99,15 @@ def test_tokenize_pieces_template_props_slots_and_aliases(server):
     assert props["infill"] is True and props["bos_token"] == "<|bos|>"
     slots = httpx.get(server.url + "/slots", headers=H).json()
     assert len(slots) == props["total_slots"] and not any(s["is_processing"] for s in slots)
-    chat = post(server, "/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
-    assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 2
+    hi = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    chat = post(server, "/chat/completions", hi)
+    assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 2 and "timings" not in chat.json()
+    timed = post(server, "/chat/completions", {**hi, "timings_per_token": True}).json()["timings"]
+    assert TIMINGS <= set(timed) and timed["predicted_n"] == 2
+    with httpx.stream("POST", server.url + "/v1/completions", headers=H, timeout=120,
+                      json={"prompt": "hi", "max_tokens": 2, "stream": True, "timings_per_token": True}) as s:
+        events = list(sse_events(s.iter_lines()))
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["timings"]["predicted_n"] == 2
     assert httpx.get(server.url + "/models", headers=H).json()["data"][0]["id"] == server.model
     assert httpx.get(server.url + "/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
 
