@@ -141,4 +141,10 @@ def test_bad_requests_get_anthropics_errors_and_the_server_serves_on(client, ser
     big = httpx.post(server.url + "/v1/messages", content=b"x" * (5 << 20),
                      headers={"x-api-key": KEY, "content-type": "application/json"}, timeout=60)
     assert big.status_code == 413 and big.json()["error"]["type"] == "request_too_large"
+    evil = httpx.post(server.url + "/v1/messages", json={"model": server.model, "max_tokens": 2, "messages": HI},
+                      headers={"x-api-key": KEY, "origin": "http://evil.example"})
+    assert evil.status_code == 403  # the origin check, as on the OpenAI routes
+    before = server.metrics()
     assert client.messages.create(model=server.model, max_tokens=2, messages=HI).usage.output_tokens == 2
+    after = server.metrics()
+    assert after['zinfer_requests_total{outcome="finished"}'] == before['zinfer_requests_total{outcome="finished"}'] + 1
