@@ -161,8 +161,10 @@ def logit_bias(given: list[Any] | dict[str, Any] | None) -> dict[str, float] | N
         tid, bias = pair
         if isinstance(tid, str) and tid.isdigit():
             tid = int(tid)
-        if not isinstance(tid, int) or isinstance(tid, bool) or isinstance(bias, str):
+        if not isinstance(tid, int) or isinstance(tid, bool):
             raise ApiError(400, "logit_bias keys are token ids (text keys are not supported)", param="logit_bias")
+        if not isinstance(bias, (int, float)):  # bool is an int: false bans, true is 1
+            raise ApiError(400, "a logit_bias value is a number or false", param="logit_bias")
         out[str(tid)] = -100.0 if bias is False else max(-100.0, min(100.0, float(bias)))
     return out
 
