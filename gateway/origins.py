@@ -27,6 +27,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from zinfer.gateway.error_shapes import reshaped, shaped_for
 from zinfer.gateway.openai_schema import ApiError
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
@@ -110,11 +111,12 @@ async def refuse(error: ApiError, scope: Scope, receive: Receive, send: Send) ->
     """Answer an HTTP request, or a websocket handshake before it is accepted, with error.
 
     A handshake gets the error as its HTTP response where the server can send one
-    (hypercorn can), else it is closed with 1008 (policy violation)."""
+    (hypercorn can), else it is closed with 1008 (policy violation). The body is in the
+    shape of the path's protocol (OpenAI's, Anthropic's, Ollama's or llama-server's)."""
     if scope["type"] == "websocket" and "websocket.http.response" not in scope.get("extensions", {}):
         await send({"type": "websocket.close", "code": 1008, "reason": error.message[:120]})
     else:
-        await error.response()(scope, receive, send)
+        await reshaped(error, shaped_for(scope.get("path", ""))).response()(scope, receive, send)
 
 
 class BrowserGuard:

@@ -143,7 +143,11 @@ def test_bad_requests_get_anthropics_errors_and_the_server_serves_on(client, ser
     assert big.status_code == 413 and big.json()["error"]["type"] == "request_too_large"
     evil = httpx.post(server.url + "/v1/messages", json={"model": server.model, "max_tokens": 2, "messages": HI},
                       headers={"x-api-key": KEY, "origin": "http://evil.example"})
-    assert evil.status_code == 403  # the origin check, as on the OpenAI routes
+    assert evil.status_code == 403  # the origin check, as on the OpenAI routes, in Anthropic's shape
+    assert evil.json()["type"] == "error" and evil.json()["error"]["type"] == "permission_error"
+    form = httpx.post(server.url + "/v1/messages", content=b"a=1",
+                      headers={"x-api-key": KEY, "content-type": "application/x-www-form-urlencoded"})
+    assert form.status_code == 415 and form.json()["error"]["type"] == "invalid_request_error"
     before = server.metrics()
     assert client.messages.create(model=server.model, max_tokens=2, messages=HI).usage.output_tokens == 2
     after = server.metrics()
