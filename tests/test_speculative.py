@@ -52,7 +52,7 @@ def engine(request, tmp_path_factory):
     config = EngineConfig(model=str(path), device="cpu", max_running=8, num_blocks=256,
                           speculation=SpeculationConfig(mode="ngram"))
     with EngineThread(config) as e:
-        yield e
+        yield e, PROMPTS if request.param == "tiny" else PROMPTS[2:]  # the real model: one prompt, lean
 
 
 async def _collect(client: AsyncClient, prompt: str, params: SamplingParams) -> tuple[list[int], list[float], object]:
@@ -68,10 +68,11 @@ async def _collect(client: AsyncClient, prompt: str, params: SamplingParams) -> 
 
 
 async def test_greedy_with_drafts_equals_plain_decoding(engine):
+    engine, prompts = engine
     async with AsyncClient(engine.ctx, engine.address) as client:
         before = await client.stats()
         drafted = accepted = 0
-        for prompt in PROMPTS:
+        for prompt in prompts:
             for extra in ({}, {"logprobs": 2}, {"stop": ["the"]}):
                 plain = SamplingParams(temperature=0.0, max_tokens=24, speculative="off", **extra)
                 want, want_lp, _ = await _collect(client, prompt, plain)
@@ -88,6 +89,7 @@ async def test_greedy_with_drafts_equals_plain_decoding(engine):
 
 
 async def test_constrained_and_concurrent_requests_with_drafts_equal_plain(engine):
+    engine, prompts = engine
     choice = Constraint("choice", '["the cat sat on the mat", "the cat sat on the hat"]')
     async with AsyncClient(engine.ctx, engine.address) as client:
         plain = SamplingParams(temperature=0.0, max_tokens=16, speculative="off", constraint=choice)
@@ -96,16 +98,17 @@ async def test_constrained_and_concurrent_requests_with_drafts_equal_plain(engin
                                                                         constraint=choice))
         assert got == want
         singles = {p: (await _collect(client, p, SamplingParams(temperature=0.0, max_tokens=20)))[0]
-                   for p in PROMPTS}
+                   for p in prompts}
         results: dict[int, list[int]] = {}
+        k = len(prompts)
 
         async def one(i: int) -> None:
-            results[i] = (await _collect(client, PROMPTS[i % 3], SamplingParams(temperature=0.0, max_tokens=20)))[0]
+            results[i] = (await _collect(client, prompts[i % k], SamplingParams(temperature=0.0, max_tokens=20)))[0]
 
         async with trio.open_nursery() as n:
-            for i in range(6):
+            for i in range(2 * k):
                 n.start_soon(one, i)
-        assert all(results[i] == singles[PROMPTS[i % 3]] for i in range(6))
+        assert all(results[i] == singles[prompts[i % k]] for i in range(2 * k))
 
 
 def test_accept_resample_keeps_the_sampled_distribution(tmp_path):

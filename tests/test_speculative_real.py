@@ -31,7 +31,7 @@ def test_code_edits_with_drafts_equal_plain_greedy_on_qwen_coder():
                 for mode in ("off", "ngram"):
                     ids: list[int] = []
                     async for ev in client.generate(messages=chat, params=SamplingParams(
-                            temperature=0.0, max_tokens=40, speculative=mode)):
+                            temperature=0.0, max_tokens=32, speculative=mode)):
                         ids += ev.token_ids if isinstance(ev, Delta) else []
                         end = ev
                     assert isinstance(end, Finished)
