@@ -29,7 +29,7 @@ class SpeculationConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     compute-bound and extra rows cost what they save). min_n, max_n: the n-gram lengths looked up."""
 
     mode: str = "off"
-    max_draft: int = 8
+    max_draft: int = 2  # cpu-fast's int8 products cost ~40% of a decode step per row past 3 (BENCHMARKS.md)
     max_batch: int = 4
     min_n: int = 1
     max_n: int = 4

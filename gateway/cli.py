@@ -113,7 +113,8 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculate", default="off", choices=("off", "ngram"),
                    help="speculative decoding: ngram drafts from the prompt and output (prompt lookup); same "
                    "greedy tokens, fewer rounds where the output repeats its input; a request's `speculative` wins")
-    p.add_argument("--speculate-max-draft", type=int, default=8, help="the most tokens drafted per sequence and round")
+    p.add_argument("--speculate-max-draft", type=int, default=2,
+                   help="the most tokens drafted per sequence and round (more pays where extra rows are cheap: GPUs)")
     p.add_argument("--speculate-max-batch", type=int, default=4,
                    help="draft only while at most this many sequences run (past it rounds are compute-bound)")
     p.add_argument("--log-json", action="store_true", help="JSON log lines on stderr")

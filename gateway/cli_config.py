@@ -67,7 +67,7 @@ def speculation_config(args: argparse.Namespace) -> SpeculationConfig:
     """--speculate and its limits (defaults where a command has no such flags); bad values are a UsageError."""
     config = SpeculationConfig(
         mode=getattr(args, "speculate", "off"),
-        max_draft=getattr(args, "speculate_max_draft", 8),
+        max_draft=getattr(args, "speculate_max_draft", 2),
         max_batch=getattr(args, "speculate_max_batch", 4),
     )
     try:

@@ -13,7 +13,7 @@ from zinfer.actors.speculation import NgramDrafter, SpeculationConfig
 
 def _config(mode: str = "ngram", max_batch: int = 8, **kw: int) -> SchedulerConfig:
     base = dict(max_running=4, max_waiting=16, token_budget=64, max_model_len=256, block_size=4, num_blocks=96)
-    return SchedulerConfig(**(base | kw), speculation=SpeculationConfig(mode=mode, max_batch=max_batch))
+    return SchedulerConfig(**(base | kw), speculation=SpeculationConfig(mode=mode, max_draft=8, max_batch=max_batch))
 
 
 def model(ids: list[int]) -> int:
