@@ -42,7 +42,7 @@ HOLES = [  # (prefix, suffix, how the middle's first line starts)
 
 @pytest.fixture(scope="module")
 def server():
-    with running_server(_model("qwen2.5-coder-0.5b")) as s:
+    with running_server(_model("qwen2.5-coder-0.5b"), "--device", "cpu-fast") as s:  # the device users run
         yield s
 
 
