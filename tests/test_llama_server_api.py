@@ -99,7 +99,8 @@ def test_tokenize_pieces_template_props_slots_and_aliases(server):
     assert props["infill"] is True and props["bos_token"] == "<|bos|>"
     slots = httpx.get(server.url + "/slots", headers=H).json()
     assert len(slots) == props["total_slots"] and not any(s["is_processing"] for s in slots)
-    hi = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "ignore_eos": True}  # random weights may end at once
+    # ignore_eos: random weights may end the answer at once
+    hi = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "ignore_eos": True}
     chat = post(server, "/chat/completions", hi)
     assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 2 and "timings" not in chat.json()
     timed = post(server, "/chat/completions", {**hi, "timings_per_token": True}).json()["timings"]
