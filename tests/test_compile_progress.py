@@ -68,7 +68,8 @@ def test_progress_lines_come_while_kernels_compile_even_when_each_is_quicker_tha
         time.sleep(0.03)
         progress.end()
     time.sleep(0.5)
-    lines = capfd.readouterr().err.splitlines()
+    # this progress's lines only: a worker that compiled real kernels earlier may tell its own total meanwhile
+    lines = [line for line in capfd.readouterr().err.splitlines() if "kernel_" in line or "compiled 20 " in line]
     assert len(lines) >= 3, lines
     done = [int(re.fullmatch(r"zinfer: compiling cpu-fast kernels: \d+ s, (\d+) done, now cpu_ops\.kernel_\d+",
                              line).group(1)) for line in lines[:-1]]
@@ -76,9 +77,10 @@ def test_progress_lines_come_while_kernels_compile_even_when_each_is_quicker_tha
     assert re.fullmatch(r"zinfer: compiled 20 cpu-fast kernels in \d+ s; later runs start from cache", lines[-1])
     progress.begin("cpu_tape.replay")
     time.sleep(0.5)
-    assert capfd.readouterr().err == ""
+    assert not [line for line in capfd.readouterr().err.splitlines() if "cpu_tape" in line or "compiled 20 " in line]
     progress._at_exit()
-    assert re.fullmatch(r"zinfer: compiled 20 cpu-fast kernels in \d+ s; "
-                        r"cpu_tape.replay finishes compiling in the background\n", capfd.readouterr().err)
+    told = [line for line in capfd.readouterr().err.splitlines() if "compiled 20 " in line]
+    assert len(told) == 1 and re.fullmatch(r"zinfer: compiled 20 cpu-fast kernels in \d+ s; "
+                                           r"cpu_tape.replay finishes compiling in the background", told[0])
     progress.end()
     progress.told_total = True  # nothing more at pytest's exit
