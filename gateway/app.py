@@ -17,7 +17,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from zinfer.gateway import anthropic_api, llama_server_api, ollama_api, openai_api, openai_responses, page, websocket
+from zinfer.gateway import (
+    anthropic_api,
+    llama_server_api,
+    ollama_api,
+    openai_api,
+    openai_responses,
+    page,
+    tokenize_api,
+    websocket,
+)
 from zinfer.gateway.auth import ApiKeyMiddleware
 from zinfer.gateway.client import EngineError
 from zinfer.gateway.error_shapes import shaped_for
@@ -52,7 +61,8 @@ def build_app(state: GatewayState) -> Starlette:
     keyed = [Middleware(ApiKeyMiddleware, api_key=state.api_key)] if state.api_key else []
     middleware = [Middleware(BrowserGuard, policy=state.origins), *keyed, Middleware(JsonBodiesOnly)]
     operational = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]
-    api = [*openai_api.routes(state), *openai_responses.routes(state), *websocket.routes(state), *page.routes(state)]
+    api = [*openai_api.routes(state), *tokenize_api.routes(state), *openai_responses.routes(state)]
+    api += [*websocket.routes(state), *page.routes(state)]
     # the other protocols (gateway/PROTOCOL.md)
     api += [*anthropic_api.routes(state), *ollama_api.routes(state), *llama_server_api.routes(state)]
     return Starlette(

@@ -1,5 +1,5 @@
-"""OpenAI-compatible HTTP routes: chat and text completions (streamed or not), models,
-and llama-server's /tokenize and /detokenize.
+"""OpenAI-compatible HTTP routes: chat and text completions (streamed or not), models, and
+llama-server's unprefixed aliases of them (/tokenize and /detokenize: gateway/tokenize_api.py).
 
 A generation's status is decided by its first event from the engine: a rejection
 (too long: 400, queue full: 429, ...) is answered as an OpenAI error even when the
@@ -23,8 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from zinfer.gateway.client import EngineClient, EngineError
-from zinfer.gateway.infill_prompt import facts
+from zinfer.gateway.client import EngineClient
 from zinfer.gateway.metrics import RequestRecord
 from zinfer.gateway.openai_schema import (
     ApiError,
@@ -51,8 +50,6 @@ from zinfer.messages.client import (
     Finished,
     Rejected,
     Started,
-    Text,
-    TokenIds,
     Usage,
 )
 from zinfer.messages.params import Constraint, SamplingParams
@@ -104,12 +101,6 @@ def routes(state: GatewayState) -> list[Route]:
             return unknown_model(request.path_params["model"]).response()
         return JSONResponse(model_card(state))
 
-    async def tokenize(request: Request) -> Response:
-        return await _tokenize(state, request)
-
-    async def detokenize(request: Request) -> Response:
-        return await _detokenize(state, request)
-
     return [
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
@@ -119,8 +110,6 @@ def routes(state: GatewayState) -> list[Route]:
         Route("/chat/completions", chat, methods=["POST"]),
         Route("/completions", completions, methods=["POST"]),
         Route("/models", models, methods=["GET"]),
-        Route("/tokenize", tokenize, methods=["POST"]),
-        Route("/detokenize", detokenize, methods=["POST"]),
     ]
 
 
@@ -376,46 +365,3 @@ async def first_output(events: AsyncIterator[ClientEvent]) -> ClientEvent:
         event = await events.__anext__()
         if not isinstance(event, Started):
             return event
-
-
-class TokenizeBody(msgspec.Struct):
-    content: Text
-    add_special: bool = True
-    with_pieces: bool = False  # llama-server's: [{"id", "piece"}] (a piece not whole UTF-8: its bytes)
-    parse_special: bool = True  # special tokens' texts are always read as those tokens: false is refused
-
-
-class DetokenizeBody(msgspec.Struct):
-    tokens: TokenIds  # 0 <= id < 2**31 here; the engine checks them against the vocabulary
-
-
-async def _tokenize(state: GatewayState, request: Request) -> Response:
-    try:
-        body = _decode(await read_body(request, state.max_body_bytes), TokenizeBody, state)
-        if not body.parse_special:
-            raise ApiError(400, "parse_special false is not supported: special tokens' texts are always parsed",
-                           param="parse_special")
-        ids = await state.engine().tokenize(body.content, add_special=body.add_special)
-        if body.with_pieces:
-            model = facts(state)
-            return JSONResponse({"tokens": [{"id": t, "piece": model.piece(t)} for t in ids]})
-        return JSONResponse({"tokens": ids})
-    except ApiError as exc:
-        return exc.response()
-    except EngineError as exc:
-        return ApiError(400, str(exc)).response()
-
-
-async def _detokenize(state: GatewayState, request: Request) -> Response:
-    try:
-        body = _decode(await read_body(request, state.max_body_bytes), DetokenizeBody, state)
-        return JSONResponse({"content": await state.engine().detokenize(body.tokens)})
-    except ApiError as exc:
-        return exc.response()
-    except EngineError as exc:
-        return ApiError(400, str(exc), param="tokens").response()
-
-
-def _decode(body: bytes, kind: type[Parsed], state: GatewayState) -> Parsed:
-    state.engine()  # ApiError 503 while the model loads
-    return parse(body, kind)
