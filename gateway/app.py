@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from zinfer.gateway import (
     anthropic_api,
@@ -61,7 +61,7 @@ def build_app(state: GatewayState) -> Starlette:
     keyed = [Middleware(ApiKeyMiddleware, api_key=state.api_key)] if state.api_key else []
     middleware = [Middleware(BrowserGuard, policy=state.origins), *keyed, Middleware(JsonBodiesOnly)]
     operational = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]
-    api = [*openai_api.routes(state), *tokenize_api.routes(state), *openai_responses.routes(state)]
+    api: list[BaseRoute] = [*openai_api.routes(state), *tokenize_api.routes(state), *openai_responses.routes(state)]
     api += [*websocket.routes(state), *page.routes(state)]
     # the other protocols (gateway/PROTOCOL.md)
     api += [*anthropic_api.routes(state), *ollama_api.routes(state), *llama_server_api.routes(state)]
