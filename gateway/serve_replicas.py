@@ -7,13 +7,15 @@ the websocket chat, `--zmq` (the router's front door speaks the engine's client 
 /metrics (each replica's gauges labelled by replica) and, for stdio, the JSON-lines relay
 on the router's front door. The gateway process loads the model's tokenizer and template
 only (it routes on token ids and continues moved streams); the replicas load the weights.
-On shutdown the router drains every replica before Ray stops them.
+On shutdown the router drains every replica before Ray stops them; each SIGUSR1 to a
+serving process scales down by one replica the same way (`scale_down_on_signal`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 from functools import partial
 from typing import AsyncIterator
 
@@ -128,12 +130,31 @@ async def run_replicated_server(args: argparse.Namespace, config: EngineConfig, 
                     await nursery.start(RouterFrontDoor(ctx, router, config.zmq_endpoints, keys).run)
                 log.warning("serving", url=f"http://{args.host}:{args.port}", zmq=list(config.zmq_endpoints),
                             replicas=router.up)
+                nursery.start_soon(scale_down_on_signal, router)
                 try:
                     await trio.sleep_forever()
                 finally:
                     state.client = None  # new requests get 503 while the replicas drain
     finally:
         ctx.destroy(linger=0)
+
+
+SCALE_DOWN_SIGNAL = signal.SIGUSR1
+
+
+async def scale_down_on_signal(router: Router) -> None:
+    """Each SCALE_DOWN_SIGNAL drains one replica for good (the last by name of those taking
+    requests): it takes no more requests, finishes what it runs (or hands it over after the
+    drain time), and Ray does not restart it. The last replica is never drained this way."""
+    with trio.open_signal_receiver(SCALE_DOWN_SIGNAL) as signals:
+        async for _ in signals:
+            up = sorted(router.up)
+            if len(up) <= 1:
+                log.warning("scale-down refused: one replica left", replicas=up)
+                continue
+            log.warning("scaling down", replica=up[-1])
+            await router.drain(up[-1])
+            log.warning("scaled down", replica=up[-1], replicas=router.up)
 
 
 async def _stdio(args: argparse.Namespace, config: EngineConfig, replicas: RayReplicas, protocol_fd: int) -> None:

@@ -65,6 +65,15 @@ def ray_cluster(nodes: int, cpus_per_node: int = 1) -> Iterator[str]:
 def replicated_server(address: str, model: str, replicas: int, log: Path, *extra: str) -> Iterator[str]:
     """`zinfer serve --replicas N --ray-address address` on a free port; yields its URL once
     /health answers 200; SIGINT (a drain) at exit."""
+    with replicated_server_process(address, model, replicas, log, *extra) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def replicated_server_process(
+    address: str, model: str, replicas: int, log: Path, *extra: str
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """replicated_server's URL and its process (to signal it)."""
     port = free_port()
     cmd = [sys.executable, "-m", "zinfer.gateway.cli", "serve", "--model", model, "--port", str(port),
            "--replicas", str(replicas), "--ray-address", address, "--threads", "1", "--max-running", "32", *extra]
@@ -83,7 +92,7 @@ def replicated_server(address: str, model: str, replicas: int, log: Path, *extra
             time.sleep(0.3)
         else:
             raise TimeoutError(f"serve not ready: {log.read_text()[-3000:]}")
-        yield url
+        yield url, proc
     finally:
         proc.send_signal(signal.SIGINT)
         try:

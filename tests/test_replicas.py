@@ -12,14 +12,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
 pytest.importorskip("ray")
 
-from replica_chaos import PROMPTS, chaos, ray_cluster, replicated_server  # noqa: E402
+from replica_chaos import PROMPTS, chaos, ray_cluster, replicated_server, replicated_server_process  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -50,6 +54,35 @@ async def test_requests_survive_killed_replicas_with_the_fault_free_text(cluster
     for k, v in m.items():
         if k.startswith(("zinfer_replica_kv_used_blocks{", "zinfer_replica_open_requests{")):
             assert v == 0, (k, v)
+
+
+def test_sigusr1_scales_down_by_one_replica_and_its_requests_finish(cluster, tmp_path):
+    """Each SIGUSR1 drains one replica for good: its running streams finish, later requests go to
+    the others, /metrics shows it down, and the last replica is kept."""
+    log = tmp_path / "serve.log"
+    with replicated_server_process(cluster, "smollm2-135m", 2, log, "--no-int8") as (url, proc):
+        model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+
+        def complete(i: int) -> httpx.Response:
+            body = {"model": model, "prompt": f"Count to {i}:", "max_tokens": 24, "temperature": 0}
+            return httpx.post(url + "/v1/completions", json=body, timeout=120)
+
+        with ThreadPoolExecutor(8) as pool:
+            running = [pool.submit(complete, i) for i in range(8)]
+            time.sleep(1.0)  # the streams are under way on both replicas
+            proc.send_signal(signal.SIGUSR1)
+            assert all(f.result().status_code == 200 for f in running)
+        deadline = time.monotonic() + 60
+        while "scaled down" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert all(complete(i).status_code == 200 for i in range(4))
+        proc.send_signal(signal.SIGUSR1)  # one replica left: refused
+        time.sleep(1.0)
+        metrics = httpx.get(url + "/metrics").text
+    up = dict(re.findall(r'zinfer_replica_up\{replica="([^"]+)"\} (\S+)', metrics))
+    assert sorted(float(v) for v in up.values()) == [0.0, 1.0], up
+    text = log.read_text()
+    assert "scaled down" in text and "scale-down refused: one replica left" in text
 
 
 def test_stdio_relays_through_the_router_and_exits_at_eof(cluster):
