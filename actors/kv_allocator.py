@@ -183,13 +183,7 @@ class KVAllocator:
         if table is None:
             return
         keep = max(self._blocks_for(num_tokens), self._hashed[seq_id][0])
-        for block in reversed(table[keep:]):
-            self._refs[block] -= 1
-            if self._refs[block] == 0:
-                if block in self._hash_of_block:
-                    self._evictable[block] = None
-                else:
-                    self._free.append(block)
+        self._release(table[keep:])
         del table[keep:]
 
     def free(self, seq_id: int) -> None:
@@ -203,15 +197,20 @@ class KVAllocator:
         self._hashed.pop(seq_id, None)
         if table is None:
             return
-        for block in reversed(table):
+        self._release(table)
+
+    # ---- internals -----------------------------------------------------------------
+
+    def _release(self, blocks: list[int]) -> None:
+        """Drop one reference to each block, last first; a block left unreferenced becomes
+        evictable if registered (its KV kept for prefix hits), else free."""
+        for block in reversed(blocks):
             self._refs[block] -= 1
             if self._refs[block] == 0:
                 if block in self._hash_of_block:
                     self._evictable[block] = None
                 else:
                     self._free.append(block)
-
-    # ---- internals -----------------------------------------------------------------
 
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
