@@ -74,7 +74,7 @@ def as_lark(constraint: Constraint) -> Constraint:
         return constraint
     check_limits(constraint)
     try:
-        return Constraint("lark", gbnf_to_lark(constraint.spec))
+        return Constraint("lark", gbnf_to_lark(constraint.spec), constraint.prefix_ids)
     except RecursionError:
         raise ValueError("invalid GBNF grammar: it nests too deeply") from None
     except Exception as exc:  # the converter raises its own error types
@@ -155,7 +155,8 @@ class GrammarMask:
     """One request's grammar state: an llguidance matcher and the bitmask of the tokens
     allowed next. masked() bans the others in a logits row; accept() advances the matcher.
     Once the grammar is complete (the matcher stopped) only EOS is allowed. Build it on a
-    COMPILE_STACK thread (on_thread): its grammar is compiled as it is made."""
+    COMPILE_STACK thread (on_thread): its grammar is compiled as it is made, then advanced
+    over the constraint's prefix_ids (ConstraintError naming the first id it does not allow)."""
 
     def __init__(self, tokenizer: LLTokenizer, constraint: Constraint, vocab_size: int):
         self.accepted = 0  # tokens the matcher has consumed
@@ -164,6 +165,18 @@ class GrammarMask:
         self.vocab_size = vocab_size
         self.bitmask = allocate_token_bitmask(1, vocab_size)  # [1, ceil(vocab / 32)] int32; bit t: token t allowed
         self.fresh = False  # whether bitmask is the mask of the matcher's current state
+        self._advance(constraint.prefix_ids)
+
+    def _advance(self, prefix_ids: Sequence[int]) -> None:
+        """Consume the tokens the output already begins with (a continued stream's)."""
+        for i, t in enumerate(prefix_ids):
+            if not 0 <= t < self.vocab_size:
+                raise ConstraintError(f"prefix_ids[{i}]: token {t} is not in the vocabulary of {self.vocab_size}")
+            if self.matcher.is_stopped() and not self.matcher.is_error():
+                raise ConstraintError(f"prefix_ids[{i}]: the grammar is complete before token {t}")
+            if not self.matcher.consume_token(t):
+                raise ConstraintError(f"prefix_ids[{i}]: the grammar does not allow token {t} there")
+            self.accepted += 1
 
     def fill(self) -> None:
         """Compute the next token's mask unless it is fresh. Holds no GIL while llguidance

@@ -101,12 +101,16 @@ def check_before_encoding(
     req: Generate, prompts: PromptBuilder, limits: PromptLimits, max_model_len: int, max_waiting: int
 ) -> None:
     """ValueError (PromptTooLong for a prompt over the limits) for what is refused before any
-    encoding: bad sampling parameters, max_tokens past the context, more choices than the
-    engine queues at once (max_waiting; 0: unchecked), a prompt too long for any encoding."""
+    encoding: bad sampling parameters, max_tokens or a constraint's prefix_ids past the
+    context, more choices than the engine queues at once (max_waiting; 0: unchecked), a
+    prompt too long for any encoding."""
     req.params.validate()
     max_tokens, n = req.params.max_tokens, req.params.n
     if max_tokens > max_model_len:  # OpenAI and vLLM refuse it too: never silently clamped
         raise ValueError(f"max_tokens {max_tokens} exceeds the context of {max_model_len} tokens")
+    c = req.params.constraint
+    if c is not None and len(c.prefix_ids) > max_model_len:  # bounded before the grammar worker walks them
+        raise ValueError(f"constraint prefix_ids: {len(c.prefix_ids)} ids exceed the context of {max_model_len} tokens")
     if max_waiting and n > max_waiting:  # queue_full would come every time: no retry helps
         raise ValueError(f"n {n} exceeds the {max_waiting} sequences the engine queues at once (--max-waiting)")
     prompts.check_params(req.params.logit_bias, req.params.stop_token_ids)

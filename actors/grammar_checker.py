@@ -8,7 +8,9 @@ crash or stall the compiler, is a refusal ("bad_constraint") and never reaches t
   first: seconds), checks one grammar at a time within CHECK_SECONDS; a worker that dies or
   overruns is killed, the request refused, and the next check starts a new one.
 - Verdicts are kept for the last CACHE_SIZE distinct grammars (clients repeat theirs);
-  only the worker's compile outcomes, not an overrun or a crash, which load can cause.
+  only the worker's compile outcomes, not an overrun or a crash, which load can cause. A
+  constraint with prefix_ids (a continued stream) is checked with them every time: the
+  worker advances its grammar over them, and an id the grammar does not allow refuses it.
 """
 
 from __future__ import annotations
@@ -49,12 +51,12 @@ class GrammarChecker:
         """The constraint to admit (GBNF converted to Lark); ValueError saying why the
         grammar is refused."""
         key = (constraint.kind, constraint.spec)
-        verdict = self._verdicts.get(key)
+        verdict = None if constraint.prefix_ids else self._verdicts.get(key)  # a prefix's verdict is not kept
         if verdict is None:
             await trio.to_thread.run_sync(check_limits, constraint)
             async with self._lock:
                 verdict, compiled = await self._ask(constraint)
-            if compiled:  # an overrun or a crash may go otherwise on a quieter machine: not kept
+            if compiled and not constraint.prefix_ids:  # an overrun or a crash may go otherwise: not kept
                 self._verdicts[key] = verdict
                 if len(self._verdicts) > CACHE_SIZE:
                     self._verdicts.popitem(last=False)

@@ -30,11 +30,13 @@ MAX_LOGPROBS, MAX_N = 20, 16
 MAX_CONSTRAINT_BYTES = 256 << 10
 """A constraint's spec (schema, regex, grammar or choice list) is at most 256 KiB of UTF-8."""
 CONSTRAINT_KINDS = ("json_schema", "regex", "lark", "gbnf", "choice")
+MAX_PREFIX_IDS = 1 << 18
+"""A constraint's prefix_ids hold at most this many token ids (the engine also bounds them by its context)."""
 
 Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 
 
-class Constraint(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class Constraint(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """A grammar the generated text must match (constrained decoding, by llguidance in the sampler).
 
     kind "json_schema": spec is a JSON schema as JSON text (`{"type": "object"}`: any JSON
@@ -45,10 +47,17 @@ class Constraint(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     size; whether the spec compiles is checked at the engine's front door before the request
     is queued (actors/grammar_checker.py: a refusal is Rejected "bad_constraint"), and by
     the sampler again.
+
+    prefix_ids: token ids the output already begins with under this grammar (a stream
+    continued on another engine sends the ids it had streamed, which also end its prompt):
+    the grammar advances over them before the first token is sampled, so the output goes on
+    from that state. Each id must be one the grammar allows there, else the request is
+    refused ("bad_constraint"). Empty (the default): the grammar starts at its beginning.
     """
 
     kind: str
     spec: str
+    prefix_ids: list[Int64] = []
 
 
 class SamplingParams(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
@@ -79,7 +88,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=T
     logprobs: Int64 | None = None
     n: Int64 = 1
     constraint: Constraint | None = None
-    speculative: str | None = None  # "ngram" (prompt lookup drafts) or "off"; None: the server's default
+    # "ngram" (prompt lookup drafts), "draft" (the server's draft model) or "off"; None: the server's default
+    speculative: str | None = None
 
     def __post_init__(self) -> None:
         """Refuse a seed no 64-bit integer holds: it could not be encoded. Runs on decode too,
@@ -107,9 +117,10 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=T
             ("logprobs", self.logprobs is None or _int(self.logprobs, 0, MAX_LOGPROBS),
              f"an integer from 0 to {MAX_LOGPROBS}"),
             ("n", _int(self.n, 1, MAX_N), f"an integer from 1 to {MAX_N}"),
-            ("speculative", self.speculative in (None, "off", "ngram"), '"off" or "ngram"'),
+            ("speculative", self.speculative in (None, "off", "ngram", "draft"), '"off", "ngram" or "draft"'),
             ("constraint", self.constraint is None or _constraint(self.constraint),
-             f"kind one of {', '.join(CONSTRAINT_KINDS)} and a spec of at most {MAX_CONSTRAINT_BYTES >> 10} KiB"),
+             f"kind one of {', '.join(CONSTRAINT_KINDS)}, a spec of at most {MAX_CONSTRAINT_BYTES >> 10} KiB and "
+             f"at most {MAX_PREFIX_IDS} prefix_ids from 0 to 2**31-1"),
         ]
         for name, ok, rule in checks:
             if not ok:
@@ -147,7 +158,9 @@ def _constraint(c: Any) -> bool:
     (its length in characters, checked first, bounds the encoding's cost)."""
     return (type(c) is Constraint and c.kind in CONSTRAINT_KINDS and type(c.spec) is str
             and len(c.spec) <= MAX_CONSTRAINT_BYTES
-            and len(c.spec.encode("utf-8", "surrogatepass")) <= MAX_CONSTRAINT_BYTES)
+            and len(c.spec.encode("utf-8", "surrogatepass")) <= MAX_CONSTRAINT_BYTES
+            and type(c.prefix_ids) is list and len(c.prefix_ids) <= MAX_PREFIX_IDS
+            and all(_int(t, 0, TOKEN_ID_LIMIT - 1) for t in c.prefix_ids))
 
 
 def _short(value: Any) -> str:
