@@ -1,9 +1,9 @@
 """cpu-fast's int8 activations: x [T, cols] f32 rounded to int8 codes A in the order a
 weight layout's kernels read them (the orders of products.py's table), with per-lane scales
-S [T, steps * 8], u4's and k4's offset sums N (d_a times each 32-block's code sum) and u5's
+S [T, steps * 8], u4's and k4's offset sums N (d_a times each 32-block's code sum), u5's
 and u6's code offsets C (what their unsigned codes' offset takes off, once per activation
-row, not once per weight-row pass). Every function has a parallel copy and one for one
-thread (cpu_ops.compile_twice).
+row, not once per weight-row pass) and k4's code sums C (each 32-block's, as integers).
+Every function has a parallel copy and one for one thread (cpu_ops.compile_twice).
 """
 
 from __future__ import annotations
@@ -70,10 +70,11 @@ def _quantize_for_u4(x: np.ndarray, A: np.ndarray, S: np.ndarray, N: np.ndarray,
         N[t, K // 32 :] = 0
 
 
-def _quantize_for_k4(x: np.ndarray, A: np.ndarray, S: np.ndarray, N: np.ndarray, group: Int) -> None:
+def _quantize_for_k4(x: np.ndarray, A: np.ndarray, S: np.ndarray, N: np.ndarray, C: np.ndarray, group: Int) -> None:
     """A [T, cols] int8 in the k4 order (layouts.K4_COLUMNS: per 256 columns,
     byte 64 * j + 32 * h + 4 * b + r holds column 32 * b + 8 * j + 4 * h + r), rounded per
-    `group` (256) columns; S lanes = d_a; N [T, chunks * 8] = d_a * sum(codes) per 32-block."""
+    `group` (256) columns; S lanes = d_a; N [T, chunks * 8] = d_a * sum(codes) per 32-block;
+    C[t, 8g + b] = that sum as an integer (block b of super-block g: the mins' factor)."""
     T, K = x.shape
     for t in prange(T):
         xt, At = x[t], A[t]
@@ -90,6 +91,7 @@ def _quantize_for_k4(x: np.ndarray, A: np.ndarray, S: np.ndarray, N: np.ndarray,
                             At[at + 64 * j + 32 * h + r] = np.int8(c)
                             total += c
                 N[t, g * 8 + b] = d * total
+                C[t, g * 8 + b] = np.int32(total)
             S[t, g * 32 : g * 32 + 32] = d
         N[t, K // 32 :] = 0
 
@@ -183,12 +185,12 @@ def _quantize_in(
     """x [T, cols] f32 rounded per `group` columns in the activation order _ORDER (each
     copy's own constant, cpu_ops.specialize) -> (A [T, cols] int8, S [T, nsteps * 8] f32,
     N [T, nchunks * 8] f32 (u4's and k4's orders, else [T, 1]), C [T, nsteps * 8] int32
-    (u5's and u6's orders, else [T, 1])); `one`: on this thread alone."""
+    (u5's, u6's and k4's orders, else [T, 1])); `one`: on this thread alone."""
     T, cols = x.shape
     A = np.empty((T, cols), np.int8)
     S = np.empty((T, nsteps * 8), np.float32)  # d_a per lane
     N = np.empty((T, nchunks * 8 if _ORDER == U4_ORDER or _ORDER == K4_ORDER else 1), np.float32)
-    C = np.empty((T, nsteps * 8 if _ORDER == U5_ORDER or _ORDER == U6_ORDER else 1), np.int32)
+    C = np.empty((T, nsteps * 8 if _ORDER == U5_ORDER or _ORDER == U6_ORDER or _ORDER == K4_ORDER else 1), np.int32)
     if _ORDER == U5_ORDER:
         if one:
             _quantize_u5_one(x, A, S, C)
@@ -201,9 +203,9 @@ def _quantize_in(
             _quantize_u4(x, A, S, N, group)
     elif _ORDER == K4_ORDER:
         if one:
-            _quantize_k4_one(x, A, S, N, group)
+            _quantize_k4_one(x, A, S, N, C, group)
         else:
-            _quantize_k4(x, A, S, N, group)
+            _quantize_k4(x, A, S, N, C, group)
     elif _ORDER == U6_ORDER:
         if one:
             _quantize_u6_one(x, A, S, group)
