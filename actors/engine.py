@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator
 import structlog
 import trio
 
-from zinfer.actors.engine_build import Engine, build_actor, engine_context, open_process_tracing
+from zinfer.actors.engine_build import Engine, actor_order, build_actor, engine_context, open_process_tracing
 from zinfer.actors.engine_config import EngineConfig
 from zinfer.actors.front_door_actor import FrontDoorActor
 from zinfer.actors.processes import open_process_engine
@@ -62,11 +62,12 @@ async def open_engine(config: EngineConfig = EngineConfig(), addrs: Addresses | 
     tracing = open_process_tracing(config, source, "engine")
     try:
         actors = {}
-        for name in ACTOR_ORDER:
+        names = actor_order(config, ACTOR_ORDER)  # and the drafter, with a draft model
+        for name in names:
             actors[name] = await trio.to_thread.run_sync(build_actor, name, ctx, addrs, config, source, tracing)
         log_start(source, config)
         async with trio.open_nursery() as nursery:
-            for name in ACTOR_ORDER:
+            for name in names:
                 await nursery.start(_fail_requests_if_it_raises, name, actors[name], actors["front_door"])
             yield Engine(ctx, addrs, source, actors, config)
             nursery.cancel_scope.cancel()

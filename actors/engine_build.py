@@ -1,7 +1,8 @@
 """How one process builds its share of an engine: the zmq context, each actor of the
 topology, and the Engine handle that gateways hold.
 
-The in-process engine (actors/engine.py) builds all five actors here; in the ipc and tcp
+The in-process engine (actors/engine.py) builds all five actors here (six with a draft model:
+the drafter, actors/draft_actor.py); in the ipc and tcp
 topologies the parent builds the front door and each child process one other actor
 (actors/processes.py), from the same EngineConfig.
 """
@@ -12,6 +13,7 @@ from typing import Any
 
 import zmq
 
+from zinfer.actors.draft_actor import DrafterActor, drafter_address
 from zinfer.actors.engine_config import EngineConfig
 from zinfer.actors.executor_actor import ExecutorActor
 from zinfer.actors.front_door_actor import FrontDoorActor
@@ -21,7 +23,7 @@ from zinfer.actors.scheduler_actor import SchedulerActor
 from zinfer.actors.topology import Addresses
 from zinfer.devices.registry import make_device
 from zinfer.messages.curve import CurveContext, KeyPair, load_public_keys
-from zinfer.models.loader import ModelSource
+from zinfer.models.loader import ModelSource, open_model
 from zinfer.models.prompt import PromptBuilder
 from zinfer.traces.setup import Tracing, open_tracing
 
@@ -44,6 +46,14 @@ def open_process_tracing(config: EngineConfig, source: ModelSource, role: str) -
     """This process's Tracing (None when tracing is off); its resource names the model and device."""
     resource = {"zinfer.model": source.name, "zinfer.model.file": str(source.path), "zinfer.device": config.device}
     return open_tracing(config.trace, role, resource)
+
+
+def actor_order(config: EngineConfig, order: tuple[str, ...]) -> tuple[str, ...]:
+    """order with the drafter before the scheduler when the config has a draft model."""
+    if not config.speculation.draft_model:
+        return order
+    i = order.index("scheduler")
+    return order[:i] + ("drafter",) + order[i:]
 
 
 def build_actor(
@@ -71,6 +81,13 @@ def build_actor(
     if name == "executor":
         device = make_device(config.device, config.device_options)
         return ExecutorActor(ctx, addrs, source, device, sched.num_blocks, sched.block_size, tracing)
+    if name == "drafter":
+        spec = config.speculation
+        device = make_device(config.device, config.device_options)
+        # the draft pool holds every running sequence and its proposal past the target's pool
+        blocks = sched.num_blocks + sched.max_running * (1 + -(-spec.max_draft // sched.block_size))
+        return DrafterActor(ctx, drafter_address(addrs), source, open_model(spec.draft_model), device, blocks,
+                            sched.block_size, sched.token_budget, spec.draft_p_min, tracing)
     raise ValueError(f"unknown actor {name!r}")
 
 

@@ -40,6 +40,8 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         kind_of(self.device)  # ValueError naming the known devices
         self.speculation.validate()
+        if self.speculation.draft_model and self.topology != "inproc":
+            raise ValueError("a draft model (--draft-model) runs in the inproc topology only")
 
     def with_resolved_device(self) -> "EngineConfig":
         """This config with `device` concrete ("auto" resolved here, logged) and its options

@@ -118,7 +118,9 @@ class ExecutorActor:
         chunks = [(s.token_ids, s.start_pos, t, s.wants_logits) for s, t in zip(r.seqs, tables)]
         batch = drafted_rows(ForwardBatch.build(chunks, self.block_size), r.seqs)
         wanting = [s for s in r.seqs if s.wants_logits for _ in range(s.draft + 1)]  # one per logits row
-        drafts = [Draft(s.seq_id, s.token_ids[len(s.token_ids) - s.draft :]) for s in r.seqs if s.draft]
+        q = {d.seq_id: d.probs for d in r.drafts}  # a draft model's proposal distributions, handed on
+        drafts = [Draft(s.seq_id, s.token_ids[len(s.token_ids) - s.draft :], q.get(s.seq_id))
+                  for s in r.seqs if s.draft]
         t0 = time.perf_counter()
         if self.round_tracer is None:
             seq_ids, logits, candidates = await trio.to_thread.run_sync(self.compute, batch, wanting)

@@ -123,12 +123,13 @@ class SamplerActor:
             else:
                 self.samplers.pop(u.seq_id, None)
         drafts = {d.seq_id: d.token_ids for d in msg.drafts}
+        q = {d.seq_id: d.probs for d in msg.drafts if d.probs is not None}  # a draft model's proposal distributions
         for row, seq_id, n in _row_runs(msg.seq_ids, drafts):
             if seq_id in failed:
                 continue
             try:
                 if seq_id in drafts:
-                    tokens += self._verify(seq_id, drafts[seq_id], msg.logits[row : row + n], None)
+                    tokens += self._verify(seq_id, drafts[seq_id], msg.logits[row : row + n], None, q.get(seq_id))
                 else:
                     tokens.append(self._sample_row(seq_id, msg.logits[row]))  # [vocab]
             except Exception as e:  # non-finite logits, a broken row: this request only
@@ -141,7 +142,7 @@ class SamplerActor:
             try:
                 if seq_id in drafts:
                     rows = (c.ids[row : row + n], c.values[row : row + n], c.row_max[row : row + n])
-                    tokens += self._verify(seq_id, drafts[seq_id], None, rows)
+                    tokens += self._verify(seq_id, drafts[seq_id], None, rows, q.get(seq_id))
                 else:
                     # ids, values [K] each
                     tokens.append(self._sample_candidates(seq_id, c.ids[row], c.values[row], float(c.row_max[row])))
@@ -150,17 +151,19 @@ class SamplerActor:
         return Sampled(msg.round_id, tokens)
 
     def _verify(self, seq_id: int, draft: list[int], logits: np.ndarray | None,
-                candidates: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> list[TokenSample]:
+                candidates: tuple[np.ndarray, np.ndarray, np.ndarray] | None, q: np.ndarray | None = None
+                ) -> list[TokenSample]:
         """Verify seq_id's draft against its len(draft) + 1 rows: full logits [k + 1, vocab], or
-        candidates (ids, values [k + 1, K], row_max [k + 1]); its kept tokens, recorded."""
+        candidates (ids, values [k + 1, K], row_max [k + 1]); q: the draft's proposal
+        distributions [k, draft vocab] (None: point masses); its kept tokens, recorded."""
         sampler = self.samplers.get(seq_id)
         if sampler is None:
             raise ValueError(f"no sampling state for seq {seq_id}")
         if logits is not None:
-            kept = verify_rows(sampler, draft, full_row_sampler(sampler, logits))
+            kept = verify_rows(sampler, draft, full_row_sampler(sampler, logits, q))
         else:
             assert candidates is not None
-            kept = verify_rows(sampler, draft, candidates_sampler(sampler, *candidates))
+            kept = verify_rows(sampler, draft, candidates_sampler(sampler, *candidates, q))
         return [TokenSample(seq_id, s.token_id, s.logprob, s.top_logprobs) for s in kept]
 
     async def _load_grammar_tokenizer(self, msg: RoundLogits) -> None:

@@ -2,8 +2,9 @@
 
 It receives admissions, aborts, sampled tokens and failed rounds on its inbox and hands each
 to the core; then, while no round is in flight, it asks the core for the next step and does
-what it says: call the KV actor (and feed the reply back), send the round to the executor, or
-send outputs and stats to the front door. Tracing spans (queue, schedule) and logs live here.
+what it says: call the drafter (a draft model's actor) or the KV actor (and feed the reply back),
+send the round to the executor, or send outputs and stats to the front door. Tracing spans
+(queue, schedule) and logs live here.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import trio
 import zmq
 from opentelemetry.trace import Span
 
+from zinfer.actors.draft_actor import DraftClient, drafter_address
 from zinfer.actors.kv_actor import KvClient
 from zinfer.actors.scheduler_core import RoundPlan, SchedulerCore
 from zinfer.actors.scheduler_policy import SchedulerConfig, SchedulerPolicy
@@ -24,6 +26,7 @@ from zinfer.messages.engine import (
     Abort,
     ActorFailed,
     Admit,
+    DraftAsk,
     ExecutorInbox,
     KvUpdate,
     RoundFailed,
@@ -51,6 +54,8 @@ class SchedulerActor:
         self.to_front_door: Outbox[FrontDoorInbox] = Outbox(ctx, addrs.front_door, FrontDoorInbox)
         self.to_executor: Outbox[ExecutorInbox] = Outbox(ctx, addrs.executor, ExecutorInbox)
         self.kv = KvClient(ctx, addrs.kv)
+        # the draft model's actor, when the engine has one (speculative decoding with --draft-model)
+        self.drafter = DraftClient(ctx, drafter_address(addrs)) if config.speculation.draft_model else None
         self.tracing = tracing  # None: tracing off
         self.queue_spans: dict[int, Span] = {}  # seq_id -> its open "queue" span
 
@@ -83,13 +88,16 @@ class SchedulerActor:
                 msg = await self.inbox.recv()
                 if isinstance(msg, Shutdown):
                     await self.kv.shutdown()
+                    if self.drafter is not None:
+                        await self.drafter.shutdown()
                     return
                 await self.handle(msg)
                 if self.core.in_flight is None:
                     await self.start_round()
         finally:
-            for end in (self.inbox, self.to_front_door, self.to_executor, self.kv):
-                end.close()
+            for end in (self.inbox, self.to_front_door, self.to_executor, self.kv, self.drafter):
+                if end is not None:
+                    end.close()
 
     async def handle(self, msg: Admit | Abort | Sampled | RoundFailed | ActorFailed) -> None:
         if isinstance(msg, Admit):
@@ -120,7 +128,15 @@ class SchedulerActor:
         """Step the core to its next round (calling the KV actor as it asks), and send what it gives."""
         t0 = time.time_ns()
         step = self.core.schedule()
-        while isinstance(step, KvUpdate):
+        while isinstance(step, (KvUpdate, DraftAsk)):
+            if isinstance(step, DraftAsk):
+                assert self.drafter is not None  # the core asks only when there is one
+                drafted = await self.drafter.call(step)
+                if drafted.error:
+                    log.warning("draft failed", seq_ids=[s.seq_id for s in step.seqs], error=drafted.error)
+                self.core.drafted(drafted)
+                step = self.core.schedule()
+                continue
             reply = await self.kv.call(step)
             preempted = self.core.granted(reply)
             if preempted:

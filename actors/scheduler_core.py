@@ -12,7 +12,8 @@ The driver's loop (the actor's, and the tests'):
     abort(seq_id)
     update(Sampled) -> SeqOutputs | None     the in-flight round's tokens: send to the front door
     fail_round(RoundFailed) -> SeqOutputs    the round's sequences end with the error: send them
-    schedule() -> KvUpdate | RoundPlan | SeqOutputs | None, while no round is in flight:
+    schedule() -> DraftAsk | KvUpdate | RoundPlan | SeqOutputs | None, while no round is in flight:
+        DraftAsk    ask the drafter (a draft model); pass its reply to drafted(), then call schedule() again
         KvUpdate    ask the KV actor; pass its reply to granted(), then call schedule() again
         RoundPlan   send plan.round to the executor; the round is in flight until update()
                     or fail_round()
@@ -28,6 +29,9 @@ Contracts:
   lacks (a decode step inside its last block needs no call);
 - a drafted chunk (speculative decoding) gets back its draft's kept prefix and one more token; the
   blocks of its rejected tokens go back with the next KvUpdate (a KvTruncate);
+- with a draft model, the drafter is asked (once per round, for every decoding sequence that drafts
+  with it) before the round is planned; each ask sends a sequence's tokens the drafter lacks and
+  names the sequences it should forget (ended or preempted since the last ask);
 - a sample that failed ends its sequence alone with finish reason "error" and its SeqError; a failed round
   ends each of its sequences so, and its sampler updates go out again with the next round (the
   sampler never saw them).
@@ -39,8 +43,13 @@ from dataclasses import dataclass
 
 from zinfer.actors.logits_need import logits_needed
 from zinfer.actors.scheduler_policy import Chunk, SchedulerConfig, SchedulerPolicy, Seq
+from zinfer.actors.speculation import ModelDrafter
 from zinfer.messages.engine import (
     Admit,
+    Draft,
+    DraftAsk,
+    DraftReply,
+    DraftSeq,
     KvCommit,
     KvGrant,
     KvReply,
@@ -97,6 +106,9 @@ class SchedulerCore:
         self.sampler_updates: list[SamplerUpdate] = []  # for the next Round
         self._asked: list[Chunk] | None = None  # the chunks whose KV asks are out
         self._granted: tuple[list[Chunk], list[Chunk]] | None = None  # (planned, accepted) once answered
+        self.has_drafter = bool(config.speculation.draft_model)  # a draft model's actor answers DraftAsks
+        self.draft_forget: list[int] = []  # seq ids the next DraftAsk tells the drafter to forget
+        self._drafting: list[Seq] | None = None  # the sequences of the DraftAsk out
 
     # ---- inputs ---------------------------------------------------------------------
 
@@ -165,15 +177,18 @@ class SchedulerCore:
 
     # ---- the next round -------------------------------------------------------------
 
-    def schedule(self) -> KvUpdate | RoundPlan | SeqOutputs | None:
+    def schedule(self) -> DraftAsk | KvUpdate | RoundPlan | SeqOutputs | None:
         """The next step towards a round (see the module docstring); call it only while no round
         is in flight and no KvUpdate is unanswered."""
-        if self.in_flight is not None or self._asked is not None:
-            raise RuntimeError("schedule() while a round or a KV update is out")
+        if self.in_flight is not None or self._asked is not None or self._drafting is not None:
+            raise RuntimeError("schedule() while a round, a KV update or a draft ask is out")
         while True:
             if self._granted is not None:
                 (chunks, accepted), self._granted = self._granted, None
             else:
+                ask = self._draft_ask()
+                if ask is not None:
+                    return ask
                 chunks = self.policy.plan()
                 pending = self.frees or self.commits or self.truncations
                 if not chunks and not pending:
@@ -189,6 +204,22 @@ class SchedulerCore:
                 return SeqOutputs([], self.stats())  # idle: report the freed blocks
             # else admitted with a cached prefix longer than its chunk: plan its rest
 
+    def drafted(self, reply: DraftReply) -> None:
+        """The drafter's reply to the DraftAsk schedule() returned: park each proposal on its
+        sequence (a failed ask: no drafts this round, the drafter starts the sequences over);
+        call schedule() next."""
+        if self._drafting is None:
+            raise RuntimeError("drafted() with no draft ask out")
+        seqs, self._drafting = self._drafting, None
+        ok = not reply.error and [p.seq_id for p in reply.proposals] == [s.seq_id for s in seqs]
+        for i, s in enumerate(seqs):
+            assert isinstance(s.drafter, ModelDrafter)
+            if ok:
+                p = reply.proposals[i]
+                s.drafter.take(list(p.token_ids), p.probs, p.known)
+            else:
+                s.drafter.take([], None, 0)
+
     def granted(self, reply: KvReply) -> list[int]:
         """The KV actor's reply to the KvUpdate schedule() returned. Returns the seq ids preempted
         because a running sequence's blocks ran out (the youngest running one; its frees go out
@@ -203,6 +234,8 @@ class SchedulerCore:
             return []
         self.frees = [v.seq_id for v in victims]
         self.forget += self.frees
+        if self.has_drafter:
+            self.draft_forget += self.frees
         self.preemptions += len(victims)
         return list(self.frees)
 
@@ -213,6 +246,28 @@ class SchedulerCore:
                               self.drafted_tokens, self.accepted_tokens)
 
     # ---- internals ------------------------------------------------------------------
+
+    def _draft_ask(self) -> DraftAsk | None:
+        """The drafter's ask for the sequences that want a draft model's draft before this
+        round (with the forgets pending), or a forget-only ask once many are pending; None
+        when there is nothing to ask."""
+        if not self.has_drafter:
+            return None
+        wanted = self.policy.model_drafts_wanted()
+        if not wanted and len(self.draft_forget) < 256:
+            return None
+        seqs = []
+        for s, limit in wanted:
+            assert isinstance(s.drafter, ModelDrafter)
+            start = s.drafter.known
+            p = s.params
+            seqs.append(DraftSeq(s.seq_id, start, s.tokens(start, len(s.prompt_ids) + len(s.output_ids)), limit,
+                                 p.temperature, p.seed))
+        parents = [s.traceparent for s, _ in wanted if s.traceparent]
+        ask = DraftAsk(seqs, self.draft_forget, parents)
+        self.draft_forget = []
+        self._drafting = [s for s, _ in wanted]
+        return ask
 
     def _kv_update(self, chunks: list[Chunk]) -> KvUpdate:
         """The pending frees and commits, and the chunks' block asks."""
@@ -228,7 +283,12 @@ class SchedulerCore:
             for s, c in zip(seqs, accepted):
                 s.logits_need = logits_needed(c.seq.params) if s.wants_logits else 0
         parents = [c.seq.traceparent for c in accepted if c.seq.traceparent]
-        plan = RoundPlan(Round(self.round_id, seqs, self.sampler_updates, parents, self.forget), accepted)
+        drafts = []  # the proposal distributions of a draft model's sampled drafts
+        for c in accepted:
+            q = c.seq.drafter.q_rows(len(c.draft)) if c.draft and isinstance(c.seq.drafter, ModelDrafter) else None
+            if q is not None:
+                drafts.append(Draft(c.seq.seq_id, list(c.draft), q))
+        plan = RoundPlan(Round(self.round_id, seqs, self.sampler_updates, parents, self.forget, drafts), accepted)
         self.in_flight_updates, self.sampler_updates, self.forget = self.sampler_updates, [], []
         self.in_flight = accepted
         return plan
@@ -237,6 +297,8 @@ class SchedulerCore:
         """A sequence ended: queue the freeing of its KV, sampler state and executor table."""
         self.frees.append(seq_id)
         self.forget.append(seq_id)
+        if self.has_drafter:
+            self.draft_forget.append(seq_id)
         self.sampler_updates.append(SamplerDrop(seq_id))
 
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from zinfer.actors.speculation import NgramDrafter, SpeculationConfig
+from zinfer.actors.speculation import ModelDrafter, NgramDrafter, SpeculationConfig
 from zinfer.messages.engine import KvAllocate, KvCommit, KvGrant, KvTruncate, RoundSeq
 from zinfer.messages.params import SamplingParams
 
@@ -72,7 +72,7 @@ class Seq:
     committed_blocks: int = 0  # leading blocks the allocator knows are full and written
     sent_blocks: int = 0  # leading block_table entries the executor has
     order: int = 0  # admission order: lower is older
-    drafter: NgramDrafter | None = None  # its speculative drafts (None: it decodes plainly)
+    drafter: NgramDrafter | ModelDrafter | None = None  # its speculative drafts (None: it decodes plainly)
 
     @property
     def all_ids(self) -> list[int]:
@@ -148,9 +148,12 @@ class SchedulerPolicy:
             return "cannot_fit", why
         if len(self.waiting) >= cfg.max_waiting:
             return "queue_full", f"the waiting queue is full ({cfg.max_waiting} sequences)"
-        seq.order = next(self._order)
         mode = seq.params.speculative or cfg.speculation.mode
-        seq.drafter = NgramDrafter(cfg.speculation) if mode == "ngram" else None
+        if mode == "draft" and not cfg.speculation.draft_model:
+            return "bad_request", 'speculative "draft" needs a server started with a draft model (--draft-model)'
+        seq.order = next(self._order)
+        seq.drafter = (NgramDrafter(cfg.speculation) if mode == "ngram" else
+                       ModelDrafter(cfg.speculation) if mode == "draft" else None)
         self.waiting.append(seq)
         return None
 
@@ -190,6 +193,21 @@ class SchedulerPolicy:
             chunks.append(Chunk(s, n, new=True))
             budget -= n
         return chunks
+
+    def model_drafts_wanted(self) -> list[tuple[Seq, int]]:
+        """The running sequences whose next round decodes one token and whose draft model has
+        not been asked since their last round, each with the most tokens it may draft (within
+        max_tokens and max_len); none while more than max_batch sequences run."""
+        if len(self.running) > self.config.speculation.max_batch:
+            return []
+        out = []
+        for s in self.running:
+            d, total = s.drafter, len(s.prompt_ids) + len(s.output_ids)
+            if isinstance(d, ModelDrafter) and d.wants() and total - s.num_computed == 1:
+                limit = min(d.length, s.params.max_tokens - len(s.output_ids) - 1, self.max_len - total - 1)
+                if limit > 0:
+                    out.append((s, limit))
+        return out
 
     def _draft(self, s: Seq, budget: int) -> list[int]:
         """A draft for decoding sequence s, within budget tokens and short enough that every
@@ -247,6 +265,8 @@ class SchedulerPolicy:
         self.running.remove(seq)
         seq.num_computed = seq.committed_blocks = seq.sent_blocks = 0
         seq.block_table = []
+        if isinstance(seq.drafter, ModelDrafter):
+            seq.drafter.reset()
         self.waiting.appendleft(seq)
 
     @staticmethod
@@ -294,7 +314,7 @@ class SchedulerPolicy:
             s.num_computed = min(c.end - d + kept, len(s.prompt_ids) + len(s.output_ids) - (1 if emitted else 0))
             if emitted:
                 result.emitted[s.seq_id] = Emitted(emitted, d, min(kept, len(emitted)))
-            if d and s.drafter is not None:
+            if s.drafter is not None:
                 s.drafter.verified(d, kept)
             full = s.num_computed // bs  # only full blocks enter the prefix cache
             if full > s.committed_blocks:

@@ -12,27 +12,39 @@ earlier place where the sequence's last n tokens (n from max_n down to min_n) al
 in the prompt or the output, and propose the tokens that followed there. Edited code, summaries
 and retrieval answers repeat their input, so such drafts are often right; where nothing repeats
 no draft is made and the round is a plain decode step.
+
+A draft model (mode "draft", actors/draft_model.py): a smaller model with the same vocabulary
+proposes the tokens. The scheduler asks the drafter actor before planning a round
+(actors/scheduler_core.py) and parks each proposal on the sequence's ModelDrafter, where the
+plan picks it up as it picks up an n-gram draft.
 """
 
 from __future__ import annotations
 
 import msgspec
+import numpy as np
 
-SPECULATE_MODES = ("off", "ngram")
-"""The speculation a server or request may ask for: "off" (plain decoding) or "ngram" (prompt lookup)."""
+SPECULATE_MODES = ("off", "ngram", "draft")
+"""The speculation a server or request may ask for: "off" (plain decoding), "ngram" (prompt lookup)
+or "draft" (a draft model's proposals; needs draft_model)."""
 
 
 class SpeculationConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How the scheduler drafts. mode: the server's default, each request may override it
     (SamplingParams.speculative). max_draft: the most tokens drafted for a sequence per round.
     max_batch: drafts are made only while at most this many sequences run (past it a round is
-    compute-bound and extra rows cost what they save). min_n, max_n: the n-gram lengths looked up."""
+    compute-bound and extra rows cost what they save). min_n, max_n: the n-gram lengths looked up.
+    draft_model: the draft model (a name `zinfer pull` knows or a path; "" none), loaded at start
+    so requests may ask for "draft" whatever the mode. draft_p_min: a draft model's proposal stops
+    before a token it gives less than this probability."""
 
     mode: str = "off"
     max_draft: int = 2  # cpu-fast's int8 products cost ~40% of a decode step per row past 3 (BENCHMARKS.md)
     max_batch: int = 4
     min_n: int = 1
     max_n: int = 4
+    draft_model: str = ""
+    draft_p_min: float = 0.75  # llama.cpp's speculative p_min default
 
     def validate(self) -> None:
         if self.mode not in SPECULATE_MODES:
@@ -43,6 +55,20 @@ class SpeculationConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
             raise ValueError("speculation max_batch must be >= 0")
         if not 1 <= self.min_n <= self.max_n <= 16:
             raise ValueError("speculation n-gram lengths must satisfy 1 <= min_n <= max_n <= 16")
+        if self.mode == "draft" and not self.draft_model:
+            raise ValueError('speculation mode "draft" needs a draft model (--draft-model NAME|PATH)')
+        if not 0.0 <= self.draft_p_min <= 1.0:
+            raise ValueError("speculation draft_p_min must be from 0 to 1")
+
+
+def adapted_length(length: int, drafted: int, accepted: int, max_draft: int) -> int:
+    """The next draft's most tokens after a draft of `drafted` tokens kept `accepted`: double
+    (up to max_draft) after a draft verified whole, one more than the tokens kept after a cut."""
+    if drafted <= 0:
+        return length
+    if accepted >= drafted:
+        return min(2 * length, max_draft)
+    return max(1, min(accepted + 1, max_draft))
 
 
 class NgramDrafter:
@@ -83,9 +109,46 @@ class NgramDrafter:
 
     def verified(self, drafted: int, accepted: int) -> None:
         """A draft of `drafted` tokens kept `accepted` of them: adapt the next draft's length."""
-        if drafted <= 0:
-            return
-        if accepted >= drafted:
-            self.length = min(2 * self.length, self.config.max_draft)
-        else:
-            self.length = max(1, min(accepted + 1, self.config.max_draft))
+        self.length = adapted_length(self.length, drafted, accepted, self.config.max_draft)
+
+
+class ModelDrafter:
+    """A sequence's proposals from the draft model, parked here between the drafter actor's reply
+    and the round that verifies them, and their adaptive length (as NgramDrafter's).
+
+    pending: the proposal for the sequence's next round, None until the drafter was asked since
+    the last round ([] when it proposed nothing); probs: its q rows when sampled ([k, vocab]).
+    known: leading tokens of the sequence the drafter actor holds (the next ask sends the rest).
+    """
+
+    def __init__(self, config: SpeculationConfig):
+        self.config = config
+        self.length = min(4, config.max_draft)
+        self.pending: list[int] | None = None
+        self.probs: np.ndarray | None = None  # [len(pending), draft vocab] float32, or None
+        self.known = 0
+
+    def wants(self) -> bool:
+        """Whether the drafter should be asked before the sequence's next round."""
+        return self.pending is None
+
+    def take(self, tokens: list[int], probs: np.ndarray | None, known: int) -> None:
+        """The drafter's proposal for the next round."""
+        self.pending, self.probs, self.known = tokens, probs, known
+
+    def propose(self, ids: list[int], limit: int) -> list[int]:
+        """The parked proposal, cut to limit tokens ([] when none is parked)."""
+        return (self.pending or [])[: max(limit, 0)]
+
+    def q_rows(self, n: int) -> np.ndarray | None:
+        """The q rows of the proposal's first n tokens ([n, vocab]), None for a greedy proposal."""
+        return None if self.probs is None else self.probs[:n]
+
+    def verified(self, drafted: int, accepted: int) -> None:
+        """A round ran: adapt the length after a draft, and ask again before the next round."""
+        self.length = adapted_length(self.length, drafted, accepted, self.config.max_draft)
+        self.pending, self.probs = None, None
+
+    def reset(self) -> None:
+        """The sequence was preempted: the drafter forgets it; it starts over when it runs again."""
+        self.pending, self.probs, self.known = None, None, 0

@@ -8,10 +8,14 @@ the same:
 
 - greedy: row i's token is its argmax (as plain decoding picks it); the walk stops after the
   first token that differs from the draft, so every token is the one plain decoding gives;
-- sampling (Leviathan et al. 2023, Chen et al. 2023, with a draft that puts all its mass on
-  d_i): d_i is kept with probability p(d_i), p row i's distribution after every filter; when
-  it is refused the token is drawn from p without d_i, renormalised. Each token so follows p
-  exactly; after k kept drafts row k gives one more token as plain sampling would.
+- sampling (Leviathan et al. 2023, Chen et al. 2023), p row i's distribution after every filter:
+  - a draft that puts all its mass on d_i (prompt lookup): d_i is kept with probability p(d_i);
+    when it is refused the token is drawn from p without d_i, renormalised;
+  - a draft model's d_i drawn from its distribution q_i (actors/draft_model.py): d_i is kept
+    with probability min(1, p(d_i) / q_i(d_i)); when it is refused the token is drawn from
+    max(0, p - q_i), renormalised.
+  Each token so follows p exactly; after k kept drafts row k gives one more token as plain
+  sampling would.
 
 A drafted token the grammar bans has p = 0 there and is refused, so constrained requests stay
 exact with no separate check. Every token kept is recorded (RequestSampler.accept) before the
@@ -43,43 +47,56 @@ def verify_rows(sampler: RequestSampler, draft: list[int], sample_row: Callable[
     return out
 
 
-def full_row_sampler(sampler: RequestSampler, rows: np.ndarray) -> Callable[[int, int | None], SampledToken]:
-    """sample_row for verify_rows over full logits rows [k + 1, vocab]."""
+def full_row_sampler(sampler: RequestSampler, rows: np.ndarray, q: np.ndarray | None = None
+                     ) -> Callable[[int, int | None], SampledToken]:
+    """sample_row for verify_rows over full logits rows [k + 1, vocab]; q: the drafts' proposal
+    distributions [k, draft vocab] (None: point masses)."""
 
     def sample_row(i: int, d: int | None) -> SampledToken:
         logits = rows[i]  # [vocab]
         if d is None or sampler.params.temperature == 0.0:
             return sampler.sample(logits)
         ids, probs, raw_max = sampler.distribution(logits)
-        return sampler.report(logits, raw_max, pick(ids, probs, d, sampler.rng))
+        return sampler.report(logits, raw_max, pick(ids, probs, d, sampler.rng, None if q is None else q[i]))
 
     return sample_row
 
 
-def candidates_sampler(sampler: RequestSampler, ids: np.ndarray, values: np.ndarray, row_max: np.ndarray
-                       ) -> Callable[[int, int | None], SampledToken]:
-    """sample_row for verify_rows over candidate rows: ids, values [k + 1, K], row_max [k + 1]."""
+def candidates_sampler(sampler: RequestSampler, ids: np.ndarray, values: np.ndarray, row_max: np.ndarray,
+                       q: np.ndarray | None = None) -> Callable[[int, int | None], SampledToken]:
+    """sample_row for verify_rows over candidate rows: ids, values [k + 1, K], row_max [k + 1];
+    q as full_row_sampler's."""
 
     def sample_row(i: int, d: int | None) -> SampledToken:
         if d is None or sampler.params.temperature == 0.0:
             return sampler.sample_candidates(ids[i], values[i], float(row_max[i]))
         kept_ids, probs = sampler.candidates_distribution(ids[i], values[i], float(row_max[i]))
-        return SampledToken(token_id=pick(kept_ids, probs, d, sampler.rng))
+        return SampledToken(token_id=pick(kept_ids, probs, d, sampler.rng, None if q is None else q[i]))
 
     return sample_row
 
 
-def pick(ids: np.ndarray, probs: np.ndarray, d: int, rng: np.random.Generator) -> int:
-    """The token for drafted token d from the distribution (ids [n], probs [n]): d with
-    probability p(d), else a draw from the rest renormalised (one or two uniforms of rng)."""
+def pick(ids: np.ndarray, probs: np.ndarray, d: int, rng: np.random.Generator, q: np.ndarray | None = None) -> int:
+    """The token for drafted token d from the distribution p (ids [n], probs [n]), one or two
+    uniforms of rng. q None (d proposed as a point mass): d with probability p(d), else a draw
+    from p without d renormalised. q [draft vocab] (d drawn from q; ids past its end have
+    q = 0): d with probability min(1, p(d) / q(d)), else a draw from max(0, p - q) renormalised."""
     hit = np.flatnonzero(ids == d)  # [0 or 1]
     p_d = float(probs[hit[0]]) if hit.size else 0.0
-    if rng.random() < p_d:
-        return d
     rest = probs.astype(np.float64, copy=True)  # [n]
-    if hit.size:
-        rest[hit[0]] = 0.0
+    if q is None:
+        if rng.random() < p_d:
+            return d
+        if hit.size:
+            rest[hit[0]] = 0.0
+    else:
+        q_d = float(q[d]) if 0 <= d < q.shape[0] else 0.0
+        if rng.random() * q_d < p_d:  # u < p(d) / q(d); q(d) > 0 for a d drawn from q
+            return d
+        inside = ids < q.shape[0]  # [n]
+        rest[inside] -= q[ids[inside]]
+        np.maximum(rest, 0.0, out=rest)
     total = rest.sum()
-    if total <= 0.0:  # p(d) == 1 up to rounding: nothing else to draw
+    if total <= 0.0:  # p(d) == 1 (or p <= q everywhere) up to rounding: nothing else to draw
         return d
     return walk(ids, rest / total, rng.random())

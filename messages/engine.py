@@ -161,6 +161,9 @@ class Draft(msgspec.Struct, array_like=True, gc=False):
 
     seq_id: int
     token_ids: list[int]
+    # a draft model's proposal distributions q, one row per drafted token ([k, draft vocab] float32), for
+    # sampled requests whose drafts were drawn from q; None: each token drafted as a point mass (greedy, n-gram)
+    probs: np.ndarray | None = None
 
 
 class Round(msgspec.Struct, tag="round", **_BUS):
@@ -172,6 +175,7 @@ class Round(msgspec.Struct, tag="round", **_BUS):
     sampler_updates: list[SamplerUpdate] = []
     traceparents: list[str] = []
     forget: list[int] = []  # seq ids (finished, aborted, preempted) whose tables the executor drops first
+    drafts: list[Draft] = []  # drafts with proposal distributions (Draft.probs): the executor hands them on
 
 
 ExecutorInbox = Union[Round, Shutdown]
@@ -260,3 +264,40 @@ class KvReply(msgspec.Struct, tag="kv_reply", **_BUS):
 
 
 KvInbox = Union[KvUpdate, Shutdown]
+
+
+# ---- the draft model's request/reply (speculative decoding, actors/draft_model.py) --------
+
+class DraftSeq(msgspec.Struct, array_like=True, gc=False):
+    """One sequence to draft for. The sequence's tokens are the drafter's first `start` tokens of
+    it followed by token_ids (start 0: all of them, the drafter keeps nothing of an earlier state)."""
+
+    seq_id: int
+    start: int
+    token_ids: list[int]
+    limit: int  # the most tokens to propose
+    temperature: float = 0.0  # 0: greedy proposals; > 0: drawn from softmax(logits / temperature), q returned
+    seed: int | None = None  # of the request: sampled proposals are reproducible per seed
+
+
+class DraftAsk(msgspec.Struct, tag="draft_ask", **_BUS):
+    """Draft for seqs (forgetting the sequences of `forget` first: ended, preempted)."""
+
+    seqs: list[DraftSeq] = []
+    forget: list[int] = []
+    traceparents: list[str] = []
+
+
+class DraftProposal(msgspec.Struct, array_like=True, gc=False):
+    seq_id: int
+    token_ids: list[int]  # the proposal, possibly empty
+    known: int  # leading tokens of the sequence the drafter holds now (0: it dropped the sequence)
+    probs: np.ndarray | None = None  # [len(token_ids), draft vocab] float32: q of each (sampled proposals)
+
+
+class DraftReply(msgspec.Struct, tag="draft_reply", **_BUS):
+    proposals: list[DraftProposal]  # one per DraftSeq, in order
+    error: str = ""  # the draft round failed (no proposals; every asked sequence dropped)
+
+
+DrafterInbox = Union[DraftAsk, Shutdown]

@@ -38,13 +38,14 @@ LAYERS: dict[str, set[str]] = {  # folder -> the folders it may import
 }
 
 DEVICE_USERS = {
-    "actors": {"zinfer.actors.executor_actor",
+    "actors": {"zinfer.actors.executor_actor", "zinfer.actors.draft_actor",
                *(f"zinfer.actors.{m}" for m in ("engine", "engine_config", "engine_build"))},
     "models": {"zinfer.models.forward"},
 }
-"""The modules of actors/ and models/ that may import devices/: the executor runs rounds on its
-device and the engine's modules build it; the forward pass runs on the device protocol. The
-spec and the weight readers know no device (their TensorData lives in kernels/)."""
+"""The modules of actors/ and models/ that may import devices/: the executors (the target's and a
+draft model's) run rounds on their devices and the engine's modules build them; the forward pass
+runs on the device protocol. The spec and the weight readers know no device (their TensorData
+lives in kernels/)."""
 ACTORS_FOR_THE_GATEWAY = {"zinfer.actors.engine"}
 """What gateway/ may import from actors/: open_engine, EngineConfig, Engine."""
 
