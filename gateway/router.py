@@ -14,9 +14,11 @@ Contracts:
   (Rejected "queue_full") passes it to the next replica that has not refused it; the last
   refusal reaches the client. Every request ends with exactly one terminal event.
 - A request whose replica is lost moves to another (gateway/router_stream.py: resent when
-  nothing was streamed, continued from prompt + tokens sent otherwise), at most `max_moves`
-  times. A Failed event that the replica itself sends (an actor in it failed) is passed on,
-  not retried: a request that breaks an engine is not handed to the next one.
+  nothing was streamed, continued from prompt + tokens sent otherwise; a request of several
+  choices splits into one continuation per unfinished choice, each routed on its own and
+  merged back into its stream), at most `max_moves` times. A Failed event that the replica
+  itself sends (an actor in it failed) is passed on, not retried: a request that breaks an
+  engine is not handed to the next one.
 - `drain(name)` stops new requests to a replica, waits for its requests to finish up to a
   timeout, then hands the rest over (they move as if it were lost) and stops it.
 - With tracing, each request gets a "router" span (replica, moves) that is the parent of
@@ -34,11 +36,12 @@ import msgspec
 import structlog
 import trio
 import zmq
+from opentelemetry.trace import Span
 
 from zinfer.gateway.client import AsyncClient, EngineError, MessageIn, ToolIn, _as_messages, _as_tools
 from zinfer.gateway.router_links import Link, ReplicaLinks, ReplicaSource
 from zinfer.gateway.router_policy import RoutePolicy, RoutingTable, affinity_chain
-from zinfer.gateway.router_stream import RoutedStream
+from zinfer.gateway.router_stream import RoutedStream, Split
 from zinfer.messages.client import ClientEvent, EngineStats, Failed, Generate, Rejected
 from zinfer.messages.curve import ClientKeys
 from zinfer.messages.params import SamplingParams
@@ -134,7 +137,20 @@ class Router:
         chain = affinity_chain(self._leading_ids(req), self.options.policy) \
             if self.options.policy.kind == "prefix" else []
         span = self.tracing.start("router", traceparent, {"request_id": req.request_id}) if self.tracing else None
-        lost: set[str] = set()
+        try:
+            async with aclosing(self._route(stream, chain, span, set())) as events:
+                async for event in events:
+                    yield event
+        finally:
+            if span is not None:
+                span.set_attribute("moves", stream.moves)
+                span.end()
+
+    async def _route(self, stream: RoutedStream, chain: list[int], span: Span | None,
+                     lost: set[str]) -> AsyncGenerator[ClientEvent, None]:
+        """One stream's events from the replicas that serve it in turn (lost: the replicas it
+        has lost), ending with exactly one terminal event."""
+        req = stream.original
         full: set[str] = set()  # replicas that refused it with a full queue
         self.streams.setdefault(req.request_id, stream)
         try:
@@ -150,6 +166,11 @@ class Router:
                 if stream.needs_prompt_ids() and self.prompts is not None:
                     stream.prompt_ids = await self._prompt_ids(req)
                 wire = stream.request()
+                if isinstance(wire, Split):
+                    async with aclosing(self._split(stream, wire, chain, span, lost)) as events:
+                        async for event in events:
+                            yield event
+                    return
                 if isinstance(wire, list):
                     for event in wire:
                         yield event
@@ -167,13 +188,45 @@ class Router:
                     if len(lost) >= len(self.links):
                         lost.clear()  # every replica failed it once: any that returns may take it
                     log.warning("request moved", request_id=req.request_id, lost=link.name,
-                                tokens_sent=len(stream.sent_ids))
+                                tokens_sent=sum(len(ids) for ids in stream.ids))
         finally:
             if self.streams.get(req.request_id) is stream:
                 del self.streams[req.request_id]
-            if span is not None:
-                span.set_attribute("moves", stream.moves)
-                span.end()
+
+    async def _split(self, stream: RoutedStream, split: Split, chain: list[int], span: Span | None,
+                     lost: set[str]) -> AsyncGenerator[ClientEvent, None]:
+        """A stream of several choices, each unfinished one routed on its own as a child
+        (in the router's nursery), their events merged back into the one stream."""
+        send, receive = trio.open_memory_channel[tuple[int, ClientEvent]](float("inf"))
+        scope: trio.CancelScope = await self._nursery.start(self._run_children, split, chain, span, lost, send)
+        try:
+            async with receive:
+                async for index, event in receive:
+                    for out in stream.merge(index, event):
+                        yield out
+                    if stream.done:
+                        return
+            if not stream.done:  # the router closed under them
+                yield stream.merge(0, Failed(stream.request_id, "the router stopped", NO_REPLICA))[0]
+        finally:
+            scope.cancel()
+
+    async def _run_children(self, split: Split, chain: list[int], span: Span | None, lost: set[str],
+                            send: trio.MemorySendChannel[tuple[int, ClientEvent]],
+                            task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED) -> None:
+        async with send, trio.open_nursery() as nursery:
+            task_status.started(nursery.cancel_scope)
+            for index, child in split.children.items():
+                nursery.start_soon(self._run_child, index, child, chain, span, set(lost), send.clone())
+
+    async def _run_child(self, index: int, child: RoutedStream, chain: list[int], span: Span | None,
+                         lost: set[str], send: trio.MemorySendChannel[tuple[int, ClientEvent]]) -> None:
+        async with send, aclosing(self._route(child, chain, span, lost)) as events:
+            async for event in events:
+                try:
+                    send.send_nowait((index, event))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
 
     async def _on(self, link: Link, wire: Generate, stream: RoutedStream,
                   full: set[str]) -> AsyncGenerator[ClientEvent, None]:
@@ -209,6 +262,11 @@ class Router:
     def cancel(self, request_id: str) -> None:
         """Cancel a request on the replica serving it (its stream then ends with Cancelled);
         an unknown id is ignored."""
+        stream = self.streams.get(request_id)
+        if stream is not None and stream.children:  # split: each choice's child is cancelled
+            for child in list(stream.children.values()):
+                self.cancel(child.request_id)
+            return
         link = self.where.get(request_id)
         if link is not None and link.client is not None:
             link.client.cancel(request_id)
