@@ -110,9 +110,16 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-blocks", type=int, default=0,
                    help="KV blocks of 16 tokens (default: --max-running sequences of up to 1024 tokens, "
                    "at least one of --max-model-len)")
-    p.add_argument("--speculate", default="off", choices=("off", "ngram"),
-                   help="speculative decoding: ngram drafts from the prompt and output (prompt lookup); same "
-                   "greedy tokens, fewer rounds where the output repeats its input; a request's `speculative` wins")
+    p.add_argument("--speculate", default="off", choices=("off", "ngram", "draft"),
+                   help="speculative decoding: ngram drafts from the prompt and output (prompt lookup), or draft "
+                   "(--draft-model's proposals); same greedy tokens, fewer rounds where drafts are right; a "
+                   "request's `speculative` wins")
+    p.add_argument("--draft-model", default="",
+                   help="a draft model with the target's vocabulary (a name `zinfer pull` knows or a path, e.g. "
+                   "qwen2.5-coder-0.5b for the 1.5B), run as its own executor; requests may then ask for "
+                   "speculative \"draft\"")
+    p.add_argument("--draft-p-min", type=float, default=0.75,
+                   help="a draft model's proposal stops before a token it gives less probability than this")
     p.add_argument("--speculate-max-draft", type=int, default=2,
                    help="the most tokens drafted per sequence and round (more pays where extra rows are cheap: GPUs)")
     p.add_argument("--speculate-max-batch", type=int, default=4,

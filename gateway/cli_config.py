@@ -69,6 +69,8 @@ def speculation_config(args: argparse.Namespace) -> SpeculationConfig:
         mode=getattr(args, "speculate", "off"),
         max_draft=getattr(args, "speculate_max_draft", 2),
         max_batch=getattr(args, "speculate_max_batch", 4),
+        draft_model=getattr(args, "draft_model", "") or "",
+        draft_p_min=getattr(args, "draft_p_min", 0.75),
     )
     try:
         config.validate()
