@@ -24,6 +24,7 @@ from zinfer.gateway import (
     openai_api,
     openai_responses,
     page,
+    replica_admin,
     tokenize_api,
     websocket,
 )
@@ -65,6 +66,7 @@ def build_app(state: GatewayState) -> Starlette:
     api += [*websocket.routes(state), *page.routes(state)]
     # the other protocols (gateway/PROTOCOL.md)
     api += [*anthropic_api.routes(state), *ollama_api.routes(state), *llama_server_api.routes(state)]
+    api += replica_admin.routes(state)  # /admin/replicas: scale-down for autoscalers (serve --replicas)
     return Starlette(
         routes=[*operational, *api],
         middleware=middleware,

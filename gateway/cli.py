@@ -189,6 +189,9 @@ def parser() -> argparse.ArgumentParser:
                        "requests may use it or any alias after it (default: --model)")
     serve.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer KEY' (all but /health; the chat page takes /?api_key=KEY)")
+    serve.add_argument("--admin-without-key", action="store_true",
+                       help="with --replicas and no --api-key: answer the /admin/replicas routes anyway "
+                       "(only where the network is trusted: they can scale the service down)")
     serve.add_argument("--allowed-origins", default=None,
                        help="browser origins beyond same-origin and loopback that may call the API and /v1/ws, "
                        "e.g. http://app.example:3000 (* allows every site: unsafe)")

@@ -8,7 +8,8 @@ the websocket chat, `--zmq` (the router's front door speaks the engine's client 
 on the router's front door. The gateway process loads the model's tokenizer and template
 only (it routes on token ids and continues moved streams); the replicas load the weights.
 On shutdown the router drains every replica before Ray stops them; each SIGUSR1 to a
-serving process scales down by one replica the same way (`scale_down_on_signal`).
+serving process, or POST /admin/replicas/scale-down, scales down the same way
+(gateway/replica_admin.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from zinfer.gateway.app import build_app
 from zinfer.gateway.cli_config import engine_config, replica_options, router_options
 from zinfer.gateway.model_facts import ModelFacts
 from zinfer.gateway.origins import OriginPolicy
+from zinfer.gateway.replica_admin import OPEN_ADMIN, SCALER, ReplicaScaler, scale_down_on_signal
 from zinfer.gateway.replicas import RayReplicas
 from zinfer.gateway.router import Router, RouterOptions
 from zinfer.gateway.router_front_door import RouterFrontDoor
@@ -130,31 +132,21 @@ async def run_replicated_server(args: argparse.Namespace, config: EngineConfig, 
                     await nursery.start(RouterFrontDoor(ctx, router, config.zmq_endpoints, keys).run)
                 log.warning("serving", url=f"http://{args.host}:{args.port}", zmq=list(config.zmq_endpoints),
                             replicas=router.up)
-                nursery.start_soon(scale_down_on_signal, router)
+                scaler = ReplicaScaler(router, nursery)
+                state.extra[SCALER] = scaler
+                state.extra[OPEN_ADMIN] = bool(getattr(args, "admin_without_key", False))
+                nursery.start_soon(scale_down_on_signal, scaler, SCALE_DOWN_SIGNAL)
                 try:
                     await trio.sleep_forever()
                 finally:
                     state.client = None  # new requests get 503 while the replicas drain
+                    state.extra.pop(SCALER, None)
     finally:
         ctx.destroy(linger=0)
 
 
 SCALE_DOWN_SIGNAL = signal.SIGUSR1
-
-
-async def scale_down_on_signal(router: Router) -> None:
-    """Each SCALE_DOWN_SIGNAL drains one replica for good (the last by name of those taking
-    requests): it takes no more requests, finishes what it runs (or hands it over after the
-    drain time), and Ray does not restart it. The last replica is never drained this way."""
-    with trio.open_signal_receiver(SCALE_DOWN_SIGNAL) as signals:
-        async for _ in signals:
-            up = sorted(router.up)
-            if len(up) <= 1:
-                log.warning("scale-down refused: one replica left", replicas=up)
-                continue
-            log.warning("scaling down", replica=up[-1])
-            await router.drain(up[-1])
-            log.warning("scaled down", replica=up[-1], replicas=router.up)
+"""Each one drains one replica for good (ReplicaScaler.scale_down)."""
 
 
 async def _stdio(args: argparse.Namespace, config: EngineConfig, replicas: RayReplicas, protocol_fd: int) -> None:
