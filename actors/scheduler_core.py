@@ -249,12 +249,12 @@ class SchedulerCore:
 
     def _draft_ask(self) -> DraftAsk | None:
         """The drafter's ask for the sequences that want a draft model's draft before this
-        round (with the forgets pending), or a forget-only ask once many are pending; None
-        when there is nothing to ask."""
+        round, with the forgets pending (alone when none wants one: ended sequences' draft KV is
+        freed as soon as the target's); None when there is nothing to ask."""
         if not self.has_drafter:
             return None
         wanted = self.policy.model_drafts_wanted()
-        if not wanted and len(self.draft_forget) < 256:
+        if not wanted and not self.draft_forget:
             return None
         seqs = []
         for s, limit in wanted:
