@@ -1,7 +1,8 @@
 """The real SchedulerCore, driven as the scheduler actor drives it, over in-memory stand-ins of
 the other actors: the real KVAllocator behind apply_update (what the KV actor runs), the
-executor's BlockTables writing each computed token into a simulated KV memory, and a sampler
-that keeps a set of the sequences whose state it holds.
+executor's BlockTables writing each computed token into a simulated KV memory, a sampler that
+keeps a set of the sequences whose state it holds, and (with a draft model configured) the
+drafter, a function from each DraftAsk to its DraftReply.
 
 A wrong block table, a wrong prefix-cache hit or a shared block overwritten shows up as KV that
 does not hold the sequence's tokens; a sampler update lost or sent twice as a sequence the
@@ -19,6 +20,8 @@ from zinfer.actors.scheduler_core import RoundPlan, SchedulerCore
 from zinfer.actors.scheduler_policy import SchedulerConfig, SchedulerPolicy
 from zinfer.messages.engine import (
     Admit,
+    DraftAsk,
+    DraftReply,
     KvCommit,
     KvReply,
     KvStats,
@@ -43,8 +46,10 @@ class Harness:
     ("stop", "length", or "error:<message>": the harness's shorthand for finish reason "error" and its
     SeqError), `tokens` each sequence to the tokens it was sent."""
 
-    def __init__(self, config: SchedulerConfig, prefix_caching: bool = True):
+    def __init__(self, config: SchedulerConfig, prefix_caching: bool = True,
+                 drafter: Callable[[DraftAsk], DraftReply] | None = None):
         self.config = config
+        self.drafter = drafter
         self.core = SchedulerCore(config)
         self.alloc = KVAllocator(config.num_blocks, config.block_size, prefix_caching)
         self.tables = BlockTables()  # the executor's side
@@ -86,7 +91,12 @@ class Harness:
         """Step the core to its next round (the KV actor's part in between), send it to the fake
         executor. False when no round started."""
         step = self.core.schedule()
-        while isinstance(step, KvUpdate):
+        while isinstance(step, (KvUpdate, DraftAsk)):
+            if isinstance(step, DraftAsk):
+                assert self.drafter is not None, "a draft ask without a drafter"
+                self.core.drafted(self.drafter(step))
+                step = self.core.schedule()
+                continue
             self.kv_updates.append(step)
             self.sent_commits += step.commit
             grants = apply_update(self.alloc, step)

@@ -2,18 +2,27 @@
 KV allocator (tests/scheduler_harness.py) with a fake greedy model whose output repeats itself, so
 prompt-lookup drafts are often right and sometimes wrong. Drafted runs give the same tokens as
 plain runs, under continuous batching, preemption, stop tokens, max_tokens and aborts; the KV of
-rejected drafts is in no block table once the round is back; drafting stops at high concurrency."""
+rejected drafts is in no block table once the round is back; drafting stops at high concurrency.
+With a draft model, the real DraftModel (actors/draft_model.py) answers the scheduler's asks over a
+simulated KV memory of its own pool and a fake draft model that is right most of the time: the
+same tokens again, and the draft pool holds exactly the sequences' tokens."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from scheduler_harness import EOS, Harness
+from zinfer.actors.draft_model import Chunk, DraftModel
 from zinfer.actors.scheduler_policy import SchedulerConfig
 from zinfer.actors.speculation import NgramDrafter, SpeculationConfig
+from zinfer.messages.engine import DraftAsk, DraftReply, DraftSeq
 
 
 def _config(mode: str = "ngram", max_batch: int = 8, **kw: int) -> SchedulerConfig:
     base = dict(max_running=4, max_waiting=16, token_budget=64, max_model_len=256, block_size=4, num_blocks=96)
-    return SchedulerConfig(**(base | kw), speculation=SpeculationConfig(mode=mode, max_draft=8, max_batch=max_batch))
+    draft = "fake" if mode == "draft" else ""
+    spec = SpeculationConfig(mode=mode, max_draft=8 if mode == "ngram" else 4, max_batch=max_batch, draft_model=draft)
+    return SchedulerConfig(**(base | kw), speculation=spec)
 
 
 def model(ids: list[int]) -> int:
@@ -40,8 +49,54 @@ def _run(h: Harness, max_rounds: int = 2000, abort_at: dict[int, int] | None = N
 PROMPTS = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [11, 12] * 7, list(range(20, 43)), [2, 3, 4]]
 
 
+def draft_model(ids: list[int]) -> int:
+    """A fake draft model: the fake model's token, but a different one every fourth position."""
+    return model(ids) if len(ids) % 4 else (model(ids) + 1) % 60
+
+
+class FakeDrafter:
+    """The real DraftModel over a simulated KV memory of its pool and draft_model's logits; checks
+    that the pool holds the tokens the drafter knows, and those the target's sequence has."""
+
+    VOCAB = 64
+
+    def __init__(self, h_config: SchedulerConfig):
+        bs, self.blocks = h_config.block_size, h_config.num_blocks + 8
+        self.model = DraftModel(self.blocks, bs, self.VOCAB, max_len=h_config.max_model_len, p_min=0.5,
+                                token_budget=16)
+        self.memory: list[list[int | None]] = [[None] * bs for _ in range(self.blocks)]
+        self.harness: Harness | None = None
+        self.asks = 0
+
+    def __call__(self, ask: DraftAsk) -> DraftReply:
+        self.asks += 1
+        reply = self.model.propose(ask, self.run)
+        assert self.harness is not None
+        running = {s.seq_id: s.all_ids for s in self.harness.policy.running}
+        for p in reply.proposals:
+            assert self.model.states[p.seq_id].ids[: p.known] == running[p.seq_id][: p.known]
+        return reply
+
+    def run(self, chunks: list[Chunk], kind: str) -> np.ndarray:
+        bs, rows = self.model.block_size, []
+        for tokens, pos, table, wants in chunks:
+            seq_id = next(i for i in self.model.states if self.model.alloc.block_table(i) == table)
+            for i, token in enumerate(tokens):
+                self.memory[table[(pos + i) // bs]][(pos + i) % bs] = token
+            ids = [self.memory[table[p // bs]][p % bs] for p in range(pos + len(tokens))]
+            assert ids == self.model.states[seq_id].ids[: len(ids)], f"draft KV of seq {seq_id}"
+            if wants:
+                row = np.zeros(self.VOCAB, np.float32)
+                row[draft_model(ids)] = 20.0  # [vocab]: ~certain
+                rows.append(row)
+        return np.stack(rows) if rows else np.zeros((0, self.VOCAB), np.float32)
+
+
 def _serve(mode: str, **kw: int) -> Harness:
-    h = Harness(_config(mode, **kw))
+    drafter = FakeDrafter(_config(mode, **kw)) if mode == "draft" else None
+    h = Harness(_config(mode, **kw), drafter=drafter)
+    if drafter is not None:
+        drafter.harness = h
     for i, p in enumerate(PROMPTS):
         h.add(p, max_tokens=20 + 7 * i)
     _run(h)
@@ -136,3 +191,83 @@ def test_ngram_drafter_proposes_what_followed_the_tail_last_time_and_adapts():
     d.verified(8, 2)
     assert d.length == 3
     assert d.propose(ids, 2) == [4, 7]
+
+
+def test_draft_model_tokens_equal_plain_ones_under_batching_and_preemption():
+    for kw in ({}, {"num_blocks": 24}):
+        plain, spec = _serve("off", **kw), _serve("draft", **kw)
+        assert spec.tokens == plain.tokens and spec.finished == plain.finished
+        assert spec.core.drafted_tokens > spec.core.accepted_tokens > 0
+        assert len(spec.sent_rounds) < len(plain.sent_rounds), "kept drafts save rounds"
+        assert spec.alloc.num_used_blocks == 0
+        drafter = spec.drafter
+        assert isinstance(drafter, FakeDrafter)
+        assert drafter.model.states == {} and drafter.model.alloc.num_used_blocks == 0, "ended sequences forgotten"
+    assert spec.preempted, "the small pool preempts"
+
+
+def test_draft_model_with_aborts_keeps_outputs_exact_and_frees_the_draft_pool():
+    runs = []
+    for mode in ("off", "draft"):
+        drafter = FakeDrafter(_config(mode)) if mode == "draft" else None
+        h = Harness(_config(mode), drafter=drafter)
+        if drafter is not None:
+            drafter.harness = h
+        kept, gone = h.add(PROMPTS[0], max_tokens=40), h.add(PROMPTS[1], max_tokens=40)
+        _run(h, abort_at={gone: 6})
+        assert h.finished == {kept: "length"} and gone in h.aborted and h.alloc.num_used_blocks == 0
+        runs.append(h.tokens[kept])
+        if drafter is not None:
+            assert drafter.model.alloc.num_used_blocks == 0
+    assert runs[0] == runs[1] and len(runs[0]) == 40
+
+
+def test_draft_pool_follows_tokens_decoded_while_drafting_paused():
+    """Drafting pauses while a third sequence runs (max_batch 2) and resumes after it ends: the
+    drafter's KV past the tokens both agree on is recomputed, not reused."""
+    runs = []
+    for mode in ("off", "draft"):
+        drafter = FakeDrafter(_config(mode, max_batch=2)) if mode == "draft" else None
+        h = Harness(_config(mode, max_batch=2), drafter=drafter)
+        if drafter is not None:
+            drafter.harness = h
+        h.add(PROMPTS[0], max_tokens=60)
+        h.add(PROMPTS[2], max_tokens=60)
+        for n in range(500):
+            if n == 4:
+                h.add(PROMPTS[3], max_tokens=6)
+            if not h.start_round():
+                break
+            h.finish_round_greedy(model)
+            h.check()
+        runs.append(h.tokens)
+        if drafter is not None:
+            assert h.core.accepted_tokens > 0 and drafter.model.alloc.num_used_blocks == 0
+    assert runs[0] == runs[1]
+
+
+def test_draft_model_recomputes_from_where_the_target_disagreed():
+    """A proposal of three tokens, then the target's sequence goes on with other tokens (a draft
+    refused, then steps decoded without asking): the catch-up recomputes from the first token
+    that differs, and the pool holds the target's tokens."""
+    drafter = FakeDrafter(_config("draft"))
+    seen: list[list[tuple[int, int]]] = []  # per round: (position, tokens) of each chunk
+    run = drafter.run
+
+    def recording(chunks: list[Chunk], kind: str) -> np.ndarray:
+        seen.append([(pos, len(tokens)) for tokens, pos, _, _ in chunks])
+        return run(chunks, kind)
+
+    prompt = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9]
+    want = list(prompt)
+    for _ in range(3):
+        want.append(draft_model(want))
+    first = drafter.model.propose(DraftAsk([DraftSeq(1, 0, prompt, limit=3)]), recording).proposals[0]
+    assert (first.token_ids, first.known) == (want[11:], 11)
+    assert seen == [[(0, 11)], [(11, 1)], [(12, 1)]]  # the prompt, then one-row steps
+    seen.clear()
+    after = [want[11], 40, 41, 42]  # the first draft token kept, the second refused, two more decoded
+    second = drafter.model.propose(DraftAsk([DraftSeq(1, 11, after, limit=1)]), recording).proposals[0]
+    assert second.known == 15 and len(second.token_ids) == 1
+    assert seen == [[(12, 3)]], "computed again from the refused token on"
+    assert drafter.model.alloc.num_used_blocks == -(-15 // 4), "blocks for the sequence's tokens, none more"
