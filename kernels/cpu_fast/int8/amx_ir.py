@@ -2,26 +2,34 @@
 values and compiled by llvmlite, and a register-only loop that measures the tiles' peak.
 
 One tdpbssd multiplies a tile of 16 activation rows by K bytes (A, signed codes as
-activations.py rounds them) by a tile of K / 4 x 16 weight rows x 4 bytes (B, signed weight
-codes in the VNNI layout, amx_layout.py) into 16 x 16 int32 sums (C[t, r]). The weights'
-and activations' scales are per block of K columns (32; Q6_K's 16), so each block is one
-tdpbssd with K = the block (exact integers), stored to a 1 KiB buffer and applied in float:
+activations.py rounds them) by a tile of K / 4 x 16 weight rows x 4 bytes (B, the weight
+codes in the VNNI layout, amx_layout.py) into 16 x 16 exact int32 sums (C[t, r]). K is one
+block of 32 columns (Q6_K: a sub-block of 16). The sums then take the float steps of the one
+int8 order (tests/int8_canonical.py, the spec every int8 path equals bit for bit), per kind:
 
-    acc[t] += float(C[t, :]) * (d_w[block, 16 rows] * d_a[t, block])   (+ m_w * N[t, block])
+- u4, p8, u5 (blocks of 32, C classes: 2, 2, 4): block b goes into the class buffer b % C,
+      acc[b % C] = fma(f32(C_b), d_b * d_a_b, acc[b % C])
+      acc[b % C] = fma(m_b, d_a_b * f32(codesum_b), acc[b % C])        (u4 only)
+  and out = ((acc[0] + acc[1]) + acc[2]) + acc[3], left to right over the C classes.
+- k4, u6 (super-blocks of 256: 8 sub-blocks of 32, 16 of 16): per sub-block j the integers
+  Isum += C_j * sc_j (int32 lanes, sc per weight row); at the super-block's end
+      acc = fma(f32(Isum), d * d_a, acc)
+      acc = fma(f32(Msum), (-dmin) * d_a, acc)                          (k4 only)
+  with Msum = sum over j of mn_j * codesum_j, summed in f32 (every term and partial sum is
+  an integer below 2^24: exact, the spec's integer), then the integer sums start again;
+  out = acc.
 
-where acc[t] is a vector of 16 weight rows' sums, N = d_a times the activation codes' sum of
-the block (the layouts with offsets m_w: Q4_1, Q4_K), as the VNNI kernels compute them
-(ir.py). A kernel step is 32 weight rows by 32 activation rows: 2 A and 2 B tiles, 4
-independent tdpbssd into 4 C tiles (one alone waits out the tiles' latency), their float
-sums [2, 2, 16, 16] in a stack buffer (64 vectors: more than the 32 registers). Folding a
-block's scale into requantized codes (one tdpbssd of K = 64) would change the numbers; the
-float epilogue (a conversion, a multiply and an fma per 16 sums of 32 products) is the
-cost of keeping them, and bounds the kernel well below the tiles' peak (BENCHMARKS.md).
+Each product above is one f32 multiply, each fma rounds once (no fast-math flags here), d_a
+is the activations' scale of the block (k4, u6: of the super-block) and codesum the exact
+sum of its activation codes. A kernel step is 32 weight rows by 32 activation rows: 2 A and
+2 B tiles, 4 independent tdpbssd into 4 C tiles (one alone waits out the tiles' latency),
+stored to a 4 KiB buffer; the float (and Isum) sums [2, 2, 16, 16] live in stack buffers
+(64 vectors each: more than the 32 registers).
 
 Kernel contract (AmxArgs): out[t, r] for t in [t0, t1) and r in [r0, r1) (multiples of 32);
 steps of 32 activation rows from t0, rows from t1 on computed but not stored (A, S, N must
 be readable up to t0 + 32 * ceil((t1 - t0) / 32)). B: the weights' tiles, 16 weight rows at
-B + (r / 16) * nblocks * 16 * block bytes; D and M: [rows / 16, nblocks, 16] f32.
+B + (r / 16) * nblocks * 16 * K bytes; D, M, SC, MN as amx_layout.AmxWeight's arrays.
 """
 
 from __future__ import annotations
@@ -31,9 +39,10 @@ from typing import NamedTuple
 from zinfer.kernels.cpu_fast.int8.ir_scales import Emit
 from zinfer.kernels.cpu_fast.kernel_signature import KernelSignature
 
-RING = 4  # C tile buffers of a kernel (a power of 2, more than its blocks ahead)
 TILE_ROWS = 16  # activation rows and weight rows of a C tile
-BLOCKS = (32, 16)  # the K of a tile product: the columns that share a scale
+KINDS = ("u4", "p8", "u5", "k4", "u6")  # amx_layout's kinds, one kernel each
+CLASSES = {"u4": 2, "p8": 2, "u5": 4}  # accumulator classes of the kinds of blocks of 32
+PER_SUPER = {"k4": 8, "u6": 16}  # tile products (sub-blocks) per super-block of 256 columns
 DECLS = """
 declare x86_amx @llvm.x86.tileloadd64.internal(i16, i16, ptr, i64)
 declare x86_amx @llvm.x86.tdpbssd.internal(i16, i16, i16, x86_amx, x86_amx, x86_amx)
@@ -44,6 +53,7 @@ declare void @llvm.masked.store.v16f32.p0(<16 x float>, ptr, i32, <16 x i1>)
 """
 _F16 = "<16 x float>"
 _I16 = "<16 x i32>"
+_FMA = f"call {_F16} @llvm.fma.v16f32"
 
 
 def _broadcast(e: Emit, name: str, value: str) -> None:
@@ -52,50 +62,73 @@ def _broadcast(e: Emit, name: str, value: str) -> None:
     e(f"  %{name} = shufflevector {_F16} %{name}i, {_F16} poison, <16 x i32> zeroinitializer")
 
 
+def _load_scalar(e: Emit, name: str, row: str, stride: str, u: int, index: str) -> None:
+    """%name = <16 x float> broadcast of the float at row + u * stride + index * 4 (bytes)."""
+    e(f"  %{name}o = mul i64 %{stride}, {u}")
+    e(f"  %{name}x = shl i64 {index}, 2")
+    e(f"  %{name}q = add i64 %{name}o, %{name}x")
+    e(f"  %{name}p = getelementptr i8, ptr %{row}, i64 %{name}q")
+    e(f"  %{name}s = load float, ptr %{name}p, align 4")
+    _broadcast(e, name, f"%{name}s")
+
+
+def _at(u: int, j: int) -> int:
+    """Byte offset of activation row t + u's vector of weight rows r + 16 j in a [2, 2, 16, 16] buffer."""
+    return 1024 * (2 * (u // TILE_ROWS) + j) + 64 * (u % TILE_ROWS)
+
+
 class AmxArgs(NamedTuple):
     """The parameters of an AMX product kernel, in order: addresses, counts and byte strides."""
 
     B: int  # address of the weight tiles
-    D: int  # address of the block scales [rows / 16, nblocks, 16] f32
-    M: int  # address of the block offsets, as D (kernels without offsets: any readable address)
+    D: int  # address of the scales d (amx_layout.AmxWeight.d)
+    M: int  # address of the offsets (u4: m, k4: -dmin; other kinds: any readable address)
+    SC: int  # address of the sub-block scales (k4, u6: int8; others: any readable address)
+    MN: int  # address of the sub-block mins (k4: int8; others: any readable address)
     A: int  # address of the int8 activations [T_pad, cols]
-    S: int  # address of the activation scales [T_pad, nblocks] f32
-    N: int  # address of the activation sums [T_pad, nblocks] f32 (d_a times the block's code sum)
-    nblocks: int  # blocks per row (cols / block)
+    S: int  # address of the activation scales [T_pad, cols / group] f32
+    N: int  # address of the activation code sums [T_pad, cols / 32] f32 (exact integers)
+    nblocks: int  # tile products per row (cols / K)
     r0: int  # first weight row (a multiple of 16)
     r1: int  # end of the weight rows (a multiple of 16)
     t0: int  # first activation row
     t1: int  # end of the activation rows
     astride: int  # bytes between rows of A
-    sstride: int  # bytes between rows of S and of N
+    sstride: int  # bytes between rows of S
+    nstride: int  # bytes between rows of N
     out: int  # address of out [T, ostride] f32
     ostride: int  # floats between rows of out
 
 
-SIGNATURE = KernelSignature(AmxArgs, addresses=("B", "D", "M", "A", "S", "N", "out"))
+SIGNATURE = KernelSignature(AmxArgs, addresses=("B", "D", "M", "SC", "MN", "A", "S", "N", "out"))
 
 
-def kernel_name(block: int, offsets: bool) -> str:
-    return f"amx_b{block}_{'m' if offsets else 'n'}"
+def kernel_name(kind: str) -> str:
+    return f"amx_{kind}"
 
 
-KEYS = tuple((block, offsets) for block in BLOCKS for offsets in (False, True))  # every kernel: (block, offsets)
+def block_of(kind: str) -> int:
+    """K: the columns of one tile product of `kind` (u6: 16, else 32)."""
+    return 16 if kind == "u6" else 32
 
 
-def kernel_ir(block: int, offsets: bool) -> str:
-    """IR of the product kernel of `block` columns per scale, with or without offsets (the
-    module docstring's contract): per step, 32 weight rows by 32 activation rows, 2 x 2 C
-    tiles per block (independent tile products: one alone waits out the tiles' latency)."""
+def kernel_ir(kind: str) -> str:
+    """IR of the product kernel of `kind` (the module docstring's order and contract): per
+    step, 32 weight rows by 32 activation rows, 2 x 2 C tiles per tile product."""
+    block, classes, per = block_of(kind), CLASSES.get(kind, 1), PER_SUPER.get(kind, 0)
     lines: list[str] = []
     e = lines.append
-    e(SIGNATURE.define(kernel_name(block, offsets)))
+    e(SIGNATURE.define(kernel_name(kind)))
     e("entry:")
     for p in SIGNATURE.addresses:
         e(f"  %{p}p = inttoptr i64 %{p} to ptr")
-    e("  %buf = alloca [4096 x i8], align 64")  # the 4 C tiles of a block
-    e("  %accs = alloca [4096 x i8], align 64")  # the 4 tiles' float sums, [t tile][r tile][16][16]
+    e("  %buf = alloca [4096 x i8], align 64")  # the 4 C tiles of a tile product
+    e(f"  %accs = alloca [{4096 * classes} x i8], align 64")  # float sums per class, [class][2][2][16][16]
+    e("  %isum = alloca [4096 x i8], align 64")  # super-blocks: the integer sums Isum, [2][2][16][16]
     e(f"  %bstride = mul i64 %nblocks, {block * TILE_ROWS}")  # bytes of 16 weight rows' tiles
-    e("  %dstride = shl i64 %nblocks, 6")  # bytes of 16 rows' scales
+    e(f"  %nsup = udiv i64 %nblocks, {max(per, 1)}")
+    e(f"  %dstride = shl i64 %{'nsup' if per else 'nblocks'}, 6")  # bytes of 16 rows' d (and m)
+    e("  %scstride = shl i64 %nblocks, 4")  # bytes of 16 rows' sub-block scales (and mins)
     e("  br label %rloop")
     e("rloop:")
     e("  %r = phi i64 [ %r0, %entry ], [ %rn, %rlatch ]")
@@ -107,22 +140,54 @@ def kernel_ir(block: int, offsets: bool) -> str:
         e(f"  %do{j} = mul i64 %rt{j}, %dstride")
         e(f"  %drow{j} = getelementptr i8, ptr %Dp, i64 %do{j}")
         e(f"  %mrow{j} = getelementptr i8, ptr %Mp, i64 %do{j}")
+        e(f"  %sco{j} = mul i64 %rt{j}, %scstride")
+        e(f"  %scrow{j} = getelementptr i8, ptr %SCp, i64 %sco{j}")
+        e(f"  %mnrow{j} = getelementptr i8, ptr %MNp, i64 %sco{j}")
     e("  br label %tloop")
     e("tloop:")
     e("  %t = phi i64 [ %t0, %rloop ], [ %tn, %tlatch ]")
     e("  %so = mul i64 %t, %sstride")
     e("  %srow = getelementptr i8, ptr %Sp, i64 %so")
-    e("  %nrow = getelementptr i8, ptr %Np, i64 %so")
+    e("  %no = mul i64 %t, %nstride")
+    e("  %nrow = getelementptr i8, ptr %Np, i64 %no")
     for i in range(2):
         e(f"  %ta{i}r = add i64 %t, {16 * i}")
         e(f"  %ao{i} = mul i64 %ta{i}r, %astride")
         e(f"  %arow{i} = getelementptr i8, ptr %Ap, i64 %ao{i}")
-    for q in range(4 * TILE_ROWS):
-        e(f"  %zp{q} = getelementptr i8, ptr %accs, i64 {64 * q}")
-        e(f"  store {_F16} zeroinitializer, ptr %zp{q}, align 64")
+    zeroed = [("accs", q) for q in range(4 * TILE_ROWS * classes)] + ([("isum", q) for q in range(64)] if per else [])
+    for n, (buf, q) in enumerate(zeroed):
+        e(f"  %zp{n} = getelementptr i8, ptr %{buf}, i64 {64 * q}")
+        e(f"  store {_F16} zeroinitializer, ptr %zp{n}, align 64")
     e("  br label %bloop")
     e("bloop:")
-    e("  %b = phi i64 [ 0, %tloop ], [ %bn, %bloop ]")
+    e("  %b = phi i64 [ 0, %tloop ], [ %bn, %bnext ]")
+    _tile_products(e, block)
+    if per:
+        _sub_block(e, kind, per)
+    else:
+        _block(e, kind, classes)
+        e("  br label %bnext")
+    e("bnext:")
+    e("  %bn = add i64 %b, 1")
+    e("  %bmore = icmp ult i64 %bn, %nblocks")
+    e("  br i1 %bmore, label %bloop, label %tlatch")
+    e("tlatch:")
+    _store(e, classes)
+    e("  %tn = add i64 %t, 32")
+    e("  %tmore = icmp slt i64 %tn, %t1")
+    e("  br i1 %tmore, label %tloop, label %rlatch")
+    e("rlatch:")
+    e("  %rn = add i64 %r, 32")
+    e("  %rmore = icmp ult i64 %rn, %r1")
+    e("  br i1 %rmore, label %rloop, label %exit")
+    e("exit:")
+    e("  ret void")
+    e("}")
+    return "\n".join(lines)
+
+
+def _tile_products(e: Emit, block: int) -> None:
+    """The 2 x 2 tile products of block %b (K = block columns) into %buf's 4 C tiles."""
     e(f"  %ab = mul i64 %b, {block}")
     e(f"  %bb = mul i64 %b, {block * TILE_ROWS}")
     for i in range(2):
@@ -142,46 +207,111 @@ def kernel_ir(block: int, offsets: bool) -> str:
             c = f"{i}{j}"
             e(f"  %cb{c} = getelementptr i8, ptr %buf, i64 {1024 * (2 * i + j)}")
             e(f"  call void @llvm.x86.tilestored64.internal(i16 16, i16 64, ptr %cb{c}, i64 64, x86_amx %tc{c})")
+
+
+def _block(e: Emit, kind: str, classes: int) -> None:
+    """Block %b's float steps into its class's buffer (u4, p8, u5)."""
+    e(f"  %cls = and i64 %b, {classes - 1}")
+    e("  %clo = shl i64 %cls, 12")
+    e("  %abase = getelementptr i8, ptr %accs, i64 %clo")
     e("  %db = shl i64 %b, 6")
     for j in range(2):
         e(f"  %dp{j} = getelementptr i8, ptr %drow{j}, i64 %db")
         e(f"  %dv{j} = load {_F16}, ptr %dp{j}, align 4")
-        if offsets:
+        if kind == "u4":
             e(f"  %mp{j} = getelementptr i8, ptr %mrow{j}, i64 %db")
             e(f"  %mv{j} = load {_F16}, ptr %mp{j}, align 4")
-    e("  %sb = shl i64 %b, 2")
     for u in range(2 * TILE_ROWS):  # activation row t + u
-        i = u // TILE_ROWS
-        e(f"  %so{u} = mul i64 %sstride, {u}")
-        e(f"  %sq{u} = add i64 %so{u}, %sb")
-        e(f"  %sp{u} = getelementptr i8, ptr %srow, i64 %sq{u}")
-        e(f"  %sa{u} = load float, ptr %sp{u}, align 4")
-        _broadcast(e, f"sv{u}", f"%sa{u}")
-        if offsets:
-            e(f"  %np{u} = getelementptr i8, ptr %nrow, i64 %sq{u}")
-            e(f"  %na{u} = load float, ptr %np{u}, align 4")
-            _broadcast(e, f"nv{u}", f"%na{u}")
+        _load_scalar(e, f"sv{u}", "srow", "sstride", u, "%b")
+        if kind == "u4":  # N_b = d_a * f32(code sum), one f32 multiply
+            _load_scalar(e, f"cv{u}", "nrow", "nstride", u, "%b")
+            e(f"  %nv{u} = fmul {_F16} %sv{u}, %cv{u}")
         for j in range(2):
             k = f"{u}_{j}"
-            at = 1024 * (2 * i + j) + 64 * (u % TILE_ROWS)
-            e(f"  %cp{k} = getelementptr i8, ptr %buf, i64 {at}")
+            e(f"  %cp{k} = getelementptr i8, ptr %buf, i64 {_at(u, j)}")
             e(f"  %c{k} = load {_I16}, ptr %cp{k}, align 64")
             e(f"  %f{k} = sitofp {_I16} %c{k} to {_F16}")
             e(f"  %sc{k} = fmul {_F16} %dv{j}, %sv{u}")
-            e(f"  %ap{k} = getelementptr i8, ptr %accs, i64 {at}")
+            e(f"  %ap{k} = getelementptr i8, ptr %abase, i64 {_at(u, j)}")
             e(f"  %acc{k} = load {_F16}, ptr %ap{k}, align 64")
-            last = "acs" if offsets else "accn"
-            e(f"  %{last}{k} = call {_F16} @llvm.fma.v16f32({_F16} %f{k}, {_F16} %sc{k}, {_F16} %acc{k})")
-            if offsets:
-                e(f"  %accn{k} = call {_F16} @llvm.fma.v16f32({_F16} %mv{j}, {_F16} %nv{u}, {_F16} %acs{k})")
+            last = "acs" if kind == "u4" else "accn"
+            e(f"  %{last}{k} = {_FMA}({_F16} %f{k}, {_F16} %sc{k}, {_F16} %acc{k})")
+            if kind == "u4":
+                e(f"  %accn{k} = {_FMA}({_F16} %mv{j}, {_F16} %nv{u}, {_F16} %acs{k})")
             e(f"  store {_F16} %accn{k}, ptr %ap{k}, align 64")
-    e("  %bn = add i64 %b, 1")
-    e("  %bmore = icmp ult i64 %bn, %nblocks")
-    e("  br i1 %bmore, label %bloop, label %tlatch")
-    e("tlatch:")
+
+
+def _sub_block(e: Emit, kind: str, per: int) -> None:
+    """Sub-block %b's integers into Isum; at its super-block's end the float steps (k4, u6).
+    Ends the block (branches to %bnext)."""
+    e("  %scb = shl i64 %b, 4")
+    for j in range(2):
+        e(f"  %scp{j} = getelementptr i8, ptr %scrow{j}, i64 %scb")
+        e(f"  %sc8{j} = load <16 x i8>, ptr %scp{j}, align 1")
+        e(f"  %scv{j} = sext <16 x i8> %sc8{j} to {_I16}")
+    for u in range(2 * TILE_ROWS):
+        for j in range(2):
+            k = f"{u}_{j}"
+            e(f"  %cp{k} = getelementptr i8, ptr %buf, i64 {_at(u, j)}")
+            e(f"  %c{k} = load {_I16}, ptr %cp{k}, align 64")
+            e(f"  %ip{k} = getelementptr i8, ptr %isum, i64 {_at(u, j)}")
+            e(f"  %i{k} = load {_I16}, ptr %ip{k}, align 64")
+            e(f"  %cs{k} = mul {_I16} %c{k}, %scv{j}")
+            e(f"  %in{k} = add {_I16} %i{k}, %cs{k}")
+            e(f"  store {_I16} %in{k}, ptr %ip{k}, align 64")
+    e(f"  %jj = and i64 %b, {per - 1}")
+    e(f"  %send = icmp eq i64 %jj, {per - 1}")
+    e("  br i1 %send, label %super, label %bnext")
+    e("super:")
+    e(f"  %s = udiv i64 %b, {per}")
+    e("  %ds = shl i64 %s, 6")
+    mins = kind == "k4"
+    if mins:
+        e(f"  %s8 = mul i64 %s, {per}")  # the super-block's first sub-block
+    for j in range(2):
+        e(f"  %sdp{j} = getelementptr i8, ptr %drow{j}, i64 %ds")
+        e(f"  %sdv{j} = load {_F16}, ptr %sdp{j}, align 4")
+        if mins:
+            e(f"  %smp{j} = getelementptr i8, ptr %mrow{j}, i64 %ds")
+            e(f"  %smv{j} = load {_F16}, ptr %smp{j}, align 4")
+            for q in range(per):  # the super-block's sub-block mins as floats
+                e(f"  %mb{j}_{q} = add i64 %s8, {q}")
+                e(f"  %mo{j}_{q} = shl i64 %mb{j}_{q}, 4")
+                e(f"  %mnp{j}_{q} = getelementptr i8, ptr %mnrow{j}, i64 %mo{j}_{q}")
+                e(f"  %mn8{j}_{q} = load <16 x i8>, ptr %mnp{j}_{q}, align 1")
+                e(f"  %mnf{j}_{q} = sitofp <16 x i8> %mn8{j}_{q} to {_F16}")
+    for u in range(2 * TILE_ROWS):
+        _load_scalar(e, f"ssv{u}", "srow", "sstride", u, "%s")
+        if mins:
+            for q in range(per):
+                e(f"  %nq{u}_{q} = add i64 %s8, {q}")
+                _load_scalar(e, f"csv{u}_{q}", "nrow", "nstride", u, f"%nq{u}_{q}")
+        for j in range(2):
+            k = f"{u}_{j}"
+            e(f"  %sip{k} = getelementptr i8, ptr %isum, i64 {_at(u, j)}")
+            e(f"  %si{k} = load {_I16}, ptr %sip{k}, align 64")
+            e(f"  store {_I16} zeroinitializer, ptr %sip{k}, align 64")
+            e(f"  %sf{k} = sitofp {_I16} %si{k} to {_F16}")
+            e(f"  %ssc{k} = fmul {_F16} %sdv{j}, %ssv{u}")
+            e(f"  %sap{k} = getelementptr i8, ptr %accs, i64 {_at(u, j)}")
+            e(f"  %sacc{k} = load {_F16}, ptr %sap{k}, align 64")
+            e(f"  %sa{k} = {_FMA}({_F16} %sf{k}, {_F16} %ssc{k}, {_F16} %sacc{k})")
+            result = f"%sa{k}"
+            if mins:  # Msum: exact integers in f32
+                e(f"  %ms{k}_0 = fmul {_F16} %mnf{j}_0, %csv{u}_0")
+                for q in range(1, per):
+                    e(f"  %ms{k}_{q} = {_FMA}({_F16} %mnf{j}_{q}, {_F16} %csv{u}_{q}, {_F16} %ms{k}_{q - 1})")
+                e(f"  %msc{k} = fmul {_F16} %smv{j}, %ssv{u}")
+                e(f"  %sm{k} = {_FMA}({_F16} %ms{k}_{per - 1}, {_F16} %msc{k}, {_F16} %sa{k})")
+                result = f"%sm{k}"
+            e(f"  store {_F16} {result}, ptr %sap{k}, align 64")
+    e("  br label %bnext")
+
+
+def _store(e: Emit, classes: int) -> None:
+    """The step's out rows below t1: the classes' sums added left to right."""
     e("  %left = sub i64 %t1, %t")
     for u in range(2 * TILE_ROWS):  # rows from t1 on are not stored
-        i = u // TILE_ROWS
         e(f"  %ok{u} = icmp ult i64 {u}, %left")
         e(f"  %mk{u}i = insertelement <16 x i1> poison, i1 %ok{u}, i32 0")
         e(f"  %mk{u} = shufflevector <16 x i1> %mk{u}i, <16 x i1> poison, <16 x i32> zeroinitializer")
@@ -189,28 +319,22 @@ def kernel_ir(block: int, offsets: bool) -> str:
         e(f"  %oo{u} = mul i64 %ot{u}, %ostride")
         for j in range(2):
             k = f"{u}_{j}"
-            e(f"  %fp{k} = getelementptr i8, ptr %accs, i64 {1024 * (2 * i + j) + 64 * (u % TILE_ROWS)}")
-            e(f"  %fin{k} = load {_F16}, ptr %fp{k}, align 64")
+            total = ""
+            for c in range(classes):
+                e(f"  %fp{k}_{c} = getelementptr i8, ptr %accs, i64 {4096 * c + _at(u, j)}")
+                e(f"  %fv{k}_{c} = load {_F16}, ptr %fp{k}_{c}, align 64")
+                if c:
+                    e(f"  %fs{k}_{c} = fadd {_F16} {total}, %fv{k}_{c}")
+                total = f"%fs{k}_{c}" if c else f"%fv{k}_{c}"
             e(f"  %oc{k} = add i64 %r, {16 * j}")
             e(f"  %oi{k} = add i64 %oo{u}, %oc{k}")
             e(f"  %op{k} = getelementptr float, ptr %outp, i64 %oi{k}")
-            e(f"  call void @llvm.masked.store.v16f32.p0({_F16} %fin{k}, ptr %op{k}, i32 4, <16 x i1> %mk{u})")
-    e("  %tn = add i64 %t, 32")
-    e("  %tmore = icmp slt i64 %tn, %t1")
-    e("  br i1 %tmore, label %tloop, label %rlatch")
-    e("rlatch:")
-    e("  %rn = add i64 %r, 32")
-    e("  %rmore = icmp ult i64 %rn, %r1")
-    e("  br i1 %rmore, label %rloop, label %exit")
-    e("exit:")
-    e("  ret void")
-    e("}")
-    return "\n".join(lines)
+            e(f"  call void @llvm.masked.store.v16f32.p0({_F16} {total}, ptr %op{k}, i32 4, <16 x i1> %mk{u})")
 
 
 def module_ir() -> str:
-    """IR of the module of every kernel of KEYS, with the intrinsics' declarations."""
-    return DECLS + "\n".join(kernel_ir(*key) for key in KEYS)
+    """IR of the module of every kernel of KINDS, with the intrinsics' declarations."""
+    return DECLS + "\n".join(kernel_ir(kind) for kind in KINDS)
 
 
 PEAK_TILES = 4  # independent C tiles of the peak loop (2 x 2, as a product's tiles would be)

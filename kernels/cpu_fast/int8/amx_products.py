@@ -5,10 +5,10 @@ whose matrices all have a tile layout (amx_layout.py); fewer rows keep the VNNI 
 
 The activations are the VNNI kernels' codes (rounded per 32 columns, per 256 for the
 K-quants, by the same rule: activations._block_scale), laid out plainly: A [T_pad, cols]
-int8, S [T_pad, nblocks] f32 = d_a of each block, N [T_pad, nblocks] f32 = d_a times the
-block's code sum (the offsets' factor); T_pad = T rounded up to 32, the pad rows zero (the
-kernels read whole tiles). The integer sums per block are those of the VNNI kernels; the
-float sums run over the blocks in order, so results differ from theirs by f32 rounding.
+int8, S [T_pad, cols / group] f32 = d_a of each rounding group, N [T_pad, cols / 32] f32 =
+the exact integer sum of each 32-block's codes; T_pad = T rounded up to 32, the pad rows
+zero (the kernels read whole tiles). The kernels (amx_ir.py) apply them in the one int8
+float order (tests/int8_canonical.py), so a row's result is the VNNI kernels' bit for bit.
 """
 
 from __future__ import annotations
@@ -32,48 +32,50 @@ MIN_ROWS = 16
 ROWS_PER_TASK = 32  # weight rows per parallel task (one kernel step)
 ACT_ROWS_PER_TASK = 128  # activation rows per parallel task
 PAD_ROWS = 32  # the kernels' step of activation rows
-# columns of a job row: the weights' tiles, scales and offsets, rows, where its product
-# starts in `out` (at T * first_row floats, a C-contiguous [T, rows] block), its kernel
-_B, _D, _M, _ROWS, _FIRST_ROW, _KERNEL = range(6)
-JOB_COLUMNS = 6
+# columns of a job row: the weights' tiles, scales, offsets, sub-block scales and mins,
+# tile products per row, rows, where its product starts in `out` (at T * first_row floats,
+# a C-contiguous [T, rows] block), its kernel
+_B, _D, _M, _SC, _MN, _NBLOCKS, _ROWS, _FIRST_ROW, _KERNEL = range(9)
+JOB_COLUMNS = 9
 
 
 @functools.cache
-def addresses() -> dict[tuple[int, bool], int] | None:
-    """The machine-code address of each kernel of amx_ir.KEYS, (block, offsets) -> address;
-    None where this process may not run AMX tiles (amx_host) or llvmlite cannot compile them."""
+def addresses() -> dict[str, int] | None:
+    """The machine-code address of each kernel of amx_ir.KINDS, kind -> address; None where
+    this process may not run AMX tiles (amx_host) or llvmlite cannot compile them."""
     if not amx_host.tiles_permitted():
         return None
     try:
-        names = [amx_ir.kernel_name(*key) for key in amx_ir.KEYS]
+        names = [amx_ir.kernel_name(kind) for kind in amx_ir.KINDS]
         addr = llvm_host.compile_for_host(amx_ir.module_ir(), names, cache_dir=code_cache.llvm_dir())
     except (RuntimeError, OSError):
         return None
-    return {key: addr[amx_ir.kernel_name(*key)] for key in amx_ir.KEYS}
+    return {kind: addr[amx_ir.kernel_name(kind)] for kind in amx_ir.KINDS}
 
 
 def job_table(ws: list[AmxWeight], first_rows: list[int]) -> np.ndarray | None:
-    """The AMX jobs [n, JOB_COLUMNS] int64 of matrices of one block size (each at its first
-    row of the stacked output), or None when the tiles do not run here."""
+    """The AMX jobs [n, JOB_COLUMNS] int64 of matrices whose activations round alike (one
+    AmxWeight.group), each at its first row of the stacked output, or None when the tiles do
+    not run here."""
     addr = addresses()
-    if addr is None or len({w.block for w in ws}) != 1:
+    if addr is None or len({w.group for w in ws}) != 1:
         return None
     return np.array([
-        (w.codes.ctypes.data, w.d.ctypes.data, w.m.ctypes.data, w.codes.shape[0] * 16, row, addr[(w.block, w.offsets)])
+        (w.codes.ctypes.data, w.d.ctypes.data, w.m.ctypes.data, w.sc.ctypes.data, w.mn.ctypes.data, w.nblocks,
+         w.codes.shape[0] * 16, row, addr[w.kind])
         for w, row in zip(ws, first_rows)
     ], np.int64)
 
 
 @cached_njit(parallel=True, nogil=True, fastmath={"reassoc", "nsz", "nnan", "ninf"})
-def _quantize(x: np.ndarray, group: Int, block: Int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x [T, cols] f32 -> (A [T_pad, cols] int8, S [T_pad, nblocks] f32, N [T_pad, nblocks]
-    f32): the module docstring's activations, rounded per `group` columns (32 or 256)."""
+def _quantize(x: np.ndarray, group: Int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x [T, cols] f32 -> (A [T_pad, cols] int8, S [T_pad, cols / group] f32, N [T_pad,
+    cols / 32] f32): the module docstring's activations, rounded per `group` columns (32 or 256)."""
     T, K = x.shape
     padded = (T + PAD_ROWS - 1) // PAD_ROWS * PAD_ROWS
-    nb = K // block
     A = np.empty((padded, K), np.int8)
-    S = np.empty((padded, nb), np.float32)
-    N = np.empty((padded, nb), np.float32)
+    S = np.empty((padded, K // group), np.float32)
+    N = np.empty((padded, K // 32), np.float32)
     A[T:] = 0
     S[T:] = 0
     N[T:] = 0
@@ -81,14 +83,14 @@ def _quantize(x: np.ndarray, group: Int, block: Int) -> tuple[np.ndarray, np.nda
         xt, At = x[t], A[t]
         for g in range(K // group):
             d, inv = _block_scale(xt[g * group : g * group + group])
-            for b in range(g * group // block, (g + 1) * group // block):
+            S[t, g] = d
+            for b in range(g * group // 32, (g + 1) * group // 32):
                 total = np.float32(0)  # exact: at most 32 * 127
-                for i in range(b * block, b * block + block):
+                for i in range(b * 32, b * 32 + 32):
                     c = np.rint(xt[i] * inv)
                     At[i] = np.int8(c)
                     total += c
-                S[t, b] = d
-                N[t, b] = d * total
+                N[t, b] = total
     return A, S, N
 
 
@@ -101,7 +103,6 @@ def _run(jobs: np.ndarray, A: np.ndarray, S: np.ndarray, N: np.ndarray, T: Int, 
     for j in range(jobs.shape[0]):
         first[j + 1] = first[j] + jobs[j, _ROWS] // ROWS_PER_TASK
     n_r = first[-1]
-    nblocks = S.shape[1]
     for task in prange(n_r * n_t):
         tb, c = task // n_r, task % n_r
         j = 0
@@ -111,14 +112,15 @@ def _run(jobs: np.ndarray, A: np.ndarray, S: np.ndarray, N: np.ndarray, T: Int, 
         r0 = (c - first[j]) * ROWS_PER_TASK
         t0 = tb * ACT_ROWS_PER_TASK
         call_kernel(job[_KERNEL], AmxArgs(
-            B=job[_B], D=job[_D], M=job[_M], A=A.ctypes.data, S=S.ctypes.data, N=N.ctypes.data, nblocks=nblocks,
-            r0=r0, r1=r0 + ROWS_PER_TASK, t0=t0, t1=min(T, t0 + ACT_ROWS_PER_TASK), astride=A.strides[0],
-            sstride=S.strides[0], out=out.ctypes.data + T * job[_FIRST_ROW] * 4, ostride=job[_ROWS]))
+            B=job[_B], D=job[_D], M=job[_M], SC=job[_SC], MN=job[_MN], A=A.ctypes.data, S=S.ctypes.data,
+            N=N.ctypes.data, nblocks=job[_NBLOCKS], r0=r0, r1=r0 + ROWS_PER_TASK, t0=t0,
+            t1=min(T, t0 + ACT_ROWS_PER_TASK), astride=A.strides[0], sstride=S.strides[0], nstride=N.strides[0],
+            out=out.ctypes.data + T * job[_FIRST_ROW] * 4, ostride=job[_ROWS]))
 
 
-def product(jobs: np.ndarray, x: np.ndarray, group: int, block: int, out: np.ndarray) -> None:
+def product(jobs: np.ndarray, x: np.ndarray, group: int, out: np.ndarray) -> None:
     """out (flat f32, each job's [T, rows] at T * its first row) = x [T, cols] f32 times
-    each job's matrix, x rounded per `group` columns (32 or 256) and scaled per `block`."""
+    each job's matrix, x rounded per `group` columns (32 or 256: the jobs' AmxWeight.group)."""
     assert ROWS_PER_TASK == ROW_MULTIPLE
-    A, S, N = _quantize(x, group, block)
+    A, S, N = _quantize(x, group)
     _run(jobs, A, S, N, x.shape[0], out)

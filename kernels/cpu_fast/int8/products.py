@@ -358,7 +358,7 @@ def matmul_many(jobs: Jobs, x: np.ndarray) -> list[np.ndarray]:
 def _launch(jobs: Jobs, x: np.ndarray, out: np.ndarray) -> None:
     w = jobs.weights[0]
     if jobs.amx is not None and x.shape[0] >= amx_products.MIN_ROWS and w.amx is not None:
-        amx_products.product(jobs.amx, x, rounding_group(w), w.amx.block, out)
+        amx_products.product(jobs.amx, x, rounding_group(w), out)
         return
     PRODUCTS[activation_order(w)](jobs.table, x, rounding_group(w), w.nsteps, w.nchunks, out)
 
