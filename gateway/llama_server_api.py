@@ -7,7 +7,10 @@ A generation is checked as a llama-server body (gateway/llama_server_schema.py),
 the OpenAI completion request's SamplingParams and constraint, and run through the same
 machinery as the OpenAI routes: metrics record, engine events, refusal before the 200,
 cancellation when the client leaves. /infill's prompt is made from the model's FIM tokens
-(gateway/infill_prompt.py); a model without them gets a 400.
+(gateway/infill_prompt.py); a model without them gets a 400. Its generation also ends at the
+model's FIM pad, repo and file separator tokens (llama.cpp's end-of-generation set has them),
+and where the middle reaches the hole's end (stop_at_suffix); n_indent and t_max_predict_ms
+are applied to both routes (gateway/llama_server_stops.py).
 
 zinfer has no slots: /slots lists `--max-running` of them, the first as many as run now
 busy; id_slot is accepted and has no effect.
@@ -31,8 +34,17 @@ from zinfer.gateway.error_shapes import LlamaServerError, reshaped
 from zinfer.gateway.infill_prompt import ExtraFile, facts, infill_ids
 from zinfer.gateway.llama_server_schema import SAMPLER_LETTERS, CompletionBody, completion_request, prompt_parts
 from zinfer.gateway.llama_server_shaper import LlamaServerShaper, settings
+from zinfer.gateway.llama_server_stops import StreamCut, SuffixStop, cut_events
 from zinfer.gateway.metrics import RequestRecord
-from zinfer.gateway.openai_api import answer, constrained, engine_events, generate, read_body, tool_syntax
+from zinfer.gateway.openai_api import (
+    OpenEvents,
+    answer,
+    constrained,
+    engine_events,
+    generate,
+    read_body,
+    tool_syntax,
+)
 from zinfer.gateway.openai_constraints import constraint_field, constraint_from_request
 from zinfer.gateway.openai_schema import ApiError, ChatRequest, chat_messages, parse, sampling_params
 from zinfer.gateway.openai_tools import tool_plan
@@ -92,8 +104,11 @@ async def respond(
             extra = tuple(ExtraFile(c.filename, c.text) for c in body.input_extra)
             ids = await infill_ids(state, body.input_prefix, body.input_suffix, extra, body.prompt or "")
             form: dict[str, Any] = {"prompt_ids": ids}
+            if f.fim is not None and f.fim.ends:  # llama.cpp ends a generation at them
+                params = msgspec.structs.replace(params, stop_token_ids=[*params.stop_token_ids, *f.fim.ends])
         else:
             form = await prompt_form(state, parts)
+        cut = stream_cut(body, infill)
         prompt_text = form["prompt"] if "prompt" in form else await state.engine().detokenize(form["prompt_ids"])
     except ApiError as exc:
         record.finish("rejected")
@@ -105,9 +120,26 @@ async def respond(
     n_predict = body.n_predict if body.n_predict is not None else body.max_tokens or -1
     chosen = [n for n in APPLIED_ORDER if body.samplers is None or n in _names(body.samplers)]
     shaper = LlamaServerShaper(state, f, params, progress, prompt_text, settings(params, n_predict, chosen),
-                               body.return_tokens, body.timings_per_token, constraint_field(req))
-    open_events = watched(partial(engine_events, state.engine(), [form], params, rid, record), progress)
+                               body.return_tokens, body.timings_per_token, constraint_field(req), cut)
+    open_events: OpenEvents = partial(engine_events, state.engine(), [form], params, rid, record)
+    if cut is not None:
+        open_events = cut_events(open_events, cut, partial(record.finish, "finished"))
+    open_events = watched(open_events, progress)
     return await answer(request, shaper, open_events, body.stream, True, record)
+
+
+def stream_cut(body: CompletionBody, infill: bool) -> StreamCut | None:
+    """The stop rules the gateway applies to this request's text (gateway/llama_server_stops.py),
+    or None when none is on; ApiError 400 for stop_at_suffix on /completion (it has no suffix)."""
+    if body.stop_at_suffix and not infill:
+        raise ApiError(400, "stop_at_suffix is an /infill option (a /completion has no suffix)",
+                       param="stop_at_suffix")
+    suffix = None
+    if infill and body.stop_at_suffix is not False:
+        suffix = SuffixStop.around(body.input_prefix + (body.prompt or ""), body.input_suffix)
+    if suffix is None and not body.n_indent and not body.t_max_predict_ms:
+        return None
+    return StreamCut(suffix, body.n_indent, body.t_max_predict_ms)
 
 
 def _names(samplers: list[str] | str) -> list[str]:

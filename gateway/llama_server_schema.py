@@ -6,12 +6,13 @@ or a mix of both in one list), n_predict (-1: up to the context; max_tokens is i
 alias), stream, n_probs, temperature, top_k, top_p, min_p, seed (-1: random), stop,
 repeat_penalty, presence_penalty, frequency_penalty, ignore_eos, logit_bias (pairs or a
 map; false bans a token), grammar / json_schema, samplers (see sampler_settings),
-return_tokens, timings_per_token; cache_prompt, n_keep, id_slot and min_keep 0/1 are
-accepted (the engine caches every prompt's prefix by itself and never shifts the
-context). Samplers zinfer does not have are refused unless set to their "off" value:
-typical_p, dynatemp_range, mirostat, xtc_probability, dry_multiplier, top_n_sigma,
-repeat_last_n (only -1, or without a repeat_penalty), n_indent, t_max_predict_ms,
-post_sampling_probs, lora, response_fields, n_cmpl.
+return_tokens, timings_per_token, n_indent and t_max_predict_ms (0: off), and zinfer's
+stop_at_suffix (/infill only; see gateway/llama_server_stops.py); cache_prompt, n_keep,
+id_slot and min_keep 0/1 are accepted (the engine caches every prompt's prefix by itself and
+never shifts the context). Samplers zinfer does not have are refused unless set to their
+"off" value: typical_p, dynatemp_range, mirostat, xtc_probability, dry_multiplier,
+top_n_sigma, repeat_last_n (only -1, or without a repeat_penalty), post_sampling_probs,
+lora, response_fields, n_cmpl.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from zinfer.messages.params import MAX_IDS, MAX_LOGPROBS, MAX_STOPS, TOKEN_ID_LI
 Real = Annotated[float, Meta(ge=-1e9, le=1e9)]
 BiasList = Annotated[list[Any], Meta(max_length=MAX_IDS)]  # [[token id, bias or false], ...]
 BiasMap = Annotated[dict[str, Any], Meta(max_length=MAX_IDS)]  # {"token id": bias}
+MAX_INDENT = 4096  # n_indent: columns
+MAX_PREDICT_MS = 86_400_000  # t_max_predict_ms: a day
 SAMPLERS = ("penalties", "top_k", "top_p", "min_p", "temperature")
 """The samplers zinfer runs: penalties first, then temperature, top_k, top_p, min_p (actors/sampling.py)."""
 NO_OP_SAMPLERS = {  # llama.cpp samplers zinfer lacks, listed harmlessly while their parameter is off
@@ -70,6 +73,9 @@ class CompletionBody(msgspec.Struct, kw_only=True):
     min_keep: Annotated[int, Meta(ge=0, le=1)] = 0
     return_tokens: bool = False
     timings_per_token: bool = False
+    n_indent: Annotated[int, Meta(ge=0, le=MAX_INDENT)] = 0  # gateway/llama_server_stops.py
+    t_max_predict_ms: Annotated[int, Meta(ge=0, le=MAX_PREDICT_MS)] = 0
+    stop_at_suffix: bool | None = None  # /infill: None is on
     # llama.cpp samplers and options zinfer does not have: only their "off" values pass
     typical_p: Real | None = None
     typ_p: Real | None = None
@@ -78,8 +84,6 @@ class CompletionBody(msgspec.Struct, kw_only=True):
     xtc_probability: Real | None = None
     dry_multiplier: Real | None = None
     top_n_sigma: Real | None = None
-    n_indent: int | None = None
-    t_max_predict_ms: int | None = None
     post_sampling_probs: bool | None = None
     lora: list[Any] | None = None
     response_fields: list[Any] | None = None
@@ -92,8 +96,8 @@ class CompletionBody(msgspec.Struct, kw_only=True):
 
 OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "typical_p": (None, 1.0), "typ_p": (None, 1.0), "dynatemp_range": (None, 0.0), "mirostat": (None, 0),
-    "xtc_probability": (None, 0.0), "dry_multiplier": (None, 0.0), "n_indent": (None, 0),
-    "t_max_predict_ms": (None, 0), "post_sampling_probs": (None, False), "lora": (None, []),
+    "xtc_probability": (None, 0.0), "dry_multiplier": (None, 0.0),
+    "post_sampling_probs": (None, False), "lora": (None, []),
     "response_fields": (None, []), "n_cmpl": (None, 1),
 }
 

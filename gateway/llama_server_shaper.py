@@ -2,10 +2,12 @@
 result object or its SSE chunks out.
 
 A result has content, tokens (the ids generated, with return_tokens), stop, stop_type
-("eos", "limit" or "word", with stopping_word), truncated (never: a prompt longer than the
-context is refused, not cut), tokens_predicted / tokens_evaluated / tokens_cached, the
-generation_settings the request ran with, timings (prompt_n counts the tokens evaluated,
-cache_n those read from the prefix cache) and, with n_probs, completion_probabilities.
+("eos", "limit" or "word", with stopping_word; a gateway stop rule: "word" with the suffix
+text where the middle reached the hole's end, "limit" for n_indent and t_max_predict_ms),
+truncated (never: a prompt longer than the context is refused, not cut), tokens_predicted /
+tokens_evaluated / tokens_cached, the generation_settings the request ran with, timings
+(prompt_n counts the tokens evaluated, cache_n those read from the prefix cache) and, with
+n_probs, completion_probabilities.
 A stream sends `data: {...}` chunks with the text pieces (stop false) and a last chunk with
 stop true and every field above; there is no [DONE], as llama-server sends none.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 from typing import Any, AsyncGenerator, AsyncIterator
 
 from zinfer.gateway.error_shapes import LlamaServerError, reshaped
+from zinfer.gateway.llama_server_stops import StreamCut
 from zinfer.gateway.model_facts import ModelFacts
 from zinfer.gateway.openai_schema import ApiError
 from zinfer.gateway.openai_shaper import engine_error
@@ -56,11 +59,12 @@ class LlamaServerShaper:
         return_tokens: bool,
         timings_per_token: bool,
         constraint_param: str | None,
+        cut: StreamCut | None = None,
     ):
         self.state, self.facts, self.params, self.progress = state, facts, params, progress
         self.prompt, self.generation_settings = prompt, generation_settings
         self.return_tokens, self.timings_per_token = return_tokens, timings_per_token
-        self.constraint_param = constraint_param
+        self.constraint_param, self.cut = constraint_param, cut
         self.predicted = 0
 
     def error(self, event: Rejected | Failed | Cancelled) -> ApiError:
@@ -90,8 +94,13 @@ class LlamaServerShaper:
 
     async def result(self, event: Finished, content: str, probs: list[Body] | None) -> Body:
         reason = event.finish_reasons[0] if event.finish_reasons else "stop"
-        word = None if reason == "length" else await matched_stop(self.state.engine(), self.progress, self.params.stop)
-        stop_type = "limit" if reason == "length" else "word" if word is not None else "eos"
+        cut = self.cut.reason if self.cut is not None else None
+        if cut is not None:  # a gateway stop rule: the suffix reached is a stop word, the others limits
+            word, stop_type = (self.cut.word, "word") if cut == "suffix" and self.cut is not None else (None, "limit")
+        else:
+            word = None if reason == "length" else await matched_stop(self.state.engine(), self.progress,
+                                                                      self.params.stop)
+            stop_type = "limit" if reason == "length" else "word" if word is not None else "eos"
         u = event.usage
         out: Body = {
             "index": 0, "content": content, "tokens": self.progress.token_ids if self.return_tokens else [],

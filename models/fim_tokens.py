@@ -4,7 +4,9 @@ GGUF files may name them outright (`tokenizer.ggml.fim_pre_token_id`, ..._suf_, 
 _rep_, _sep_); otherwise the vocabulary is searched for the texts the known code models
 use, in llama.cpp's order (Qwen2.5-Coder and StarCoder's `<|fim_prefix|>`, CodeLlama's
 `<PRE>`, DeepSeek-Coder's `<｜fim▁begin｜>`, ...). A model needs prefix, suffix and middle
-to infill; repo and file separator are optional (they frame extra files of context).
+to infill; repo and file separator are optional (they frame extra files of context), and
+pad is the filler some models write after a middle. llama.cpp ends a generation at the pad,
+repo and file separator tokens, as at EOS.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ MIDDLE_TEXTS = ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "▁<
                 "<|fim▁end|>", "<fim▁end>")
 REPO_TEXTS = ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")
 SEP_TEXTS = ("<|file_sep|>", "<file_sep>")
+PAD_TEXTS = ("<|fim_pad|>", "<fim-pad>", "<fim_pad>")
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,12 @@ class FimTokens:
     middle: int
     repo: int | None = None
     sep: int | None = None
+    pad: int | None = None
+
+    @property
+    def ends(self) -> list[int]:
+        """The ids that end a generation as llama.cpp's end-of-generation set does: pad, repo, sep."""
+        return [i for i in (self.pad, self.repo, self.sep) if i is not None]
 
 
 def fim_tokens(token_to_id: Callable[[str], int | None], gguf_metadata: Mapping[str, Any]) -> FimTokens | None:
@@ -47,4 +56,5 @@ def fim_tokens(token_to_id: Callable[[str], int | None], gguf_metadata: Mapping[
     prefix, suffix, middle = find("pre", PREFIX_TEXTS), find("suf", SUFFIX_TEXTS), find("mid", MIDDLE_TEXTS)
     if prefix is None or suffix is None or middle is None:
         return None
-    return FimTokens(prefix, suffix, middle, find("rep", REPO_TEXTS), find("sep", SEP_TEXTS))
+    return FimTokens(prefix, suffix, middle, find("rep", REPO_TEXTS), find("sep", SEP_TEXTS),
+                     find("pad", PAD_TEXTS))

@@ -123,6 +123,8 @@ def test_bad_requests_get_llama_servers_errors_and_the_server_serves_on(server):
     assert "prompt" in error(post(server, "/completion", {"prompt": [-1]}))
     assert "n_predict" in error(post(server, "/completion", {"prompt": "x", "n_predict": -5}))
     assert "logit_bias" in error(post(server, "/completion", {"prompt": "x", "logit_bias": [[1, {"a": 1}]]}))
+    assert "stop_at_suffix" in error(post(server, "/completion", {"prompt": "x", "stop_at_suffix": True}))
+    assert "n_indent" in error(post(server, "/infill", {"input_prefix": "x", "n_indent": -1}))
     [first] = completion(server, prompt="the cat", return_tokens=True, n_predict=1)["tokens"]
     banned = completion(server, prompt="the cat", return_tokens=True, n_predict=1, logit_bias=[[first, False]])
     assert banned["tokens"] != [first]  # false bans the token
