@@ -87,7 +87,7 @@ class AmxArgs(NamedTuple):
     MN: int  # address of the sub-block mins (k4: int8; others: any readable address)
     A: int  # address of the int8 activations [T_pad, cols]
     S: int  # address of the activation scales [T_pad, cols / group] f32
-    N: int  # address of the activation code sums [T_pad, cols / 32] f32 (exact integers)
+    N: int  # address of the activations' [T_pad, cols / 32] f32: u4, d_a * code sum; k4, the code sum
     nblocks: int  # tile products per row (cols / K)
     r0: int  # first weight row (a multiple of 16)
     r1: int  # end of the weight rows (a multiple of 16)
@@ -223,9 +223,8 @@ def _block(e: Emit, kind: str, classes: int) -> None:
             e(f"  %mv{j} = load {_F16}, ptr %mp{j}, align 4")
     for u in range(2 * TILE_ROWS):  # activation row t + u
         _load_scalar(e, f"sv{u}", "srow", "sstride", u, "%b")
-        if kind == "u4":  # N_b = d_a * f32(code sum), one f32 multiply
-            _load_scalar(e, f"cv{u}", "nrow", "nstride", u, "%b")
-            e(f"  %nv{u} = fmul {_F16} %sv{u}, %cv{u}")
+        if kind == "u4":  # N_b = f32(d_a * f32(code sum)), from the activations
+            _load_scalar(e, f"nv{u}", "nrow", "nstride", u, "%b")
         for j in range(2):
             k = f"{u}_{j}"
             e(f"  %cp{k} = getelementptr i8, ptr %buf, i64 {_at(u, j)}")

@@ -5,8 +5,9 @@ whose matrices all have a tile layout (amx_layout.py); fewer rows keep the VNNI 
 
 The activations are the VNNI kernels' codes (rounded per 32 columns, per 256 for the
 K-quants, by the same rule: activations._block_scale), laid out plainly: A [T_pad, cols]
-int8, S [T_pad, cols / group] f32 = d_a of each rounding group, N [T_pad, cols / 32] f32 =
-the exact integer sum of each 32-block's codes; T_pad = T rounded up to 32, the pad rows
+int8, S [T_pad, cols / group] f32 = d_a of each rounding group, N [T_pad, cols / 32] f32 per
+32-block: group 32, f32(d_a * f32(code sum)) (u4's offsets' factor N_b); group 256, the exact
+integer code sum (k4's Msum); T_pad = T rounded up to 32, the pad rows
 zero (the kernels read whole tiles). The kernels (amx_ir.py) apply them in the one int8
 float order (tests/int8_canonical.py), so a row's result is the VNNI kernels' bit for bit.
 """
@@ -90,7 +91,7 @@ def _quantize(x: np.ndarray, group: Int) -> tuple[np.ndarray, np.ndarray, np.nda
                     c = np.rint(xt[i] * inv)
                     At[i] = np.int8(c)
                     total += c
-                N[t, b] = total
+                N[t, b] = d * total if group == 32 else total
     return A, S, N
 
 
