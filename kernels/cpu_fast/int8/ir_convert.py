@@ -1,27 +1,28 @@
-"""The convert kernels of the outer products (ir_outer.py): weight rows of a u5
-or k4 matrix into the outer products' scratch, 8 rows at a time.
+"""The convert kernels of the outer products (ir_outer.py): weight rows of a u5,
+k4 or u6 matrix into the outer products' scratch, 8 rows at a time.
 
 Contract (ir.Int8Args): rows [r0, r1) (r1 - r0 a multiple of 8) of the matrix at W, D
 (wstride, dstride, nsteps as the row kernels read them) into the scratch at `out`, row
 group (r - r0) / 8 at (r - r0) / 8 * nb * OUTER_BLOCK_BYTES, in ir_outer's layout.
 Per row group and 64-column step each row's codes are unpacked as the row kernels unpack
-them (u5: nibbles and bit 4; k4: nibbles), into two vectors of 8 words (one word: 4 codes
-of one block and k-step); an 8 x 8 transpose of those words makes each word index a
-vector of 8 rows. The scales become f32 vectors of 8 rows the same way.
+them (u5: nibbles and bit 4; k4: nibbles; u6: nibbles and bits 4-5), into two vectors of 8
+words (one word: 4 codes of one block and k-step); an 8 x 8 transpose of those words makes
+each word index a vector of 8 rows. The scales become vectors of 8 rows the same way, in the
+form ir_outer's float order needs: u5's d and u6's d as f32; the integer scales (k4's 6-bit
+scales, u6's int8 ones) as int32 for vpmulld, k4's 6-bit mins as int16 pairs for vpmaddwd,
+k4's d and -dmin as f32 (so the product multiplies d by d_a once per super-block).
 """
 
 from __future__ import annotations
 
 from zinfer.kernels.cpu_fast.int8 import ir_frame as frame
-from zinfer.kernels.cpu_fast.int8.ir_outer import OUTER_BLOCK_BYTES
+from zinfer.kernels.cpu_fast.int8.ir_outer import K4_D, K4_MINS, K4_NDMIN, K4_SCALES, OUTER_BLOCK_BYTES
 from zinfer.kernels.cpu_fast.int8.ir_scales import (
     K4_SUPER_BYTES,
     U6_SUPER_BYTES,
     Emit,
     bit4s,
-    broadcast,
     high_pairs,
-    k4_mins,
     shuffle_mask,
     splat,
 )
@@ -74,7 +75,7 @@ def _open(e: Emit, signature: KernelSignature, name: str, kind: str) -> None:
     """Entry, the loop over row groups (%r, its rows' %wrow{i} and %drow{i}, %dst), then block `sloop`."""
     frame.entry(e, signature, name, 0)  # it branches to %rloop
     e("rloop:")
-    e(f"  %nb = {'lshr i64 %nsteps, 2' if kind == 'u6' else 'shl i64 %nsteps, 1'}")  # blocks per row
+    e(f"  %nb = {'shl i64 %nsteps, 1' if kind == 'u5' else 'lshr i64 %nsteps, 2'}")  # blocks per row (k4, u6: of 256)
     e(f"  %groupbytes = mul i64 %nb, {OUTER_BLOCK_BYTES[kind]}")
     e("  br label %gloop")
     e("gloop:")  # over row groups of 8
@@ -126,7 +127,7 @@ def _code_words(e: Emit, kind: str) -> None:
 
 
 def convert_ir(kind: str, name: str, signature: KernelSignature) -> str:
-    """IR of the convert kernel `name` of `kind` ("u5" or "k4"): the module docstring's contract."""
+    """IR of the convert kernel `name` of `kind` ("u5", "k4" or "u6"): the module docstring's contract."""
     size = OUTER_BLOCK_BYTES[kind]
     lines: list[str] = []
     e = lines.append
@@ -146,13 +147,13 @@ def convert_ir(kind: str, name: str, signature: KernelSignature) -> str:
         e(f"  %jo = shl i64 %j, {(4 * U6_SUB_BYTES).bit_length() - 1}")
         e("  %base = add i64 %gb, %jo")
         place = [((q // 2) * U6_SUB_BYTES + 32 * (2 * h + q % 2)) for h in range(2) for q in range(8)]
-    else:  # word b of step s: block 8 (s / 4) + b, k-step 2 (s % 4) + h
+    else:  # word b of step s: super-block s / 4, its block b, k-step 2 (s % 4) + h
         e("  %g = lshr i64 %s, 2")
         e("  %j = and i64 %s, 3")
-        e(f"  %gb = mul i64 %g, {8 * size}")
+        e(f"  %gb = mul i64 %g, {size}")
         e("  %jo = shl i64 %j, 6")
         e("  %base = add i64 %gb, %jo")
-        place = [(b * size + 32 * h) for h in range(2) for b in range(8)]
+        place = [(b * 256 + 32 * h) for h in range(2) for b in range(8)]
     for h, v in enumerate(("lo", "hi")):
         _store_transposed(e, f"x{v}", [f"%{v}{i}" for i in range(8)], "%base", place[8 * h : 8 * h + 8])
     e("  %sn = add i64 %s, 1")
@@ -186,33 +187,47 @@ def _u5_scales(e: Emit, size: int) -> None:
 
 
 def _k4_scales(e: Emit, size: int) -> None:
-    """Per super-block, each row's d * scale and -dmin * min of its 8 blocks (exact in f32),
-    transposed to one vector of 8 rows per block, after its codes."""
+    """Per super-block, after its codes: its 8 blocks' 6-bit scales as int32 x 8 rows (one
+    vector per block, at K4_SCALES + 32 j), its mins as int16 pairs x 8 rows (vector q: lane
+    i holds row i's mins 2q, 2q + 1; at K4_MINS + 32 q), then the 8 rows' d and -dmin as f32."""
     e("  %nsup = lshr i64 %nsteps, 2")
     e("  br label %kloop")
     e("kloop:")
     e("  %k = phi i64 [ 0, %scales ], [ %kn, %kloop ]")
     e(f"  %sup = mul i64 %k, {K4_SUPER_BYTES}")
+    e("  %d0 = insertelement <8 x half> poison, half 0.0, i32 0")
+    e("  %n0 = insertelement <8 x half> poison, half 0.0, i32 0")
     for i in range(8):
         e(f"  %sp{i} = getelementptr i8, ptr %drow{i}, i64 %sup")
         e(f"  %dh{i} = load half, ptr %sp{i}, align 1")
-        e(f"  %df{i} = fpext half %dh{i} to float")
-        broadcast(e, f"db{i}", _F8, "float", f"%df{i}")
+        e(f"  %d{i + 1} = insertelement <8 x half> %d{i}, half %dh{i}, i32 {i}")
+        e(f"  %np{i} = getelementptr i8, ptr %sp{i}, i64 2")
+        e(f"  %nh{i} = load half, ptr %np{i}, align 1")
+        e(f"  %n{i + 1} = insertelement <8 x half> %n{i}, half %nh{i}, i32 {i}")
         e(f"  %qp{i} = getelementptr i8, ptr %sp{i}, i64 4")
         e(f"  %q{i} = load <8 x i8>, ptr %qp{i}, align 1")
-        e(f"  %qf{i} = uitofp <8 x i8> %q{i} to {_F8}")
-        e(f"  %dw{i} = fmul {_F8} %db{i}, %qf{i}")
-        e(f"  %dwi{i} = bitcast {_F8} %dw{i} to {_I8}")
-        k4_mins(e, f"mw{i}", i, "%sup")
-        e(f"  %mwi{i} = bitcast {_F8} %mw{i} to {_I8}")
-    e(f"  %kb = mul i64 %k, {8 * size}")
-    for tag, off in (("dw", 256), ("mw", 288)):
-        _store_transposed(e, f"y{tag}", [f"%{tag}i{i}" for i in range(8)], "%kb", [b * size + off for b in range(8)])
+        e(f"  %qi{i} = zext <8 x i8> %q{i} to {_I8}")
+        e(f"  %mp{i} = getelementptr i8, ptr %sp{i}, i64 12")
+        e(f"  %m{i} = load <8 x i8>, ptr %mp{i}, align 1")
+        e(f"  %mh{i} = zext <8 x i8> %m{i} to <8 x i16>")
+        e(f"  %mw{i} = bitcast <8 x i16> %mh{i} to <4 x i32>")
+        e(f"  %mi{i} = shufflevector <4 x i32> %mw{i}, <4 x i32> zeroinitializer, <8 x i32> {shuffle_mask(range(8))}")
+    e(f"  %kb = mul i64 %k, {size}")
+    _store_transposed(e, "ysc", [f"%qi{i}" for i in range(8)], "%kb", [K4_SCALES + 32 * j for j in range(8)])
+    for q, word in enumerate(transpose8(e, "ymn", [f"%mi{i}" for i in range(8)])[:4]):
+        e(f"  %ymno{q} = add i64 %kb, {K4_MINS + 32 * q}")
+        _store(e, f"ymns{q}", word, _I8, f"%ymno{q}")
+    e(f"  %df = fpext <8 x half> %d8 to {_F8}")
+    e(f"  %nf = fpext <8 x half> %n8 to {_F8}")
+    e(f"  %nd = fneg {_F8} %nf")
+    e(f"  %od = add i64 %kb, {K4_D}")
+    _store(e, "kd", "%df", _F8, "%od")
+    e(f"  %on = add i64 %kb, {K4_NDMIN}")
+    _store(e, "kn", "%nd", _F8, "%on")
     e("  %kn = add i64 %k, 1")
     e("  %kmore = icmp ult i64 %kn, %nsup")
     e("  br i1 %kmore, label %kloop, label %kexit")
     e("kexit:")
-
 
 
 def _u6_scales(e: Emit, size: int) -> None:
