@@ -11,11 +11,9 @@ operations after them). `available()` says whether they run here.
 The weight layouts and activation orders they read are the table of products.py. One
 kernel computes a tile: weight rows [r0, r1) times `tile` activation rows from t0, over
 `nsteps` steps of 8 int32 lanes each (Int8Args). Per step and lane, one or two vpdpbusd
-give an exact integer dot of 4 or 8 products, and then, in float,
-
-    acc[t] += float(int dot) * (d_w[lane] * S[t, lane])
-
-so that the sum of the 8 lanes of acc[t] (plus u4's offsets) is out[t, r]. This module
+give an exact integer dot of 4 or 8 products; the lanes of each block add up (exactly) and
+its scales apply in float in the one order every int8 path shares (ir_order.py;
+tests/int8_canonical.py states it), so a result does not depend on the path. This module
 writes the u4, p8 and i8 kernels; u5's are ir_blocks.py's (f16 scales once per 4 blocks),
 k4's and u6's ir_super.py's (sub-block scales applied to the integer sums, once per
 super-block), the prefill outer products ir_outer.py's and ir_convert.py's (OUTER_NAMES).
@@ -37,6 +35,7 @@ from zinfer.kernels.cpu_fast.int8 import ir_outer
 from zinfer.kernels.cpu_fast.int8 import ir_super
 from zinfer.kernels.cpu_fast import code_cache, llvm_host
 from zinfer.kernels.cpu_fast.int8 import ir_frame as frame
+from zinfer.kernels.cpu_fast.int8 import ir_order as order
 from zinfer.kernels.cpu_fast.int8.ir_dot import DECLS as DOT_DECLS
 from zinfer.kernels.cpu_fast.int8.ir_dot import dot, dot2_small
 from zinfer.kernels.cpu_fast.int8.ir_scales import scale_vector, splat
@@ -88,6 +87,7 @@ VARIANTS = tuple((k, d, h) for k, d in (("u4", 2), ("p8", 2), ("i8", 1), ("i8", 
     ("k4", 2, True),
 )
 STEP64 = ("u4", "p8", "u5", "k4", "u6")  # the kinds of 64 columns per step (activations: u4's order or their own)
+ORDERED = ("u4", "p8")  # this module's kinds whose float steps follow ir_order (i8: no other path takes it)
 STEP_BYTES = {"u4": 32, "p8": 64, "i8": 32, "u5": 40, "u6": 48, "k4": 32}  # weight bytes per step and row
 
 _DECLS = """
@@ -114,9 +114,10 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
     and each activation row loaded once for all rows x tile dot products; the weights
     PREFETCH_BYTES ahead are prefetched (the hardware prefetcher alone left batch-1
     decode short of the memory bandwidth).
-    u4's offsets: out += sum over blocks of m_w * N, N [t, nchunks * 8] = d_a * sum(codes)
-    per 32-block (zero-padded); it runs after the steps, 8 blocks per vector, instead of
-    one more fma per step (which made the step loop float-bound).
+    u4 and p8: lanes 0-3 hold the step's first block, 4-7 its second; per block
+    acc = fma(f32(I), d_w * d_a, acc) into its class (the block's parity), and u4's offsets
+    then acc = fma(m_w, N, acc), N [t, nchunks * 8] = d_a * sum(codes) per 32-block (ir_order).
+    i8 (no other path takes it) sums its 8 lanes' floats as it always did.
     k4 and u6 are kernels/ir_super.py's (the same contract, integer sub-block scales),
     u5 kernels/ir_blocks.py's (a block per lane pair over 128 columns).
     """
@@ -134,9 +135,13 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
     frame.entry(e, SIGNATURE, name, tile)
     frame.row_pass(e, rows, "sloop")
 
+    ordered = kind in ORDERED  # one exact integer per block, then the shared float order (ir_order)
+    accs = [f"%acc{k}" for k in range(order.count(len(pairs), 4))] if ordered else []
     e("sloop:")  # over steps of 8 lanes
     e("  %s = phi i64 [ 0, %rloop ], [ %sn, %sloop ]")
-    for i, t in pairs:
+    for k, acc in enumerate(accs):
+        e(f"  {acc} = phi {_F8} [ zeroinitializer, %rloop ], [ %sum{k}, %sloop ]")
+    for i, t in pairs if not ordered else []:
         e(f"  %acc{i}_{t} = phi {_F8} [ zeroinitializer, %rloop ], [ %accn{i}_{t}, %sloop ]")
     e(f"  %wo = mul i64 %s, {STEP_BYTES[kind]}")
     e(f"  %do = mul i64 %s, {dps * (2 if half else 4)}")
@@ -160,8 +165,11 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
             e(f"  %whabs{i} = call <32 x i8> @llvm.abs.v32i8(<32 x i8> %wh{i}, i1 false)")
             e(f"  %whabs32{i} = bitcast <32 x i8> %whabs{i} to {_I8}")
         scale_vector(e, f"dx{i}", f"%drow{i}", "%do", dps, half)
+        if kind == "u4":  # the step's 2 blocks' offsets m_w, as d_w
+            scale_vector(e, f"mx{i}", f"%mrow{i}", "%do", dps, half)
     e(f"  %ao = shl i64 %s, {6 if step64 else 5}")
     e("  %so = shl i64 %s, 5")
+    e("  %no = shl i64 %s, 3")  # u4's N: 2 floats a step
     for t in range(tile):
         e(f"  %ap{t} = getelementptr i8, ptr %arow{t}, i64 %ao")
         e(f"  %sp{t} = getelementptr i8, ptr %srow{t}, i64 %so")
@@ -175,6 +183,8 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
         if kind == "p8":
             e(f"  %aph{t} = getelementptr i8, ptr %ap{t}, i64 32")
             e(f"  %ah{t} = load <32 x i8>, ptr %aph{t}, align 1")
+        if kind == "u4":  # the step's 2 blocks' N (d_a times their code sums), as S's lanes
+            scale_vector(e, f"nv{t}", f"%nrow{t}", "%no", 2, False)
     for i, t in pairs:
         k = f"{i}_{t}"
         if nibbles:
@@ -188,19 +198,37 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
             e(f"  %ahs{k} = call <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8> %ah{t}, <32 x i8> %wh{i})")
             e(f"  %ahs32{k} = bitcast <32 x i8> %ahs{k} to {_I8}")
             dot(e, isa, f"ib{k}", f"%ia{k}", f"%whabs32{i}", f"%ahs32{k}")
-        e(f"  %f{k} = sitofp {_I8} %ib{k} to {_F8}")
-        e(f"  %ds{k} = fmul {_F8} %dx{i}, %sc{t}")
-        e(f"  %accn{k} = call {_F8} @llvm.fma.v8f32({_F8} %f{k}, {_F8} %ds{k}, {_F8} %acc{k})")
+        if not ordered:
+            e(f"  %f{k} = sitofp {_I8} %ib{k} to {_F8}")
+            e(f"  %ds{k} = fmul {_F8} %dx{i}, %sc{t}")
+            e(f"  %accn{k} = call {_F8} @llvm.fma.v8f32({_F8} %f{k}, {_F8} %ds{k}, {_F8} %acc{k})")
+    if ordered:  # lanes 0-3: the step's first block (class 0), 4-7: its second (class 1)
+        reduced = order.reduce_runs(e, "rd", [f"%ib{i}_{t}" for i, t in pairs], 4)
+        made: dict[tuple, str] = {}
+        ds = order.scaled(e, "ds", reduced, lambda p, c: (f"%dx{pairs[p][0]}", 4 * c),
+                          lambda p, c: (f"%sc{pairs[p][1]}", 4 * c), made)
+        sums = order.fma_into(e, "sb" if kind == "u4" else "sum", order.as_floats(e, "fi", reduced), ds, accs)
+        if kind == "u4":  # acc = fma(m_w, N, acc), block by block
+            m = [order.gather(e, "mv", [None if lb is None else (f"%mx{pairs[lb[0]][0]}", 4 * lb[1])
+                                        for lb in r.labels], made) for r in reduced]
+            n = [order.gather(e, "nv", [None if lb is None else (f"%nv{pairs[lb[0]][1]}", 4 * lb[1])
+                                        for lb in r.labels], made) for r in reduced]
+            order.fma_into(e, "sum", m, n, sums)
     e("  %sn = add i64 %s, 1")
     e("  %more = icmp ult i64 %sn, %nsteps")
-    if kind == "u4":
-        e("  br i1 %more, label %sloop, label %mloop")
-        accs = frame.offsets_loop(e, "u4", half, pairs, rows, tile, "sloop", "accn")
+    e("  br i1 %more, label %sloop, label %rlatch")
+    if ordered:
+        e("rlatch:")
+        order.store(e, reduced, accs_after(len(reduced)), pairs, 2)
+        frame.latch(e, rows)
     else:
-        e("  br i1 %more, label %sloop, label %rlatch")
-        accs = "accn"
-    frame.store(e, pairs, rows, accs)
+        frame.store(e, pairs, rows, "accn")
     return "\n".join(lines)
+
+
+def accs_after(n: int) -> list[str]:
+    """The names of the step loop's n class sums after its last step."""
+    return [f"%sum{k}" for k in range(n)]
 
 
 KEYS = tuple((k, d, h, t, r) for k, d, h in VARIANTS for t, r in SHAPES)  # every kernel: (kind, dps, half, tile, rows)

@@ -12,19 +12,21 @@ the group (16 products a lane) and the float work is once per group: 4 vpdpbusd,
 the conversion, multiply and fma, for 128 products.
 
 Per group and lane, with the codes' offset first (C: -16 times the lane's 16
-activations, products' activations), the integer is exact (|.| <= 16 * 31 * 127), and
+activations, products' activations), the integer is exact (|.| <= 16 * 31 * 127); lanes
+2b and 2b + 1 add into block b's integer I_b, and (ir_order's shared order, class b)
 
-    acc[t] += float(isum) * (d_w[lane] * S[t, lane])
+    acc[b] = fma(f32(I_b), d_w[b] * S[t, 2b], acc[b])
 
-with d_w the f16 scale of the lane's block and S the activations' per-block scale (the
-group's 8 lanes at S[t, 16 g], and C's at C[t, 16 g]). The 2 steps are a loop that LLVM
-must not unroll (ir_frame.never_unrolled). On AVX2 hosts the pair of vpdpbusd of a
+with d_w the f16 scale of the block and S the activations' per-block scale (the
+group's 8 lanes at S[t, 16 g], and C's at C[t, 16 g]); out = ((acc0 + acc1) + acc2) + acc3.
+The 2 steps are a loop that LLVM must not unroll (ir_frame.never_unrolled). On AVX2 hosts the pair of vpdpbusd of a
 step is ir_dot.dot2_small (codes below 32).
 """
 
 from __future__ import annotations
 
 from zinfer.kernels.cpu_fast.int8 import ir_frame as frame
+from zinfer.kernels.cpu_fast.int8 import ir_order as order
 from zinfer.kernels.cpu_fast.int8.ir_dot import dot2_small
 from zinfer.kernels.cpu_fast.int8.ir_scales import Emit, bit4s, splat
 from zinfer.kernels.cpu_fast.kernel_signature import KernelSignature
@@ -53,8 +55,9 @@ def kernel_ir(
 
     e("gloop:")  # over groups of 128 columns
     e("  %g = phi i64 [ 0, %rloop ], [ %gn, %jdone ]")
-    for i, t in pairs:
-        e(f"  %acc{i}_{t} = phi {_F8} [ zeroinitializer, %rloop ], [ %accn{i}_{t}, %jdone ]")
+    accs = [f"%acc{k}" for k in range(order.count(len(pairs), 2))]
+    for k, acc in enumerate(accs):
+        e(f"  {acc} = phi {_F8} [ zeroinitializer, %rloop ], [ %sum{k}, %jdone ]")
     e("  %gs = shl i64 %g, 1")  # the group's first step
     e("  %go = shl i64 %g, 6")  # 64 bytes of S (16 floats) and of C (16 int32) per group
     for t in range(tile):
@@ -71,16 +74,18 @@ def kernel_ir(
     for t in range(tile):
         e(f"  %sp{t} = getelementptr i8, ptr %srow{t}, i64 %go")
         e(f"  %sc{t} = load {_F8}, ptr %sp{t}, align 4")
-    for i, t in pairs:
-        k = f"{i}_{t}"
-        e(f"  %f{k} = sitofp {_I8} %q{k} to {_F8}")
-        e(f"  %ds{k} = fmul {_F8} %dx{i}, %sc{t}")
-        e(f"  %accn{k} = call {_F8} @llvm.fma.v8f32({_F8} %f{k}, {_F8} %ds{k}, {_F8} %acc{k})")
+    # lanes 2b, 2b + 1: block b of the group (class b), one exact integer each (ir_order)
+    reduced = order.reduce_runs(e, "rd", [f"%q{i}_{t}" for i, t in pairs], 2)
+    ds = order.scaled(e, "ds", reduced, lambda p, c: (f"%dx{pairs[p][0]}", 2 * c),
+                      lambda p, c: (f"%sc{pairs[p][1]}", 2 * c), {})
+    order.fma_into(e, "sum", order.as_floats(e, "fi", reduced), ds, accs)
     e("  %gn = add i64 %g, 1")
     e(f"  %ngroups = lshr i64 %nsteps, {GROUP_STEPS.bit_length() - 1}")
     e("  %more = icmp ult i64 %gn, %ngroups")
     e("  br i1 %more, label %gloop, label %rlatch")
-    frame.store(e, pairs, rows, "accn")
+    e("rlatch:")
+    order.store(e, reduced, [f"%sum{k}" for k in range(len(reduced))], pairs, 4)
+    frame.latch(e, rows)
     return "\n".join(lines + meta)
 
 

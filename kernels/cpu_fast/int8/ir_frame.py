@@ -1,6 +1,6 @@
 """The loops around the step loop of every int8 kernel (ir.py, ir_super.py):
 the entry (pointers to each activation row of the tile), the pass over `rows` weight rows,
-u4's and k4's offsets loop, and the store of each 8-lane sum to out[t, r].
+and the i8 kernels' store of each 8-lane sum to out[t, r].
 
 Each function appends IR lines through `e`. The names it defines are the kernels' shared
 vocabulary: %arow{t} %srow{t} %nrow{t} %crow{t} (activation row t's A, S, N and C), %ooff{t}, and per
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 
-from zinfer.kernels.cpu_fast.int8.ir_scales import Emit, K4_SUPER_BYTES, k4_mins, scale_vector
+from zinfer.kernels.cpu_fast.int8.ir_scales import Emit
 from zinfer.kernels.cpu_fast.kernel_signature import KernelSignature
 
 # metadata numbers of never-unrolled loops (and + 1), unique in a process's modules
@@ -62,38 +62,9 @@ def row_pass(e: Emit, rows: int, first: str) -> None:
     e(f"  br label %{first}")
 
 
-def offsets_loop(
-    e: Emit, kind: str, half: bool, pairs: list[tuple[int, int]], rows: int, tile: int, after: str, accs: str
-) -> str:
-    """The block `mloop` (entered from block `after` with the step loop's sums %{accs}{i}_{t}):
-    out += sum over 32-blocks of m_w * N, 8 blocks per vector (u4: m_w stored; k4: -dmin *
-    min formed from D). It branches to rlatch; returns the prefix of its sums."""
-    size = 2 if half else 4
-    e("mloop:")
-    e(f"  %c = phi i64 [ 0, %{after} ], [ %cn, %mloop ]")
-    for i, t in pairs:
-        e(f"  %macc{i}_{t} = phi {_F8} [ %{accs}{i}_{t}, %{after} ], [ %maccn{i}_{t}, %mloop ]")
-    e(f"  %mo = mul i64 %c, {K4_SUPER_BYTES if kind == 'k4' else 8 * size}")
-    e("  %no = shl i64 %c, 5")
-    for i in range(rows):
-        if kind == "k4":  # a chunk of 8 blocks is one super-block: m = -dmin * min
-            k4_mins(e, f"mx{i}", i, "%mo")
-        else:
-            scale_vector(e, f"mx{i}", f"%mrow{i}", "%mo", 8, half)
-    for t in range(tile):
-        e(f"  %np{t} = getelementptr i8, ptr %nrow{t}, i64 %no")
-        e(f"  %nv{t} = load {_F8}, ptr %np{t}, align 4")
-    for i, t in pairs:
-        e(f"  %maccn{i}_{t} = call {_F8} @llvm.fma.v8f32({_F8} %mx{i}, {_F8} %nv{t}, {_F8} %macc{i}_{t})")
-    e("  %cn = add i64 %c, 1")
-    e("  %cmore = icmp ult i64 %cn, %nchunks")
-    e("  br i1 %cmore, label %mloop, label %rlatch")
-    return "maccn"
-
-
 def store(e: Emit, pairs: list[tuple[int, int]], rows: int, accs: str) -> None:
     """The block `rlatch`: each pair's 8 lanes %{accs}{i}_{t} summed into out[t, r]; the next
-    pass or the end of the kernel."""
+    pass or the end of the kernel (the i8 kernels'; the others fold by ir_order.store)."""
     e("rlatch:")
     for i, t in pairs:
         k = f"{i}_{t}"
@@ -101,6 +72,11 @@ def store(e: Emit, pairs: list[tuple[int, int]], rows: int, accs: str) -> None:
         e(f"  %oi{k} = add i64 %ooff{t}, %row{i}")
         e(f"  %op{k} = getelementptr float, ptr %outp, i64 %oi{k}")
         e(f"  store float %red{k}, ptr %op{k}, align 4")
+    latch(e, rows)
+
+
+def latch(e: Emit, rows: int) -> None:
+    """The end of block `rlatch`: the next pass of `rows` weight rows, or the end of the kernel."""
     e(f"  %rn = add i64 %r, {rows}")
     e("  %rmore = icmp ult i64 %rn, %r1")
     e("  br i1 %rmore, label %rloop, label %exit")

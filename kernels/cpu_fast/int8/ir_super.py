@@ -6,9 +6,9 @@ llama.cpp's Q8_K), so a super-block's sum needs no float until its end. vpmaddub
 the int16 pair sums of codes by activations, and vpmaddwd by the sub-block scales of
 their columns (as int16) sums them into 8 int32 lanes already scaled (u6: per step; k4:
 once per super-block); then, once per 256 columns and pair of weight row and activation
-row,
+row, the 8 lanes add into the super-block's exact integer I and (ir_order's shared order)
 
-    acc[t] += float(isum) * (d_w * d_a[t])
+    acc = fma(f32(I), d_w * d_a, acc)   (k4 then: acc = fma(f32(M), -dmin * d_a, acc))
 
 where the kernels of ir.py convert, multiply and fma per step. u6 runs the
 same instructions on AVX2 and AVX-512 hosts (no VNNI needed); k4 uses VNNI where it can.
@@ -24,8 +24,8 @@ Both read 4 steps of 64 columns per super-block, a low- and a high-nibble vector
   multiplies and the float multiplies share two pipes). On AVX2, int16 lane l of every
   vpmaddubsw pair sum belongs to block l // 2: the pair sums of all 8 vectors add up in
   int16 (|.| <= 16 * 15 * 127 = 30480), then one vpmaddwd by the scales (lanes [s0, s0,
-  s1, s1, ..., s7, s7]). The mins after the super-blocks, in float: -dmin * min * N
-  (ir_frame.offsets_loop), N = d_a times the block's code sum.
+  s1, s1, ..., s7, s7]). The mins: M = the sum over blocks of min * the activations'
+  code sum (C, integers; vpmulld), once per super-block.
 - u6, in its order (products.py's table; layouts.U6_LOW, U6_HIGH, and its activations'):
   byte k of both vectors lies in the step's 16-group k // 8, so their pair sums add
   before one vpmaddwd by the 4 groups' int8 scales. Codes 0..63 are the file's plus 32,
@@ -41,6 +41,7 @@ f32 rounding of the scale products and of the sums across super-blocks.
 from __future__ import annotations
 
 from zinfer.kernels.cpu_fast.int8 import ir_frame as frame
+from zinfer.kernels.cpu_fast.int8 import ir_order as order
 from zinfer.kernels.cpu_fast.int8.ir_scales import Emit, K4_SUPER_BYTES, U6_SUPER_BYTES, high_pairs, shuffle_mask, splat
 from zinfer.kernels.cpu_fast.kernel_signature import KernelSignature
 
@@ -89,8 +90,9 @@ def kernel_ir(
     latch = "jdone" if kind == "k4" else "bloop"  # the super-block's last block
     e("bloop:")  # over super-blocks
     e(f"  %b = phi i64 [ 0, %rloop ], [ %bn, %{latch} ]")
-    for i, t in pairs:
-        e(f"  %acc{i}_{t} = phi {_F8} [ zeroinitializer, %rloop ], [ %accn{i}_{t}, %{latch} ]")
+    accs = [f"%acc{k}" for k in range(order.count(len(pairs), 8))]
+    for k, acc in enumerate(accs):
+        e(f"  {acc} = phi {_F8} [ zeroinitializer, %rloop ], [ %sum{k}, %{latch} ]")
     e(f"  %bs = shl i64 %b, {SUPER_SHIFT}")  # its first step
     # the super-block's f16 d_w and sub-block scales as int16 (k4: 8, in both 128-bit halves; u6: 16)
     for i in range(rows):
@@ -120,24 +122,60 @@ def kernel_ir(
     else:
         for j in range(n):
             _u6_step(e, j, rows, tile, pairs, prefetch, locality, step_bytes)
-    for i, t in pairs:  # the super-block's float work
-        k = f"{i}_{t}"
-        e(f"  %dd{k} = fmul float %df{i}, %sa{t}")
-        e(f"  %ddi{k} = insertelement {_F8} poison, float %dd{k}, i64 0")
-        e(f"  %ddv{k} = shufflevector {_F8} %ddi{k}, {_F8} poison, <8 x i32> zeroinitializer")
-        e(f"  %f{k} = sitofp {_I8} %is{n - 1}_{k} to {_F8}")
-        e(f"  %accn{k} = call {_F8} @llvm.fma.v8f32({_F8} %f{k}, {_F8} %ddv{k}, {_F8} %acc{k})")
+    _super_block_sums(e, kind, rows, tile, pairs, accs)
     e("  %bn = add i64 %b, 1")
     e(f"  %nsup = lshr i64 %nsteps, {SUPER_SHIFT}")
     e("  %more = icmp ult i64 %bn, %nsup")
-    if kind == "k4":
-        e("  br i1 %more, label %bloop, label %mloop")
-        accs = frame.offsets_loop(e, "k4", True, pairs, rows, tile, latch, "accn")
-    else:
-        e("  br i1 %more, label %bloop, label %rlatch")
-        accs = "accn"
-    frame.store(e, pairs, rows, accs)
+    e("  br i1 %more, label %bloop, label %rlatch")
+    e("rlatch:")
+    order.store(e, order.reduce_runs(lambda _: None, "ri", ["%v"] * len(pairs), 8),
+                [f"%sum{k}" for k in range(len(accs))], pairs, 1)
+    frame.latch(e, rows)
     return "\n".join(lines + meta)
+
+
+def _broadcast(e: Emit, name: str, value: str) -> None:
+    """%name = <8 x float> with the float `value` in every lane."""
+    e(f"  %{name}i = insertelement {_F8} poison, float {value}, i64 0")
+    e(f"  %{name} = shufflevector {_F8} %{name}i, {_F8} poison, <8 x i32> zeroinitializer")
+
+
+def _super_block_sums(e: Emit, kind: str, rows: int, tile: int, pairs: list[tuple[int, int]], accs: list[str]) -> None:
+    """The super-block's float work in the shared order (ir_order): per pair its exact
+    integer I = the sum of its 8 lanes %is3_{i}_{t} (sub-block sums times their scales), then
+    acc = fma(f32(I), d_w * d_a, acc); k4 then acc = fma(f32(M), -dmin * d_a, acc) with M =
+    sum over its blocks of min * the activations' code sum (C). Defines %sum{k}."""
+    n = SUPER_STEPS
+    reduced = order.reduce_runs(e, "ri", [f"%is{n - 1}_{i}_{t}" for i, t in pairs], 8)
+    for i in range(rows):
+        _broadcast(e, f"dfv{i}", f"%df{i}")
+    for t in range(tile):
+        _broadcast(e, f"sav{t}", f"%sa{t}")
+    made: dict[tuple, str] = {}
+    ds = order.scaled(e, "ds", reduced, lambda p, c: (f"%dfv{pairs[p][0]}", 0),
+                      lambda p, c: (f"%sav{pairs[p][1]}", 0), made)
+    first = order.fma_into(e, "sb" if kind == "k4" else "sum", order.as_floats(e, "fi", reduced), ds, accs)
+    if kind != "k4":
+        return
+    for i in range(rows):  # the 8 blocks' 6-bit mins (at + 12) and -dmin (the f16 at + 2)
+        e(f"  %mnp{i} = getelementptr i8, ptr %dp{i}, i64 12")
+        e(f"  %mnb{i} = load <8 x i8>, ptr %mnp{i}, align 1")
+        e(f"  %mn{i} = zext <8 x i8> %mnb{i} to {_I8}")
+        e(f"  %dmp{i} = getelementptr i8, ptr %dp{i}, i64 2")
+        e(f"  %dmh{i} = load half, ptr %dmp{i}, align 1")
+        e(f"  %dmf{i} = fpext half %dmh{i} to float")
+        e(f"  %dmn{i} = fneg float %dmf{i}")
+        _broadcast(e, f"dmv{i}", f"%dmn{i}")
+    for t in range(tile):  # the 8 blocks' activation code sums, C[t, 8b ..]
+        e(f"  %cso{t} = shl i64 %b, 5")
+        e(f"  %csp{t} = getelementptr i8, ptr %crow{t}, i64 %cso{t}")
+        e(f"  %cs{t} = load {_I8}, ptr %csp{t}, align 4")
+    for i, t in pairs:
+        e(f"  %mm{i}_{t} = mul {_I8} %mn{i}, %cs{t}")
+    mins = order.reduce_runs(e, "rm", [f"%mm{i}_{t}" for i, t in pairs], 8)
+    dm = order.scaled(e, "dm", mins, lambda p, c: (f"%dmv{pairs[p][0]}", 0),
+                      lambda p, c: (f"%sav{pairs[p][1]}", 0), made)
+    order.fma_into(e, "sum", order.as_floats(e, "fm", mins), dm, first)
 
 
 def _k4_steps(
