@@ -141,6 +141,9 @@ def replica_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--route-policy", default="prefix", choices=("prefix", "load", "round_robin"),
                    help="with --replicas: prefix (affinity on the prompt's leading KV blocks, bounded load), "
                    "load (least loaded) or round_robin")
+    p.add_argument("--route-key", default="text", choices=("text", "tokens"),
+                   help="with --route-policy prefix: key a text prompt on its bytes (no tokenizing on the routing "
+                   "path) or on its token ids' KV blocks")
     p.add_argument("--route-prefix-blocks", type=int, default=4,
                    help="with --route-policy prefix: leading KV blocks of a prompt that key its replica")
     p.add_argument("--route-load-bound", type=float, default=1.25,

@@ -116,7 +116,7 @@ def router_options(args: argparse.Namespace, config: EngineConfig) -> RouterOpti
             raise UsageError(f"--route-weights: {item!r} is not NAME=NUMBER") from None
     policy = msgspec.structs.replace(
         RoutePolicy(kind=args.route_policy, prefix_blocks=args.route_prefix_blocks, block_size=config.block_size,
-                    load_bound=args.route_load_bound), **weights)
+                    load_bound=args.route_load_bound, key=getattr(args, "route_key", "text")), **weights)
     options = RouterOptions(policy=policy)
     options.validate()
     return options

@@ -40,7 +40,7 @@ from opentelemetry.trace import Span
 
 from zinfer.gateway.client import AsyncClient, EngineError, MessageIn, ToolIn, _as_messages, _as_tools
 from zinfer.gateway.router_links import Link, ReplicaLinks, ReplicaSource
-from zinfer.gateway.router_policy import RoutePolicy, RoutingTable, affinity_chain
+from zinfer.gateway.router_policy import RoutePolicy, RoutingTable, affinity_chain, text_chain
 from zinfer.gateway.router_stream import RoutedStream, Split
 from zinfer.messages.client import ClientEvent, EngineStats, Failed, Generate, Rejected
 from zinfer.messages.curve import ClientKeys
@@ -134,8 +134,7 @@ class Router:
         req = Generate(request_id or uuid.uuid4().hex, prompt, _as_messages(messages), prompt_ids,
                        params or SamplingParams(), add_special, traceparent, _as_tools(tools))
         stream = RoutedStream(req, self.prompts.tokenizer if self.prompts is not None else None)
-        chain = affinity_chain(self._leading_ids(req), self.options.policy) \
-            if self.options.policy.kind == "prefix" else []
+        chain = self._chain(req)
         span = self.tracing.start("router", traceparent, {"request_id": req.request_id}) if self.tracing else None
         try:
             async with aclosing(self._route(stream, chain, span, set())) as events:
@@ -167,6 +166,7 @@ class Router:
                     stream.prompt_ids = await self._prompt_ids(req)
                 wire = stream.request()
                 if isinstance(wire, Split):
+                    log.warning("request split", request_id=req.request_id, choices=sorted(wire.children))
                     async with aclosing(self._split(stream, wire, chain, span, lost)) as events:
                         async for event in events:
                             yield event
@@ -243,7 +243,11 @@ class Router:
                     wire.prompt, messages=wire.messages, prompt_ids=wire.prompt_ids, params=wire.params,
                     request_id=wire.request_id, add_special=wire.add_special, traceparent=wire.traceparent,
                     tools=wire.tools)) as events:
+                asked = False
                 async for event in events:
+                    if stream.cancelled and not asked:  # cancelled before this replica had it
+                        asked = True
+                        client.cancel(wire.request_id)
                     if isinstance(event, Failed) and link.incarnation != incarnation:
                         return  # the link closed under it: not the replica's failure
                     if isinstance(event, Rejected) and event.code == "queue_full" and \
@@ -265,13 +269,14 @@ class Router:
         stream = self.streams.get(request_id)
         if stream is not None and stream.children:  # split: each choice's child is cancelled
             for child in list(stream.children.values()):
+                child.cancelled = True  # a child not yet routed ends as it starts
                 self.cancel(child.request_id)
             return
         link = self.where.get(request_id)
         if link is not None and link.client is not None:
             link.client.cancel(request_id)
-        elif request_id in self.streams:
-            self.streams[request_id].cancelled = True
+        elif stream is not None:
+            stream.cancelled = True
 
     async def tokenize(self, text: str | None = None, *, messages: Sequence[MessageIn] | None = None,
                        add_special: bool = True, tools: Sequence[ToolIn] | None = None) -> list[int]:
@@ -321,6 +326,22 @@ class Router:
                 nursery.start_soon(self.drain, name, timeout_s)
 
     # ---------------------------------------------------------------- internals
+
+    def _chain(self, req: Generate) -> list[int]:
+        """The request's affinity chain (gateway/router_policy.py): on its token ids when it
+        gives them or the policy keys on tokens, else on its text's bytes."""
+        p = self.options.policy
+        if p.kind != "prefix":
+            return []
+        if req.prompt_ids is None and p.key == "text":
+            if req.prompt is not None:
+                data = req.prompt.encode("utf-8", "surrogatepass")
+            elif req.messages is not None:
+                data = msgspec.json.encode(req.tools) + msgspec.json.encode(req.messages)
+            else:
+                return []
+            return text_chain(data[: p.chain_blocks * p.text_block], p.text_block, p.chain_blocks)
+        return affinity_chain(self._leading_ids(req), p)
 
     def _leading_ids(self, req: Generate) -> list[int]:
         """The prompt's leading token ids, enough for its affinity key (empty if unknown)."""

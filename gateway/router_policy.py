@@ -6,9 +6,14 @@ states and asks `pick` for each request. Its contracts:
 
 - `pick` returns only a replica that is up and not draining, never one in `exclude`;
   None when there is none.
-- "prefix": a request's prompt is read as the hash chain of its full KV blocks, chained
-  exactly as the prefix cache chains them (actors/kv_allocator.py's block_hash from its
-  root), up to `chain_blocks` blocks. The table remembers (`remember`, LRU, `memory`
+- "prefix": a request's prompt is read as a hash chain of its leading blocks, up to
+  `chain_blocks` blocks. With `key` "text" (the default) a text prompt's blocks are
+  `text_block` bytes of its UTF-8 (a chat's: its tools and messages as JSON), hashed with
+  blake2b (the same in every process): no tokenizer on the routing path, and prompts that
+  share their first bytes share their first hashes as they share their first KV blocks.
+  With `key` "tokens", and for a prompt given as token ids, the blocks are its full KV
+  blocks, chained exactly as the prefix cache chains them (actors/kv_allocator.py's
+  block_hash from its root). The table remembers (`remember`, LRU, `memory`
   entries) which replica each block hash was last sent to: the replica that got the
   longest prefix of this chain holds those blocks in its cache, and takes the request
   while its open requests stay within `load_bound` times the mean (plus one); so the turns
@@ -40,12 +45,15 @@ ROOT_HASH = 0x5A1F_C0DE
 """Parent hash of a sequence's first block: actors/kv_allocator.py's, so keys follow its chain."""
 
 POLICIES = ("prefix", "load", "round_robin")
+KEYS = ("text", "tokens")
 
 
 class RoutePolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How the router picks a replica; validated at start-up (ValueError names the field)."""
 
     kind: str = "prefix"  # prefix | load | round_robin
+    key: str = "text"  # prefix blocks of a text prompt: "text" (its bytes) or "tokens" (its KV blocks: tokenizes it)
+    text_block: int = 64  # bytes per block of a text key (~16 tokens of English)
     prefix_blocks: int = 4  # leading full KV blocks hashed into a new prefix's ring key
     chain_blocks: int = 256  # full KV blocks of a prompt looked up and remembered
     memory: int = 200_000  # block hashes remembered (LRU) with the replica they were sent to
@@ -59,6 +67,10 @@ class RoutePolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def validate(self) -> None:
         if self.kind not in POLICIES:
             raise ValueError(f"route policy {self.kind!r}: one of {', '.join(POLICIES)}")
+        if self.key not in KEYS:
+            raise ValueError(f"route key {self.key!r}: one of {', '.join(KEYS)}")
+        if not 1 <= self.text_block <= 65536:
+            raise ValueError(f"text_block {self.text_block}: 1..65536")
         if not 1 <= self.prefix_blocks <= 1024:
             raise ValueError(f"prefix_blocks {self.prefix_blocks}: 1..1024")
         if not 1 <= self.chain_blocks <= 65536 or not 0 <= self.memory <= 100_000_000:
@@ -104,6 +116,16 @@ def block_chain(token_ids: Sequence[int], block_size: int, limit: int) -> list[i
     for i in range(min(limit, len(token_ids) // block_size)):
         parent = hash((parent, tuple(token_ids[i * block_size : (i + 1) * block_size])))
         out.append(parent)
+    return out
+
+
+def text_chain(data: bytes, block: int, limit: int) -> list[int]:
+    """The hash chain of the first `limit` full blocks of `block` bytes of data, in order
+    (64-bit blake2b of the parent's hash and the block: the same in every process)."""
+    out, parent = [], ROOT_HASH.to_bytes(8, "big")
+    for i in range(min(limit, len(data) // block)):
+        parent = hashlib.blake2b(parent + data[i * block : (i + 1) * block], digest_size=8).digest()
+        out.append(int.from_bytes(parent, "big"))
     return out
 
 

@@ -3,13 +3,16 @@ cache's own hash chain, consistent hashing with bounded load, load scores, round
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import Counter
 
 import pytest
 
 from zinfer.actors import kv_allocator
-from zinfer.gateway.router_policy import ROOT_HASH, RoutePolicy, RoutingTable, affinity_chain, block_chain, ring_key
+from zinfer.gateway.router_policy import (
+    ROOT_HASH, RoutePolicy, RoutingTable, affinity_chain, block_chain, ring_key, text_chain,
+)
 
 
 def table(kind: str = "prefix", n: int = 4, **kw: object) -> RoutingTable:
@@ -129,3 +132,15 @@ def test_remembered_blocks_are_bounded():
 def test_bad_policies_are_refused(bad):
     with pytest.raises(ValueError):
         RoutingTable(RoutePolicy(**bad))  # type: ignore[arg-type]
+
+
+def test_text_keys_share_hashes_as_prompts_share_their_first_bytes():
+    one, two = b"a system prompt, then question one", b"a system prompt, then another"
+    a, b = text_chain(one, 8, 8), text_chain(two, 8, 8)
+    assert len(a) == len(one) // 8 and a[:2] == b[:2] and a[2] != b[2]  # "a system", " prompt,", then they part
+    assert text_chain(one, 8, 2) == a[:2] and text_chain(one[:7], 8, 8) == []  # under one block: by load
+    first = hashlib.blake2b(ROOT_HASH.to_bytes(8, "big") + one[:8], digest_size=8).digest()
+    assert a[0] == int.from_bytes(first, "big")  # no per-process hash seed: a restarted router keys alike
+    t = table()
+    picks = {t.pick(text_chain(b"You are terse. " * 20 + f"question {i}".encode(), 64, 256)) for i in range(30)}
+    assert len(picks) == 1

@@ -2,12 +2,12 @@
 replicas (tests/router_stubs.py) in another process, so this process holds the router only.
 
 Each request is a text prompt (a chat-sized system prompt plus a question, ~100 tokens)
-that the router tokenizes for its affinity key, and asks for one token. The same requests
+that the router keys on (its bytes, or with --key tokens its tokens), and asks for one token. The same requests
 go straight to one stub through an AsyncClient (no router) for the baseline; the router's
 added time per request is the difference of the mean latencies at concurrency 1, and its
 throughput is measured at concurrency 64.
 
-    python tests/benchmarks/bench_router.py [--requests 20000] [--policy prefix]
+    python tests/benchmarks/bench_router.py [--requests 20000] [--policy prefix] [--key text|tokens]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from zinfer.gateway.client import AsyncClient  # noqa: E402
 from zinfer.gateway.router import Router, RouterOptions  # noqa: E402
 from zinfer.gateway.router_links import StaticReplicas  # noqa: E402
 from zinfer.gateway.router_policy import RoutePolicy  # noqa: E402
+from zinfer.messages.client import Generate  # noqa: E402
 from zinfer.messages.params import SamplingParams  # noqa: E402
 from zinfer.models.loader import open_model  # noqa: E402
 from zinfer.models.prompt import PromptBuilder  # noqa: E402
@@ -76,6 +77,19 @@ async def timed(generate, n: int, concurrency: int) -> tuple[float, float, float
     return n / wall, total / n * 1000, cpu / n * 1e6
 
 
+def key_costs(prompts: PromptBuilder, n: int = 2000) -> dict[str, float]:
+    """CPU µs of one request's affinity chain by key kind (no I/O: the routing path's own cost)."""
+    out = {}
+    for key in ("tokens", "text"):
+        router = Router(zmq.Context.instance(), StaticReplicas({}), RouterOptions(policy=RoutePolicy(key=key)), prompts)
+        reqs = [Generate(str(i), prompt(i)) for i in range(n)]
+        t0 = time.process_time()
+        for r in reqs:
+            router._chain(r)
+        out[key] = (time.process_time() - t0) / n * 1e6
+    return out
+
+
 async def main(args: argparse.Namespace) -> None:
     child = subprocess.Popen([sys.executable, __file__, "--child", str(args.stubs)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
@@ -90,7 +104,7 @@ async def main(args: argparse.Namespace) -> None:
             _, d_lat1, _ = await timed(direct.generate, n // 10, 1)
             d_rps, d_lat, d_cpu = await timed(direct.generate, n, 64)
         source = StaticReplicas({f"stub-{i}": e for i, e in enumerate(endpoints)})
-        options = RouterOptions(policy=RoutePolicy(kind=args.policy))
+        options = RouterOptions(policy=RoutePolicy(kind=args.policy, key=args.key))
         async with Router(ctx, source, options, prompts) as router:
             await router.wait_up(len(endpoints))
             await timed(router.generate, 500, 1)
@@ -100,11 +114,14 @@ async def main(args: argparse.Namespace) -> None:
         child.stdin.close()
         child.wait()
         ctx.destroy(linger=0)
-    print(f"policy {args.policy}, {len(endpoints)} stub replicas, {n} requests")
+    print(f"policy {args.policy} (key {args.key}), {len(endpoints)} stub replicas, {n} requests")
     print(f"concurrency 1:  direct {d_lat1:.3f} ms/request, router {r_lat1:.3f} ms: "
           f"the router adds {r_lat1 - d_lat1:.3f} ms")
     print(f"concurrency 64: direct {d_rps:.0f} requests/s, router {r_rps:.0f} requests/s "
           f"(mean latency {d_lat:.2f} / {r_lat:.2f} ms)")
+    costs = key_costs(prompts)
+    print(f"the prefix policy's affinity chain per request, CPU: key tokens {costs['tokens']:.1f} µs, "
+          f"key text {costs['text']:.1f} µs")
     print(f"CPU of this process per request: direct {d_cpu:.0f} µs, router {r_cpu:.0f} µs: the router's own "
           f"{r_cpu - d_cpu:.0f} µs, {1e6 / max(1.0, r_cpu - d_cpu):.0f} requests/s per core")
 
@@ -117,4 +134,6 @@ if __name__ == "__main__":
         ap.add_argument("--requests", type=int, default=20000)
         ap.add_argument("--stubs", type=int, default=2)
         ap.add_argument("--policy", default="prefix", choices=("prefix", "load", "round_robin"))
+        ap.add_argument("--key", default="text", choices=("text", "tokens"),
+                        help="prefix keys on the prompt's bytes or on its tokens' KV blocks")
         trio.run(main, ap.parse_args())
