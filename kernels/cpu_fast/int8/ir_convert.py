@@ -133,13 +133,21 @@ def convert_ir(kind: str, name: str, signature: KernelSignature) -> str:
     e = lines.append
     _open(e, signature, name, kind)
     _code_words(e, kind)
-    if kind == "u5":  # word q of step s: block 4 (s / 2) + q / 2, k-step 2 (2 (s % 2) + h) + q % 2
+    if kind == "u5":  # word q of step s: block 4 (s / 2) + q / 2 (class q / 2), k-step 2 (2 (s % 2) + h) + q % 2
         e("  %g = lshr i64 %s, 1")
         e("  %odd = and i64 %s, 1")
-        e(f"  %gb = mul i64 %g, {4 * size}")
+        e(f"  %gb = mul i64 %g, {size}")
         e("  %vo = shl i64 %odd, 7")
         e("  %base = add i64 %gb, %vo")
-        place = [((q // 2) * size + 64 * h + 32 * (q % 2)) for h in range(2) for q in range(8)]
+        e(f"  %clsbytes = mul i64 %nb, {size // 4}")  # a class's nb / 4 blocks
+        for c in range(4):
+            e(f"  %cb{c}x = mul i64 %clsbytes, {c}")
+            e(f"  %cb{c} = add i64 %base, %cb{c}x")
+        for h, v in enumerate(("lo", "hi")):
+            for q, word in enumerate(transpose8(e, f"x{v}", [f"%{v}{i}" for i in range(8)])):
+                e(f"  %x{v}o{q} = add i64 %cb{q // 2}, {64 * h + 32 * (q % 2)}")
+                _store(e, f"x{v}s{q}", word, _I8, f"%x{v}o{q}")
+        place: list[int] = []
     elif kind == "u6":  # word q of step s: super-block s / 4, sub-block 4 (s % 4) + q / 2, k-step 2h + q % 2
         e("  %g = lshr i64 %s, 2")
         e("  %j = and i64 %s, 3")
@@ -154,8 +162,9 @@ def convert_ir(kind: str, name: str, signature: KernelSignature) -> str:
         e("  %jo = shl i64 %j, 6")
         e("  %base = add i64 %gb, %jo")
         place = [(b * 256 + 32 * h) for h in range(2) for b in range(8)]
-    for h, v in enumerate(("lo", "hi")):
-        _store_transposed(e, f"x{v}", [f"%{v}{i}" for i in range(8)], "%base", place[8 * h : 8 * h + 8])
+    if kind != "u5":
+        for h, v in enumerate(("lo", "hi")):
+            _store_transposed(e, f"x{v}", [f"%{v}{i}" for i in range(8)], "%base", place[8 * h : 8 * h + 8])
     e("  %sn = add i64 %s, 1")
     e("  %smore = icmp ult i64 %sn, %nsteps")
     e("  br i1 %smore, label %sloop, label %scales")
@@ -166,7 +175,7 @@ def convert_ir(kind: str, name: str, signature: KernelSignature) -> str:
 
 
 def _u5_scales(e: Emit, size: int) -> None:
-    """Each block's 8 f16 scales (one per row) as f32 after its codes."""
+    """Each block's 8 f16 scales (one per row) as f32 after its codes (blocks in class order)."""
     e("  br label %bloop")
     e("bloop:")
     e("  %b = phi i64 [ 0, %scales ], [ %bn, %bloop ]")
@@ -177,7 +186,12 @@ def _u5_scales(e: Emit, size: int) -> None:
         e(f"  %dh{i} = load half, ptr %dp{i}, align 2")
         e(f"  %d{i + 1} = insertelement <8 x half> %d{i}, half %dh{i}, i32 {i}")
     e(f"  %df = fpext <8 x half> %d8 to {_F8}")
-    e(f"  %dso = mul i64 %b, {size}")
+    e("  %bg = lshr i64 %b, 2")  # block b at class b % 4's blocks, position b / 4 there
+    e("  %bc = and i64 %b, 3")
+    e("  %nq = lshr i64 %nb, 2")
+    e("  %bcq = mul i64 %bc, %nq")
+    e("  %bpos = add i64 %bcq, %bg")
+    e(f"  %dso = mul i64 %bpos, {size}")
     e("  %dso2 = add i64 %dso, 256")
     _store(e, "ds", "%df", _F8, "%dso2")
     e("  %bn = add i64 %b, 1")

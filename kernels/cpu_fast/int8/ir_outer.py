@@ -20,7 +20,8 @@ reference; these kernels equal it bit for bit). The integers are exact; per outp
 
 Scratch (per group of 8 rows and block of the loop, OUTER_BLOCK_BYTES[kind] bytes; u5: 32
 columns, k4 and u6: 256): code vectors of 32 bytes (byte 4i + c of vector k: row i, column c
-of the block's k-step k), then the 8 rows' scales: u5, the f16 d as f32; k4 (at K4_*), its 8
+of the block's k-step k), then the 8 rows' scales: u5, the f16 d as f32 (a row's blocks in
+class order: block 4g + c at position c * nb / 4 + g, so a class's loop reads on); k4 (at K4_*), its 8
 blocks' 6-bit scales as int32 (one vector per block), its mins as int16 pairs (vector q,
 lane i: row i's mins 2q, 2q + 1), d and -dmin as f32; u6, its 16 sub-blocks' int8 scales as
 int32, d as f32. The k-steps follow the activation order of the row kernels, so the
@@ -71,7 +72,7 @@ def scratch_bytes_per_row_step(kind: str) -> int:
 
 
 def _u5_sums(e: Emit, tile: int, pairs: list[tuple[int, int]], isa: str) -> dict[tuple[int, int], str]:
-    """u5 block %b = 4 %g + %cls (class %cls of its group %g of 128 columns, at %wb{gi}): per pair
+    """u5 block 4 %g + %cls (class %cls of its group %g of 128 columns, at %wb{gi}): per pair
     its int32 sum over 8 k-steps, from the codes' offset (C's two lanes of the block: -16
     times its activations). Defines %sl, S's lane of the block's d_a."""
     e("  %sl0 = shl i64 %g, 4")  # S and C: 16 lanes per group, the block's 2 cls, 2 cls + 1
@@ -280,9 +281,9 @@ def product_ir(kind: str, name: str, signature: KernelSignature, tile: int, isa:
     e(f"  %{counter} = phi i64 [ 0, %{before} ], [ %{counter}n, %{latch} ]")
     for gi, t in pairs:
         e(f"  %acc{gi}_{t} = phi {_F8} [ zeroinitializer, %{before} ], [ %accn{gi}_{t}, %{latch} ]")
-    if u5:
-        e("  %g4 = shl i64 %g, 2")
-        e("  %b = or i64 %g4, %cls")
+    if u5:  # the scratch holds a row's blocks class by class: block 4g + cls at cls * nloop + g
+        e("  %bcls = mul i64 %cls, %nloop")
+        e("  %b = add i64 %bcls, %g")
     e(f"  %bo = mul i64 %b, {OUTER_BLOCK_BYTES[kind]}")
     for gi in range(GROUPS):
         e(f"  %wb{gi} = getelementptr i8, ptr %wrow{gi}, i64 %bo")
