@@ -1,5 +1,6 @@
 """Speculative decoding on a real model on the default device (cpu-fast here): greedy code edits with
-prompt-lookup drafts give exactly the tokens plain decoding gives, and drafts are kept (slow tier)."""
+prompt-lookup drafts, and chat answers with a draft model's drafts (SmolLM2 drafting for itself),
+give exactly the tokens plain decoding gives, and drafts are kept (slow tier)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,36 @@ def test_code_edits_with_drafts_equal_plain_greedy_on_qwen_coder():
                     outputs[mode] = (ids, end.usage)
                 assert outputs["ngram"][0] == outputs["off"][0]
                 assert outputs["ngram"][1].accepted_tokens > 10, "the edited code is mostly drafted from the prompt"
+
+    with EngineThread(config) as engine:
+        trio.run(run, engine)
+
+
+CHAT = [[{"role": "user", "content": "Why is the sky blue? Answer in two sentences."}],
+        [{"role": "user", "content": "List three fruits that are red."}]]
+
+
+@pytest.mark.slow
+def test_chat_with_a_draft_model_equals_plain_greedy_on_smollm2(smollm2_path):
+    config = EngineConfig(model=str(smollm2_path), max_running=2,
+                          speculation=SpeculationConfig(mode="draft", draft_model=str(smollm2_path)))
+
+    async def run(engine: EngineThread) -> None:
+        async with AsyncClient(engine.ctx, engine.address) as client:
+            accepted = 0
+            for chat in CHAT:
+                outputs = {}
+                for mode in ("off", "draft"):
+                    ids: list[int] = []
+                    async for ev in client.generate(messages=chat, params=SamplingParams(
+                            temperature=0.0, max_tokens=24, speculative=mode)):
+                        ids += ev.token_ids if isinstance(ev, Delta) else []
+                        end = ev
+                    assert isinstance(end, Finished)
+                    outputs[mode] = (ids, end.usage)
+                assert outputs["draft"][0] == outputs["off"][0]
+                accepted += outputs["draft"][1].accepted_tokens
+            assert accepted > 10, "a model drafting for itself is mostly right"
 
     with EngineThread(config) as engine:
         trio.run(run, engine)

@@ -1,11 +1,15 @@
-"""Speculative decoding on code edits: zinfer with prompt-lookup drafts vs zinfer plain vs llama.cpp
-plain vs llama.cpp's own prompt lookup (LlamaPromptLookupDecoding), batch 1, greedy.
+"""Speculative decoding, batch 1, greedy: zinfer with drafts vs zinfer plain vs llama.cpp plain
+(and, on code edits, llama.cpp's own prompt lookup, LlamaPromptLookupDecoding).
 
-The workload is tests/benchmarks/speculative_prompts.json: 20 chat prompts that each ask for a
-function or file back with a small change, so the answer mostly repeats the prompt. Every prompt
-is tokenized once by zinfer's chat template and the same ids go to llama.cpp. llama.cpp runs
-through llama-cpp-python at its defaults (Llama(...) with only n_ctx and the thread count set;
-LlamaPromptLookupDecoding() at its defaults), on the same thread count as zinfer.
+Two workloads:
+- code (the default): tests/benchmarks/speculative_prompts.json, 20 chat prompts that each ask for
+  a function or file back with a small change, so the answer mostly repeats the prompt; zinfer
+  drafts by prompt lookup (ngram);
+- chat (--workload chat): tests/benchmarks/chat_prompts.json, 20 free-form chat prompts; zinfer
+  drafts with a draft model (--draft-model, by default Qwen2.5-Coder-0.5B for the 1.5B).
+Every prompt is tokenized once by zinfer's chat template and the same ids go to llama.cpp.
+llama.cpp runs through llama-cpp-python at its defaults (Llama(...) with only n_ctx and the thread
+count set; LlamaPromptLookupDecoding() at its defaults), on the same thread count as zinfer.
 
 Printed per configuration: decode tok/s (tokens after the first over the time from the first
 token to the last, summed over the prompts: prefill is the same work with or without drafts),
@@ -13,6 +17,7 @@ end-to-end tok/s, and the ratios to llama.cpp plain; and whether the outputs are
 (zinfer speculative vs zinfer plain, llama.cpp lookup vs llama.cpp plain, zinfer vs llama.cpp).
 
     python tests/benchmarks/bench_speculative.py --prompts 5 --max-tokens 256
+    python tests/benchmarks/bench_speculative.py --workload chat --prompts 5
 """
 
 from __future__ import annotations
@@ -30,19 +35,22 @@ from zinfer.gateway.client import AsyncClient
 from zinfer.messages.client import Delta, Finished
 from zinfer.messages.params import SamplingParams
 
-PROMPTS = Path(__file__).with_name("speculative_prompts.json")
+PROMPTS = {"code": Path(__file__).with_name("speculative_prompts.json"),
+           "chat": Path(__file__).with_name("chat_prompts.json")}
 MODEL = Path.home() / ".cache/zinfer/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+DRAFT_MODEL = Path.home() / ".cache/zinfer/models/qwen2.5-coder-0.5b-instruct-q5_0.gguf"
 
 Run = tuple[list[int], float, float, float]  # (token ids, start, first token, last token) in perf_counter s
 
 
-def zinfer_runs(model: str, chats: list[list[dict[str, str]]], max_tokens: int, device: str
-                ) -> tuple[list[list[int]], dict[str, list[Run]], dict[str, int]]:
-    """(prompt ids, runs by mode "off" / "ngram", drafted and accepted counts) on one engine, batch 1."""
+def zinfer_runs(model: str, chats: list[list[dict[str, str]]], max_tokens: int, device: str, mode: str = "ngram",
+                draft_model: str = "") -> tuple[list[list[int]], dict[str, list[Run]], dict[str, int]]:
+    """(prompt ids, runs by mode "off" / mode ("ngram" or "draft"), drafted and accepted counts) on
+    one engine, batch 1."""
     config = EngineConfig(model=model, device=device, max_running=1, prefix_caching=False,
-                          speculation=SpeculationConfig(mode="off"))
+                          speculation=SpeculationConfig(mode="off", draft_model=draft_model))
     prompt_ids: list[list[int]] = []
-    runs: dict[str, list[Run]] = {"off": [], "ngram": []}
+    runs: dict[str, list[Run]] = {"off": [], mode: []}
     counts = {"drafted": 0, "accepted": 0}
 
     async def one(client: AsyncClient, chat: list[dict[str, str]], mode: str) -> tuple[Run, list[int]]:
@@ -62,13 +70,13 @@ def zinfer_runs(model: str, chats: list[list[dict[str, str]]], max_tokens: int, 
 
     async def main(engine: EngineThread) -> None:
         async with AsyncClient(engine.ctx, engine.address) as client:
-            await one(client, chats[0], "ngram")  # warm-up: kernels compiled, drafted rounds seen once
+            await one(client, chats[0], mode)  # warm-up: kernels compiled, drafted rounds seen once
             await one(client, chats[0], "off")
             before = await client.stats()
             for chat in chats:
-                for mode in ("off", "ngram"):
-                    run, prompt = await one(client, chat, mode)
-                    runs[mode].append(run)
+                for m in ("off", mode):
+                    run, prompt = await one(client, chat, m)
+                    runs[m].append(run)
                 prompt_ids.append(prompt)
             after = await client.stats()
             for key in counts:
@@ -122,27 +130,35 @@ def same(a: list[Run], b: list[Run], eos: set[int]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(MODEL))
+    ap.add_argument("--workload", default="code", choices=("code", "chat"),
+                    help="code: code edits, prompt-lookup drafts; chat: free-form chat, a draft model's drafts")
+    ap.add_argument("--draft-model", default=str(DRAFT_MODEL), help="the chat workload's draft model")
     ap.add_argument("--prompts", type=int, default=20, help="the first N prompts of the workload")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp's (zinfer uses every core)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--skip-llama", action="store_true")
     args = ap.parse_args()
-    chats = [p["messages"] for p in json.loads(PROMPTS.read_text())][: args.prompts]
+    chats = [p["messages"] for p in json.loads(PROMPTS[args.workload].read_text())][: args.prompts]
+    mode = "ngram" if args.workload == "code" else "draft"
     print(f"load: {open('/proc/loadavg').read().strip()}")
-    prompt_ids, ours, counts = zinfer_runs(args.model, chats, args.max_tokens, args.device)
-    rows = {"zinfer plain": figures(ours["off"]), "zinfer speculative": figures(ours["ngram"])}
+    draft = args.draft_model if mode == "draft" else ""
+    prompt_ids, ours, counts = zinfer_runs(args.model, chats, args.max_tokens, args.device, mode, draft)
+    spec_name = "zinfer speculative" if mode == "ngram" else "zinfer draft model"
+    rows = {"zinfer plain": figures(ours["off"]), spec_name: figures(ours[mode])}
     eos = {151643, 151645}  # Qwen2.5's <|endoftext|>, <|im_end|>
-    checks = {"zinfer speculative == zinfer plain": same(ours["ngram"], ours["off"], eos)}
+    checks = {f"{spec_name} == zinfer plain": same(ours[mode], ours["off"], eos)}
     if not args.skip_llama:
         plain = llama_runs(args.model, prompt_ids, args.max_tokens, args.threads, lookup=False)
-        lookup = llama_runs(args.model, prompt_ids, args.max_tokens, args.threads, lookup=True)
         rows["llama.cpp plain"] = figures(plain)
-        rows["llama.cpp prompt lookup"] = figures(lookup)
-        checks["llama.cpp lookup == llama.cpp plain"] = same(lookup, plain, eos)
+        if mode == "ngram":
+            lookup = llama_runs(args.model, prompt_ids, args.max_tokens, args.threads, lookup=True)
+            rows["llama.cpp prompt lookup"] = figures(lookup)
+            checks["llama.cpp lookup == llama.cpp plain"] = same(lookup, plain, eos)
         checks["zinfer plain == llama.cpp plain"] = same(ours["off"], plain, eos)
     base = rows.get("llama.cpp plain")
-    print(f"{len(chats)} code-edit prompts, batch 1, greedy, max_tokens {args.max_tokens}, threads {args.threads}")
+    what = "code-edit" if mode == "ngram" else f"chat ({Path(draft).name} drafting)"
+    print(f"{len(chats)} {what} prompts, batch 1, greedy, max_tokens {args.max_tokens}, threads {args.threads}")
     for name, f in rows.items():
         ratio = f" ({f['decode_tok_s'] / base['decode_tok_s']:.2f}x llama.cpp plain)" if base else ""
         print(f"{name:26s} {f['tokens']:6.0f} tokens  decode {f['decode_tok_s']:7.2f} tok/s{ratio}"
