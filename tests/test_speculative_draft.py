@@ -11,6 +11,7 @@ the drafter's rounds are spans of their own in the trace."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from zinfer.actors.speculation_verify import full_row_sampler, verify_rows
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.registry import make_device
 from zinfer.gateway.api import EngineConfig, EngineThread
+from zinfer.gateway.cli import main as cli_main
 from zinfer.gateway.client import AsyncClient
 from zinfer.messages.client import Delta, Finished
 from zinfer.messages.params import SamplingParams
@@ -227,3 +229,22 @@ def _binned(observed: np.ndarray, expected: np.ndarray, least: float = 5.0) -> t
     exp = np.append(expected[big], expected[~big].sum())
     return obs, exp * obs.sum() / exp.sum()
 
+
+
+def test_zinfer_bench_speculate_draft_adds_draft_model_rows_and_needs_a_draft_model(capsys, tmp_path):
+    target, draft = _models(tmp_path)
+    argv = ["bench", "--model", str(target), "--device", "cpu", "--prefill-len", "16", "--prefill-requests", "1",
+            "--prompt-len", "16", "--output-len", "12", "--decode-requests", "1", "--streams", "2",
+            "--bandwidth-mib", "0", "--speculate", "draft", "--json"]
+    with pytest.raises(SystemExit) as refused:
+        cli_main(argv)
+    assert refused.value.code == 1 and "needs a draft model" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        cli_main(argv + ["--draft-model", str(draft), "--draft-p-min", "0"])
+    out = capsys.readouterr()
+    assert done.value.code == 0, out.err
+    report = json.loads(out.out)
+    labels = {r["label"]: r for r in report["rows"]}
+    assert labels["decode, batch 1, speculative draft"]["zinfer"] > 0
+    assert report["zinfer"]["streams_2_spec"]["tokens"] == report["zinfer"]["streams_2"]["tokens"] == 24
+    assert report["zinfer"]["speculation"]["drafted_tokens"] > report["zinfer"]["speculation"]["accepted_tokens"] > 0
