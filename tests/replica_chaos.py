@@ -124,12 +124,14 @@ def read_metrics(url: str) -> dict[str, float]:
 
 
 async def stream_completion(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int,
-                            result: ChaosResult | None = None) -> tuple[str, str]:
-    """(text, finish_reason) of one streamed greedy chat completion; raises on an error event.
-    result.midstream counts it while it is open after its first text."""
+                            result: ChaosResult | None = None, extra: dict[str, Any] | None = None) -> tuple[str, str]:
+    """(text, finish_reason) of one streamed greedy chat completion (extra: more body fields;
+    with n > 1 the choices' texts in index order, joined by CHOICE_SEP, and the last reason);
+    raises on an error event. result.midstream counts it while it is open after its first text."""
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
-            "stream": True}
-    text, reason, counted = [], "", False
+            "stream": True, **(extra or {})}
+    texts: dict[int, list[str]] = {}
+    reason, counted = "", False
     try:
         async with client.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as resp:
             if resp.status_code != 200:
@@ -140,19 +142,24 @@ async def stream_completion(client: httpx.AsyncClient, url: str, prompt: str, ma
                 chunk = json.loads(line[6:])
                 if "error" in chunk:
                     raise RuntimeError(f"error event: {chunk['error']}")
-                choice = chunk["choices"][0]
-                text.append(choice.get("delta", {}).get("content") or "")
-                reason = choice.get("finish_reason") or reason
-                if result is not None and text[-1] and not counted and not reason:
-                    counted, result.midstream = True, result.midstream + 1
+                for choice in chunk["choices"]:
+                    piece = choice.get("delta", {}).get("content") or ""
+                    texts.setdefault(choice["index"], []).append(piece)
+                    reason = choice.get("finish_reason") or reason
+                    if result is not None and piece and not counted and not reason:
+                        counted, result.midstream = True, result.midstream + 1
     finally:
         if counted and result is not None:
             result.midstream -= 1
-    return "".join(text), reason
+    return CHOICE_SEP.join("".join(texts[i]) for i in sorted(texts)), reason
+
+
+CHOICE_SEP = "\n--- next choice ---\n"
 
 
 async def run_load(url: str, prompts: list[str], n: int, concurrency: int, max_tokens: int,
-                   result: ChaosResult, expected: dict[str, str] | None) -> dict[str, str]:
+                   result: ChaosResult, expected: dict[str, str] | None,
+                   extra: dict[str, Any] | None = None) -> dict[str, str]:
     """n streamed requests over prompts at the given concurrency; texts by prompt."""
     texts: dict[str, str] = {}
     limit = trio.Semaphore(concurrency)
@@ -162,7 +169,7 @@ async def run_load(url: str, prompts: list[str], n: int, concurrency: int, max_t
             prompt = prompts[i % len(prompts)]
             async with limit:
                 try:
-                    text, _ = await stream_completion(client, url, prompt, max_tokens, result)
+                    text, _ = await stream_completion(client, url, prompt, max_tokens, result, extra)
                 except (RuntimeError, httpx.HTTPError) as exc:
                     result.errors.append(f"{prompt!r}: {exc}")
                     return
@@ -199,15 +206,16 @@ async def killer(n: int, kills: int, result: ChaosResult, seed: int) -> None:
 
 
 async def chaos(url: str, n: int, concurrency: int, kills: int, replicas: int, max_tokens: int,
-                prompts: list[str] = PROMPTS, seed: int = 0) -> ChaosResult:
-    """Fault-free texts of every prompt first, then n requests while replicas are killed."""
+                prompts: list[str] = PROMPTS, seed: int = 0, extra: dict[str, Any] | None = None) -> ChaosResult:
+    """Fault-free texts of every prompt first, then n requests while replicas are killed
+    (extra: more fields of every request's body, e.g. n or response_format)."""
     result = ChaosResult()
-    expected = await run_load(url, prompts, len(prompts), concurrency, max_tokens, ChaosResult(), None)
+    expected = await run_load(url, prompts, len(prompts), concurrency, max_tokens, ChaosResult(), None, extra)
     assert all(expected.values()), "a prompt streamed no text: nothing to compare"
     t0 = time.perf_counter()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(killer, n, kills, result, seed)
-        await run_load(url, prompts, n, concurrency, max_tokens, result, expected)
+        await run_load(url, prompts, n, concurrency, max_tokens, result, expected, extra)
     result.seconds = time.perf_counter() - t0
     result.metrics_after = await settled_metrics(url, replicas)
     return result

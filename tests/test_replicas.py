@@ -27,6 +27,9 @@ from replica_chaos import PROMPTS, chaos, ray_cluster, replicated_server, replic
 
 pytestmark = pytest.mark.slow
 
+COUNT_SCHEMA = {"type": "object", "properties": {"count": {"type": "integer"}, "word": {"type": "string"}},
+                "required": ["count", "word"], "additionalProperties": False}
+
 
 @pytest.fixture(scope="module")
 def cluster():
@@ -40,7 +43,16 @@ async def test_requests_survive_killed_replicas_with_the_fault_free_text(cluster
     # can be held to the fault-free one
     with replicated_server(cluster, "smollm2-135m", 2, tmp_path / "serve.log", "--no-int8") as url:
         result = await chaos(url, n=80, concurrency=32, kills=3, replicas=2, max_tokens=12, prompts=PROMPTS[:24])
+        mark = len((tmp_path / "serve.log").read_text())
+        # two choices under a JSON schema: a moved one splits, each choice continues with its grammar's state
+        shaped = await chaos(url, n=16, concurrency=16, kills=1, replicas=2, max_tokens=24, prompts=PROMPTS[:8],
+                             seed=1, extra={"n": 2, "response_format": {"type": "json_schema", "json_schema": {
+                                 "name": "count", "schema": COUNT_SCHEMA}}})
     log = (tmp_path / "serve.log").read_text()
+    assert shaped.kills == 1 and not shaped.errors and not shaped.mismatched, (shaped.errors + shaped.mismatched)[:3]
+    assert shaped.finished == 16
+    assert "request split" in log[mark:], "no two-choice stream was split"
+    log = log[:mark]
     assert result.kills == 3
     assert not result.errors, result.errors[:3]
     assert result.finished == 80
