@@ -334,13 +334,19 @@ class Router:
         if p.kind != "prefix":
             return []
         if req.prompt_ids is None and p.key == "text":
+            cap = p.chain_blocks * p.text_block  # bytes hashed at most: what comes after is never read
             if req.prompt is not None:
-                data = req.prompt.encode("utf-8", "surrogatepass")
+                data = req.prompt[:cap].encode("utf-8", "surrogatepass")
             elif req.messages is not None:
-                data = msgspec.json.encode(req.tools) + msgspec.json.encode(req.messages)
+                parts = [msgspec.json.encode(req.tools)]
+                for m in req.messages:
+                    if sum(map(len, parts)) >= cap:
+                        break
+                    parts.append(msgspec.json.encode(m))
+                data = b"".join(parts)
             else:
                 return []
-            return text_chain(data[: p.chain_blocks * p.text_block], p.text_block, p.chain_blocks)
+            return text_chain(data[:cap], p.text_block, p.chain_blocks)
         return affinity_chain(self._leading_ids(req), p)
 
     def _leading_ids(self, req: Generate) -> list[int]:

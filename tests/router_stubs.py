@@ -12,6 +12,7 @@ seeds it (seed + i), so a choice continued alone with that seed goes on as it wo
 
 from __future__ import annotations
 
+import msgspec
 import trio
 import zmq
 
@@ -106,7 +107,8 @@ class StubReplica:
 
     async def _generate(self, peer: bytes, req: Generate) -> None:
         """Stream req's n choices, one Delta per unfinished choice per step."""
-        ids = self.prompts.prompt_ids(req.prompt, None, req.prompt_ids, req.add_special)
+        messages = msgspec.to_builtins(req.messages) if req.messages is not None else None
+        ids = self.prompts.prompt_ids(req.prompt, messages, req.prompt_ids, req.add_special)
         await self._send(peer, Started(req.request_id, len(ids)))
         n, limit = req.params.n, req.params.max_tokens
         detoks = [IncrementalDetokenizer(self.prompts.tokenizer) for _ in range(n)]

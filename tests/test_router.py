@@ -260,3 +260,27 @@ def test_metrics_label_each_replicas_gauges_and_show_a_down_one_as_down():
     assert 'zinfer_replica_kv_used_blocks{replica="replica-0"} 7' in text
     assert 'zinfer_replica_requests_total{replica="replica-1"} 4' in text
     assert 'zinfer_replica_running_sequences{replica="replica-1"}' not in text  # no stats while it is down
+
+
+async def test_prefix_routing_keeps_a_chats_turns_together_without_a_tokenizer(ctx, prompts):
+    stubs = [StubReplica(ctx, prompts) for _ in range(3)]
+    policy = RoutePolicy(kind="prefix")  # 64-byte blocks: each system prompt differs within its first
+    where: dict[int, list[int]] = {}  # conversation -> the stub of each turn
+    async with trio.open_nursery() as nursery:
+        for stub in stubs:
+            await nursery.start(stub.run)
+        source = StaticReplicas({f"r{i}": s.endpoint for i, s in enumerate(stubs)})
+        async with Router(ctx, source, RouterOptions(policy=policy), None) as router:  # no tokenizer: text keys
+            await router.wait_up(3)
+            for i in range(8):
+                chat = [{"role": "system", "content": f"You are assistant {i} of eight, and you are terse."}]
+                for turn in range(3):
+                    chat.append({"role": "user", "content": f"question {turn}"})
+                    events = await collect(router.generate(messages=chat, params=GREEDY, request_id=f"c{i}t{turn}"))
+                    assert isinstance(events[-1], Finished)
+                    where.setdefault(i, []).append(next(n for n, s in enumerate(stubs)
+                                                        if any(g.request_id == f"c{i}t{turn}" for g in s.seen)))
+                    chat.append({"role": "assistant", "content": text_and_ids(events)[0]})
+        nursery.cancel_scope.cancel()
+    assert all(len(set(turns)) == 1 for turns in where.values()), where  # every turn where its history is cached
+    assert len({turns[0] for turns in where.values()}) > 1, where  # the conversations spread
