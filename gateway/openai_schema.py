@@ -6,7 +6,7 @@ becomes param "temperature"). Every number, string and list is bounded here or i
 SamplingParams.validate(), so nothing a client sends can fail to encode on the way to
 the engine. Unknown fields are ignored, as OpenAI-compatible servers do. Extensions
 taken the way vLLM and llama-server take them, as extra body fields: top_k (-1 or 0:
-off), min_p, repetition_penalty, ignore_eos, speculative ("ngram" / "off"). The
+off), min_p, repetition_penalty, ignore_eos, speculative ("ngram" / "draft" / "off"). The
 structured-output fields (response_format, guided_*, structured_outputs, json_schema,
 grammar) are decoded as given and checked in gateway/openai_constraints.py.
 """
@@ -141,7 +141,7 @@ class _Sampling(msgspec.Struct, kw_only=True):
     min_p: Unit | None = None
     repetition_penalty: Annotated[float, Meta(gt=0.0)] | None = None
     ignore_eos: bool = False
-    speculative: str | None = None  # "ngram" or "off" (speculative decoding's drafts); None: the server's default
+    speculative: str | None = None  # "ngram", "draft" (a draft model's) or "off"; None: the server's default
     timings_per_token: bool = False  # llama-server's: the reply carries its timings (gateway/openai_timings.py)
     # Structured output, checked and turned into one Constraint by gateway/openai_constraints.py:
     response_format: Any = None  # OpenAI
