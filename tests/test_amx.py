@@ -4,10 +4,10 @@ On any host: the kernels' IR parses, verifies and compiles for sapphirerapids to
 instructions, and the tile layout holds the file's values at the places tdpbssd reads.
 On a host whose CPU has AMX-INT8 (and Linux grants the tiles): the tiles' integer sums are
 exact and equal the VNNI kernels' on the same codes, every covered type's product is the
-oracle's to f32 accuracy at any row count (tails of a tile included), a row's result does
-not depend on the rows beside it (batched = alone) nor on the path (a decode row on the VNNI
-kernels = the same row in a prefill on the tiles, to f32 rounding), and a real model's
-greedy ids are those of the VNNI kernels.
+oracle's to f32 accuracy at any row count (tails of a tile included), and a row's result
+does not depend on the rows beside it (batched = alone) nor on the path (a decode row on the
+VNNI kernels = the same row in a prefill on the tiles, bit for bit: one float order,
+tests/int8_canonical.py; test_int8_order_amx.py checks the tiles against it).
 """
 
 from __future__ import annotations
@@ -125,4 +125,4 @@ def test_every_type_on_tiles_is_the_oracles_and_rows_are_independent(qt):
     np.testing.assert_array_equal(outs[45][:32], outs[32])
     decode = np.empty((1, rows), np.float32)
     ci.matmul(w, x[44:45], decode)  # one row: the VNNI kernels
-    assert close(decode, outs[45][44:45].astype(np.float64), tol=1e-6) < 1e-6
+    np.testing.assert_array_equal(decode, outs[45][44:45])
