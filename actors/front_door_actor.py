@@ -336,11 +336,14 @@ class FrontDoorActor:
             return
         index, choice = next((i, c) for i, c in enumerate(r.choices) if c.seq_id == out.seq_id)
         r.cached_tokens = max(r.cached_tokens, out.cached_tokens)
-        r.drafted_tokens += out.drafted
-        r.accepted_tokens += out.accepted
         if not r.first_token:
             r.first_token = time.perf_counter()
-        text, reason = choice.feed(out.token_ids, out.finish_reason)
+        text, reason, kept = choice.feed(out.token_ids, out.finish_reason)
+        if kept < len(out.token_ids):  # a stop string ended it before this output's last token
+            out = msgspec.structs.replace(out, token_ids=out.token_ids[:kept], top=out.top and out.top[:kept],
+                                          logprobs=out.logprobs and out.logprobs[:kept])
+        r.drafted_tokens += out.drafted
+        r.accepted_tokens += min(out.accepted, kept)
         if reason and not out.finish_reason:  # a stop string ended it: the scheduler still runs it
             self.by_seq.pop(out.seq_id, None)
             self.sched_tx.send_nowait(Abort(out.seq_id, "stop string"))

@@ -24,21 +24,29 @@ class Choice:
     tokens: int = 0
     finish_reason: str | None = None
 
-    def feed(self, token_ids: list[int], finish_reason: str | None) -> tuple[str, str | None]:
-        """The text these tokens add to the choice's stream, and why the choice ends here (None:
-        it goes on). The text is detokenized incrementally (never half a UTF-8 character) and
-        held back while it may begin a stop string; a stop string that matches ends the choice
-        with reason "stop" and its text cut before the string."""
-        self.tokens += len(token_ids)
-        text = "".join(self.detok.push(t) for t in token_ids)
+    def feed(self, token_ids: list[int], finish_reason: str | None) -> tuple[str, str | None, int]:
+        """The text these tokens add to the choice's stream, why the choice ends here (None: it
+        goes on), and how many of the tokens it keeps. The text is detokenized incrementally
+        (never half a UTF-8 character) and held back while it may begin a stop string; a stop
+        string that matches ends the choice with reason "stop", its text cut before the string
+        and its tokens after the one that completed it (several tokens come at once from
+        speculative decoding) dropped, as one token at a time would have ended it."""
+        pieces = [self.detok.push(t) for t in token_ids]  # the text each token completes
         if finish_reason:
-            text += self.detok.flush()
-        emit, hit = self.stops.feed(text)
-        if hit:
-            return emit, "stop"
+            tail = self.detok.flush()
+            pieces = pieces[:-1] + [pieces[-1] + tail] if pieces else [tail]
+        emit = ""
+        for i, text in enumerate(pieces):
+            out, hit = self.stops.feed(text)
+            emit += out
+            if hit:
+                kept = min(i + 1, len(token_ids))
+                self.tokens += kept
+                return emit, "stop", kept
+        self.tokens += len(token_ids)
         if finish_reason:
             emit += self.stops.flush()
-        return emit, finish_reason
+        return emit, finish_reason, len(token_ids)
 
 
 @dataclass

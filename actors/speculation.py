@@ -119,7 +119,13 @@ class ModelDrafter:
     pending: the proposal for the sequence's next round, None until the drafter was asked since
     the last round ([] when it proposed nothing); probs: its q rows when sampled ([k, vocab]).
     known: leading tokens of the sequence the drafter actor holds (the next ask sends the rest).
+
+    Asking costs a draft round even when nothing comes of it, so after asks in a row that kept no
+    drafted token the sequence skips asking for a few rounds (1 after two misses, then up to
+    MAX_SKIP); the drafter then catches up on those rounds' tokens in one chunk.
     """
+
+    MAX_SKIP = 3
 
     def __init__(self, config: SpeculationConfig):
         self.config = config
@@ -127,10 +133,12 @@ class ModelDrafter:
         self.pending: list[int] | None = None
         self.probs: np.ndarray | None = None  # [len(pending), draft vocab] float32, or None
         self.known = 0
+        self.misses = 0  # asks in a row whose rounds kept no drafted token
+        self.skip = 0  # rounds left to run without asking
 
     def wants(self) -> bool:
         """Whether the drafter should be asked before the sequence's next round."""
-        return self.pending is None
+        return self.pending is None and self.skip == 0
 
     def take(self, tokens: list[int], probs: np.ndarray | None, known: int) -> None:
         """The drafter's proposal for the next round."""
@@ -145,10 +153,16 @@ class ModelDrafter:
         return None if self.probs is None else self.probs[:n]
 
     def verified(self, drafted: int, accepted: int) -> None:
-        """A round ran: adapt the length after a draft, and ask again before the next round."""
+        """A round ran: adapt the length after a draft and the skipping after an ask; the next
+        round asks again unless it skips."""
         self.length = adapted_length(self.length, drafted, accepted, self.config.max_draft)
+        if self.pending is None:  # not asked for this round (a prefill chunk, or skipping)
+            self.skip = max(self.skip - 1, 0)
+        else:
+            self.misses = 0 if accepted else self.misses + 1
+            self.skip = min(self.misses - 1, self.MAX_SKIP) if self.misses > 1 else 0
         self.pending, self.probs = None, None
 
     def reset(self) -> None:
         """The sequence was preempted: the drafter forgets it; it starts over when it runs again."""
-        self.pending, self.probs, self.known = None, None, 0
+        self.pending, self.probs, self.known, self.skip = None, None, 0, 0
