@@ -22,6 +22,7 @@ from scipy.stats import binomtest, chisquare
 
 from tiny import write_tiny_gguf
 from zinfer.actors.draft_vocab import VocabMismatch
+from zinfer.actors.front_door_requests import Choice
 from zinfer.actors.engine import open_engine
 from zinfer.actors.sampling import RequestSampler
 from zinfer.actors.scheduler_policy import SchedulerConfig, SchedulerPolicy, Seq
@@ -34,8 +35,10 @@ from zinfer.gateway.cli import main as cli_main
 from zinfer.gateway.client import AsyncClient
 from zinfer.messages.client import Delta, Finished
 from zinfer.messages.params import SamplingParams
+from zinfer.models.detokenize import IncrementalDetokenizer, StopMatcher
 from zinfer.models.forward import round_logits
 from zinfer.models.loader import open_model
+from zinfer.models.prompt import PromptBuilder
 from zinfer.models.weight_cache import build_device_weights
 from zinfer.traces.check import check_trace
 from zinfer.traces.config import TraceConfig
@@ -248,3 +251,15 @@ def test_zinfer_bench_speculate_draft_adds_draft_model_rows_and_needs_a_draft_mo
     assert labels["decode, batch 1, speculative draft"]["zinfer"] > 0
     assert report["zinfer"]["streams_2_spec"]["tokens"] == report["zinfer"]["streams_2"]["tokens"] == 24
     assert report["zinfer"]["speculation"]["drafted_tokens"] > report["zinfer"]["speculation"]["accepted_tokens"] > 0
+
+
+def test_a_stop_string_inside_a_multi_token_output_drops_the_tokens_after_it(tmp_path):
+    """Kept drafts arrive as several tokens at once: the choice ends at the token that completes the
+    stop string, as one token at a time would end it."""
+    tokenizer = PromptBuilder.from_source(open_model(str(_models(tmp_path)[0]))).tokenizer
+    bang, a = tokenizer.token_to_id("!"), tokenizer.token_to_id("a")
+    assert bang is not None and a is not None
+    choice = Choice(1, IncrementalDetokenizer(tokenizer), StopMatcher(["!!"]))
+    assert choice.feed([a], None) == ("a", None, 1)
+    assert choice.feed([bang, bang, bang, a], None) == ("", "stop", 2)
+    assert choice.tokens == 3
