@@ -76,15 +76,17 @@ async def chat_load(url: str, conversations: int, max_tokens: int) -> dict[str, 
 
 def run_chat(args: argparse.Namespace) -> None:
     rows = []
-    runs = [(1, "prefix"), (args.replicas, "prefix"), (args.replicas, "round_robin")]
-    with ray_cluster(nodes=args.replicas) as address, tempfile.TemporaryDirectory() as tmp:
+    runs = [(int(r), p) for r, _, p in (x.partition(":") for x in args.runs.split(","))] if args.runs else \
+        [(1, "prefix"), (args.replicas, "prefix"), (args.replicas, "round_robin")]
+    with ray_cluster(nodes=max(r for r, _ in runs)) as address, tempfile.TemporaryDirectory() as tmp:
         for replicas, policy in runs:
             with replicated_server(address, args.model, replicas, Path(tmp) / f"{replicas}-{policy}.log",
-                                   "--route-policy", policy) as url:
+                                   "--route-policy", policy, "--route-key", args.route_key) as url:
                 result = trio.run(chat_load, url, args.conversations, args.max_tokens)
             rows.append((replicas, policy, result))
             print(replicas, policy, result, flush=True)
-    print(f"\n{args.conversations} conversations x {len(QUESTIONS)} turns, {args.model}, max_tokens {args.max_tokens}")
+    print(f"\n{args.conversations} conversations x {len(QUESTIONS)} turns, {args.model}, max_tokens {args.max_tokens}, "
+          f"route key {args.route_key}")
     print("replicas policy       hit rate  TTFT p50 ms  TTFT p99 ms")
     for replicas, policy, r in rows:
         print(f"{replicas:>8} {policy:<12} {r['hit_rate']:>8.1%} {r['ttft_p50_ms']:>12.0f} {r['ttft_p99_ms']:>12.0f}")
@@ -122,6 +124,8 @@ if __name__ == "__main__":
     ap.add_argument("--kills", type=int, default=10)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--conversations", type=int, default=32)
+    ap.add_argument("--runs", default="", help="chat: REPLICAS:POLICY,... (default 1:prefix,R:prefix,R:round_robin)")
+    ap.add_argument("--route-key", default="text", choices=("text", "tokens"), help="chat: the prefix policy's key")
     ap.add_argument("--int8", action="store_true", help="chaos: the int8 kernels (texts then vary without faults too)")
     a = ap.parse_args()
     if a.mode == "chat":
