@@ -8,7 +8,7 @@ import time
 from typing import Any, AsyncGenerator, AsyncIterator
 
 from zinfer.gateway.openai_schema import ApiError
-from zinfer.gateway.openai_tools import StreamedCalls, ToolPlan, with_tool_calls
+from zinfer.gateway.openai_tools import StreamedCalls, ToolPlan, unfinished_call, with_tool_calls
 from zinfer.gateway.sse import DONE, frame
 from zinfer.gateway.state import GatewayState
 from zinfer.messages.client import Cancelled, ClientEvent, Delta, Failed, Finished, Rejected, Usage
@@ -82,6 +82,7 @@ class Shaper:
         event = first
         started: set[int] = set()  # choices whose role chunk went out (chat)
         ended: set[int] = set()  # choices whose finish_reason went out
+        failed: list[ApiError] = []  # a choice's end that ended the stream
 
         def chunk(index: int, body: Body, logprobs: Body | None = None, finish_reason: str | None = None) -> bytes:
             choice = {"index": index, **body, "logprobs": logprobs, "finish_reason": finish_reason}
@@ -96,6 +97,10 @@ class Shaper:
         def end(index: int, reason: str) -> list[bytes]:
             ended.add(index)
             held = [chunk(index, {"delta": body}) for body in self.calls.finish(index)] if self.calls else []
+            incomplete = unfinished_call(self.tools, reason, self.calls.sent(index)) if self.calls else None
+            if incomplete is not None:  # a compulsory call cut short: the error ends the stream
+                failed.append(incomplete)
+                return [frame(incomplete.body()), DONE]
             reason = self.calls.reason(index, reason) if self.calls else reason
             last = chunk(index, {"delta": {}} if self.chat else {"text": ""}, finish_reason=reason)
             return [*begin(index), *held, last]
@@ -116,10 +121,14 @@ class Shaper:
                 if event.finish_reason and event.index not in ended:
                     for f in end(event.index, event.finish_reason):
                         yield f
+                    if failed:
+                        return
             elif isinstance(event, Finished):
                 for i, reason in enumerate(event.finish_reasons):
                     for f in end(i, reason) if i not in ended else []:
                         yield f
+                    if failed:
+                        return
                 if usage:
                     yield frame(self.envelope([], True, usage=usage_body(event.usage)))
                 yield DONE
@@ -145,6 +154,9 @@ class Shaper:
                     c["finish_reason"] = reason
                     if self.tools:
                         with_tool_calls(c, self.tools.names)
+                        calls = len(c["message"].get("tool_calls") or [])
+                        if (incomplete := unfinished_call(self.tools, reason, calls)) is not None:
+                            return incomplete
                 return self.envelope(ordered, False, usage=usage_body(event.usage))
             elif isinstance(event, (Rejected, Failed, Cancelled)):
                 return self.error(event)

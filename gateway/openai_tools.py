@@ -5,7 +5,9 @@ call compulsory.
 
 tool_choice: "none" renders no tools and parses nothing; "auto" (the default with tools)
 lets the model decide; "required" and a named function constrain the output to calls
-(call_grammar) so the arguments validate against the function's schema.
+(call_grammar) so the arguments validate against the function's schema; such a choice that
+ends before its first call is whole (max_tokens ran out, a stop sequence cut it) is an error
+naming the field (unfinished_call), never content without a call.
 """
 
 from __future__ import annotations
@@ -143,6 +145,20 @@ def call_deltas(call: Call, index: int, call_id: str) -> list[dict[str, Any]]:
     ]
 
 
+def unfinished_call(plan: ToolPlan | None, reason: str, calls: int) -> ApiError | None:
+    """The error of a choice that had to call (tool_choice "required" or a named function) and
+    ended with no whole call: the grammar allows no end before one, so max_tokens (or the
+    context) ran out, or a stop sequence cut it. None when the choice called or was free not to."""
+    if plan is None or not plan.forced or calls:
+        return None
+    if reason == "length":
+        param, why = "max_tokens", "max_tokens ran out (raise it)"
+    else:
+        param, why = "stop", "a stop sequence cut it (leave it out)"
+    return ApiError(400, f"the compulsory tool call (tool_choice {plan.choice!r}) was not complete when {why}",
+                    param=param, code="tool_call_incomplete")
+
+
 def finish_reason(reason: str, called: bool) -> str:
     """A choice that called a tool and stopped by itself finishes with "tool_calls"."""
     return "tool_calls" if called and reason == "stop" else reason
@@ -166,7 +182,11 @@ class StreamedCalls:
         return self._bodies(index, self._parser(index).finish())
 
     def reason(self, index: int, reason: str) -> str:
-        return finish_reason(reason, self.calls.get(index, 0) > 0)
+        return finish_reason(reason, self.sent(index) > 0)
+
+    def sent(self, index: int) -> int:
+        """The calls choice `index` has sent."""
+        return self.calls.get(index, 0)
 
     def _parser(self, index: int) -> ToolCallParser:
         return self.parsers.setdefault(index, ToolCallParser(set(self.names)))

@@ -233,6 +233,24 @@ def test_a_compulsory_call_on_a_random_model_fits_the_schema(oai, choice, stream
         assert choice == "required" and name == "noop" and args == {}
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_compulsory_call_cut_short_is_an_error_naming_max_tokens(oai, stream):
+    """max_tokens that ends a compulsory call before it is whole: a 400 (whole) or an error
+    event that ends the stream, naming max_tokens, never content without a call."""
+    kw = dict(model=MODEL, messages=HISTORY[:1], tools=[{"type": "function", "function": SHORT_CITY}],
+              tool_choice="required", max_tokens=4, temperature=0)
+    with pytest.raises(openai.APIError) as err:
+        if stream:
+            list(oai.chat.completions.create(stream=True, **kw))
+        else:
+            oai.chat.completions.create(**kw)
+    assert "max_tokens" in str(err.value) and "compulsory tool call" in str(err.value)
+    if not stream:
+        assert isinstance(err.value, openai.BadRequestError) and err.value.body["param"] == "max_tokens"
+    whole = oai.chat.completions.create(**{**kw, "max_tokens": 100, "parallel_tool_calls": False})
+    assert whole.choices[0].message.tool_calls  # with room for the call: it comes, and the server serves on
+
+
 def reassembled(chunks) -> tuple[list[tuple[str, str]], str | None, str | None]:
     """(name, arguments) per call index, the finish_reason and the content, from a stream."""
     calls: dict[int, list[str]] = {}
