@@ -120,7 +120,8 @@ async def respond(
     n_predict = body.n_predict if body.n_predict is not None else body.max_tokens or -1
     chosen = [n for n in APPLIED_ORDER if body.samplers is None or n in _names(body.samplers)]
     shaper = LlamaServerShaper(state, f, params, progress, prompt_text, settings(params, n_predict, chosen),
-                               body.return_tokens, body.timings_per_token, constraint_field(req), cut)
+                               body.return_tokens, body.timings_per_token, constraint_field(req), cut,
+                               body.response_fields)
     open_events: OpenEvents = partial(engine_events, state.engine(), [form], params, rid, record)
     if cut is not None:
         open_events = cut_events(open_events, cut, partial(record.finish, "finished"))

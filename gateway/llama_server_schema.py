@@ -12,7 +12,7 @@ id_slot and min_keep 0/1 are accepted (the engine caches every prompt's prefix b
 never shifts the context). Samplers zinfer does not have are refused unless set to their
 "off" value: typical_p, dynatemp_range, mirostat, xtc_probability, dry_multiplier,
 top_n_sigma, repeat_last_n (only -1, or without a repeat_penalty), post_sampling_probs,
-lora, response_fields, n_cmpl.
+lora, n_cmpl. response_fields picks a whole answer's fields as llama-server does.
 """
 
 from __future__ import annotations
@@ -76,6 +76,8 @@ class CompletionBody(msgspec.Struct, kw_only=True):
     n_indent: Annotated[int, Meta(ge=0, le=MAX_INDENT)] = 0  # gateway/llama_server_stops.py
     t_max_predict_ms: Annotated[int, Meta(ge=0, le=MAX_PREDICT_MS)] = 0
     stop_at_suffix: bool | None = None  # /infill: None is on
+    # a whole answer's fields to keep ("a/b": b of a, under the key "a/b"); [] or none: all
+    response_fields: Annotated[list[Annotated[str, Meta(max_length=256)]], Meta(max_length=64)] = []
     # llama.cpp samplers and options zinfer does not have: only their "off" values pass
     typical_p: Real | None = None
     typ_p: Real | None = None
@@ -86,7 +88,6 @@ class CompletionBody(msgspec.Struct, kw_only=True):
     top_n_sigma: Real | None = None
     post_sampling_probs: bool | None = None
     lora: list[Any] | None = None
-    response_fields: list[Any] | None = None
     n_cmpl: int | None = None
     # /infill
     input_prefix: Text = ""
@@ -98,7 +99,7 @@ OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "typical_p": (None, 1.0), "typ_p": (None, 1.0), "dynatemp_range": (None, 0.0), "mirostat": (None, 0),
     "xtc_probability": (None, 0.0), "dry_multiplier": (None, 0.0),
     "post_sampling_probs": (None, False), "lora": (None, []),
-    "response_fields": (None, []), "n_cmpl": (None, 1),
+    "n_cmpl": (None, 1),
 }
 
 

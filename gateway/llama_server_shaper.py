@@ -8,6 +8,7 @@ truncated (never: a prompt longer than the context is refused, not cut), tokens_
 tokens_evaluated / tokens_cached, the generation_settings the request ran with, timings
 (prompt_n counts the tokens evaluated, cache_n those read from the prefix cache) and, with
 n_probs, completion_probabilities.
+With response_fields, a whole answer holds only those fields (a stream is not picked from).
 A stream sends `data: {...}` chunks with the text pieces (stop false) and a last chunk with
 stop true and every field above; there is no [DONE], as llama-server sends none.
 """
@@ -60,11 +61,12 @@ class LlamaServerShaper:
         timings_per_token: bool,
         constraint_param: str | None,
         cut: StreamCut | None = None,
+        fields: list[str] | None = None,
     ):
         self.state, self.facts, self.params, self.progress = state, facts, params, progress
         self.prompt, self.generation_settings = prompt, generation_settings
         self.return_tokens, self.timings_per_token = return_tokens, timings_per_token
-        self.constraint_param, self.cut = constraint_param, cut
+        self.constraint_param, self.cut, self.fields = constraint_param, cut, fields
         self.predicted = 0
 
     def error(self, event: Rejected | Failed | Cancelled) -> ApiError:
@@ -123,7 +125,8 @@ class LlamaServerShaper:
                 if probs is not None:
                     probs += self.probs(event)
             elif isinstance(event, Finished):
-                return await self.result(event, "".join(text), probs)
+                whole = await self.result(event, "".join(text), probs)
+                return picked(whole, self.fields) if self.fields else whole
             elif isinstance(event, (Rejected, Failed, Cancelled)):
                 return self.error(event)
         return self.error(Failed("", "the engine stream ended early"))
@@ -143,3 +146,18 @@ class LlamaServerShaper:
                 yield frame(self.error(event).body())
                 return
             event = await events.__anext__()
+
+
+def picked(body: Body, fields: list[str]) -> Body:
+    """llama-server's response_fields: each field the answer has, found by its path ("a/b": b
+    inside a) and keyed by it; a field it lacks is left out."""
+    out: Body = {}
+    for name in fields:
+        value: Any = body
+        for part in name.split("/"):
+            if not isinstance(value, dict) or part not in value:
+                break
+            value = value[part]
+        else:
+            out[name] = value
+    return out

@@ -61,6 +61,12 @@ def test_completion_answers_llama_servers_fields(server):
     assert all(p["logprob"] == p["top_logprobs"][0]["logprob"] for p in probs)  # greedy: the likeliest
 
 
+def test_response_fields_pick_a_whole_answers_fields_by_path(server):
+    # llama.vim's request asks for these
+    r = completion(server, prompt="the cat", response_fields=["content", "timings/predicted_n", "truncated", "nope"])
+    assert set(r) == {"content", "timings/predicted_n", "truncated"} and r["timings/predicted_n"] == 4
+
+
 def test_id_and_mixed_prompts_match_the_text_prompt(server):
     ids = post(server, "/tokenize", {"content": "the cat"}).json()["tokens"]
     text = completion(server, prompt="the cat", return_tokens=True)
