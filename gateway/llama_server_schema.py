@@ -41,7 +41,10 @@ SAMPLER_LETTERS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "m": "m
                    "t": "temperature", "s": "top_n_sigma", "i": "infill", "e": "penalties"}
 
 
-class ExtraChunk(msgspec.Struct, forbid_unknown_fields=True):
+class ExtraChunk(msgspec.Struct):
+    """One input_extra file; other fields (llama.vim sends each chunk's `time`) are ignored, as
+    llama-server ignores them."""
+
     text: Text
     filename: Annotated[str, Meta(max_length=1024)] = "tmp"
 

@@ -144,7 +144,7 @@ def test_bad_requests_get_llama_servers_errors_and_the_server_serves_on(server):
 
 
 def test_infill_lays_out_the_models_fim_tokens(server):
-    extra = [{"filename": "util.py", "text": "X = 1\n"}]
+    extra = [{"filename": "util.py", "text": "X = 1\n", "time": [1, 2]}]  # llama.vim's chunks have a time
     r = post(server, "/infill", {"input_prefix": "def f(", "input_suffix": "):\n", "input_extra": extra, "prompt": "a",
                                  "n_predict": 3, "temperature": 0})
     assert r.status_code == 200, r.text
