@@ -77,8 +77,10 @@ ROWS = 2  # weight rows per pass in the wide kernels
 PREFETCH_BYTES = 16384
 # llvm.prefetch's locality of those prefetches, by the kernel's activation rows: batch-1 products
 # are bound by how fast one core pulls weights from DRAM, and prefetcht1 (2, into L2) pulls faster
-# than prefetchnta (0); the wide (prefill) kernels keep 0, where 2 gained nothing
-PREFETCH_LOCALITY = {1: 2, TILE: 0}
+# than prefetchnta (0). The wide kernels (rounds of 4 to 31 rows: batched decode, verify rounds)
+# too: on Sapphire Rapids prefetchnta left them 2-3x slower per row than the batch-1 kernels
+# (BENCHMARKS.md); on Zen 4, where they were first measured, 2 and 0 were even
+PREFETCH_LOCALITY = {1: 2, TILE: 2}
 SHAPES = ((1, 1), (1, ROWS), (TILE, 1), (TILE, ROWS))  # (activation rows, weight rows) of the kernels
 # (weight layout, d_w numbers per step, scales in f16); u5, u6 and k4 read the file's f16 scales
 VARIANTS = tuple((k, d, h) for k, d in (("u4", 2), ("p8", 2), ("i8", 1), ("i8", 2)) for h in (True, False)) + (
@@ -139,8 +141,8 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
     accs = [f"%acc{k}" for k in range(order.count(len(pairs), 4))] if ordered else []
     e("sloop:")  # over steps of 8 lanes
     e("  %s = phi i64 [ 0, %rloop ], [ %sn, %sloop ]")
-    for k, acc in enumerate(accs):
-        e(f"  {acc} = phi {_F8} [ zeroinitializer, %rloop ], [ %sum{k}, %sloop ]")
+    for a, acc in enumerate(accs):
+        e(f"  {acc} = phi {_F8} [ zeroinitializer, %rloop ], [ %sum{a}, %sloop ]")
     for i, t in pairs if not ordered else []:
         e(f"  %acc{i}_{t} = phi {_F8} [ zeroinitializer, %rloop ], [ %accn{i}_{t}, %sloop ]")
     e(f"  %wo = mul i64 %s, {STEP_BYTES[kind]}")
@@ -204,16 +206,16 @@ def kernel_ir(kind: str, dps: int, half: bool, tile: int, rows: int, isa: str = 
             e(f"  %accn{k} = call {_F8} @llvm.fma.v8f32({_F8} %f{k}, {_F8} %ds{k}, {_F8} %acc{k})")
     if ordered:  # lanes 0-3: the step's first block (class 0), 4-7: its second (class 1)
         reduced = order.reduce_runs(e, "rd", [f"%ib{i}_{t}" for i, t in pairs], 4)
-        made: dict[tuple, str] = {}
+        made: order.Made = {}
         ds = order.scaled(e, "ds", reduced, lambda p, c: (f"%dx{pairs[p][0]}", 4 * c),
                           lambda p, c: (f"%sc{pairs[p][1]}", 4 * c), made)
         sums = order.fma_into(e, "sb" if kind == "u4" else "sum", order.as_floats(e, "fi", reduced), ds, accs)
         if kind == "u4":  # acc = fma(m_w, N, acc), block by block
-            m = [order.gather(e, "mv", [None if lb is None else (f"%mx{pairs[lb[0]][0]}", 4 * lb[1])
-                                        for lb in r.labels], made) for r in reduced]
-            n = [order.gather(e, "nv", [None if lb is None else (f"%nv{pairs[lb[0]][1]}", 4 * lb[1])
-                                        for lb in r.labels], made) for r in reduced]
-            order.fma_into(e, "sum", m, n, sums)
+            offsets = [order.gather(e, "mv", [None if lb is None else (f"%mx{pairs[lb[0]][0]}", 4 * lb[1])
+                                              for lb in r.labels], made) for r in reduced]
+            code_sums = [order.gather(e, "nv", [None if lb is None else (f"%nv{pairs[lb[0]][1]}", 4 * lb[1])
+                                                for lb in r.labels], made) for r in reduced]
+            order.fma_into(e, "sum", offsets, code_sums, sums)
     e("  %sn = add i64 %s, 1")
     e("  %more = icmp ult i64 %sn, %nsteps")
     e("  br i1 %more, label %sloop, label %rlatch")

@@ -25,6 +25,8 @@ from zinfer.kernels.cpu_fast.int8.ir_scales import Emit, shuffle_mask
 _F8 = "<8 x float>"
 _I8 = "<8 x i32>"
 Label = tuple[int, int] | None  # (pair, class) of a lane, None for padding
+Pick = tuple[str, int] | None  # (IR <8 x float> value, lane) a gathered lane comes from, None: any
+Made = dict[tuple[Pick, ...], str]  # gathers already built: their picks -> IR value
 
 
 class Reduced(NamedTuple):
@@ -53,7 +55,7 @@ def reduce_runs(e: Emit, name: str, vectors: list[str], width: int) -> list[Redu
     return items
 
 
-def gather(e: Emit, name: str, picks: list[tuple[str, int] | None], made: dict[tuple, str]) -> str:
+def gather(e: Emit, name: str, picks: list[Pick], made: Made) -> str:
     """An <8 x float> whose lane k is lane picks[k][1] of the <8 x float> IR value
     picks[k][0] (any value where picks[k] is None), by a chain of shufflevectors, one per
     source after the first; `made` remembers what was built (the same picks once per block of IR)."""
@@ -88,7 +90,7 @@ def gather(e: Emit, name: str, picks: list[tuple[str, int] | None], made: dict[t
 Where = Callable[[int, int], tuple[str, int]]  # (pair, class) -> (IR <8 x float> value, lane) holding a factor
 
 
-def scaled(e: Emit, name: str, reduced: list[Reduced], left: Where, right: Where, made: dict[tuple, str]) -> list[str]:
+def scaled(e: Emit, name: str, reduced: list[Reduced], left: Where, right: Where, made: Made) -> list[str]:
     """Per reduced vector, an <8 x float> whose lane of label (p, c) is left(p, c) * right(p, c)
     (one f32 multiply; the factors gathered by shuffles, each arrangement built once per `made`)."""
     out = []

@@ -151,7 +151,7 @@ def _super_block_sums(e: Emit, kind: str, rows: int, tile: int, pairs: list[tupl
         _broadcast(e, f"dfv{i}", f"%df{i}")
     for t in range(tile):
         _broadcast(e, f"sav{t}", f"%sa{t}")
-    made: dict[tuple, str] = {}
+    made: order.Made = {}
     ds = order.scaled(e, "ds", reduced, lambda p, c: (f"%dfv{pairs[p][0]}", 0),
                       lambda p, c: (f"%sav{pairs[p][1]}", 0), made)
     first = order.fma_into(e, "sb" if kind == "k4" else "sum", order.as_floats(e, "fi", reduced), ds, accs)
