@@ -2,7 +2,7 @@
 tests/infill_holes.py) through zinfer's llama-server `/infill`, and optionally the same holes
 through llama.cpp (llama-cpp-python, same GGUF) for the side-by-side.
 
-zinfer: `zinfer serve --device cpu-fast` on the model, one greedy POST /infill per hole
+zinfer: `zinfer serve --device cpu-fast` (or --device) on the model, one greedy POST /infill per hole
 (input_prefix, input_suffix, temperature 0, n_predict), at /infill's defaults otherwise
 (the suffix-overlap stop on: gateway/PROTOCOL.md); `--body '{"stop_at_suffix": false}'`
 adds fields to every request. llama.cpp: the plain FIM prompt (<|fim_prefix|> PREFIX
@@ -45,9 +45,9 @@ def infill_body(hole: Hole, n_predict: int, extra: dict[str, Any]) -> dict[str, 
             **extra}
 
 
-def run_zinfer(model: Path, hs: list[Hole], n_predict: int, extra: dict[str, Any]) -> list[Fill]:
+def run_zinfer(model: Path, hs: list[Hole], n_predict: int, extra: dict[str, Any], device: str) -> list[Fill]:
     out = []
-    with running_server(model, "--device", "cpu-fast", timeout=600) as server:
+    with running_server(model, "--device", device, timeout=600) as server:
         for hole in hs:
             r = httpx.post(server.url + "/infill", json=infill_body(hole, n_predict, extra), timeout=600)
             r.raise_for_status()
@@ -125,6 +125,7 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-coder-0.5b", help="a `zinfer pull` name or a GGUF path")
     ap.add_argument("--n-predict", type=int, default=128)
     ap.add_argument("--body", default="{}", help="JSON fields added to every /infill request")
+    ap.add_argument("--device", default="cpu-fast", help="zinfer serve's device (cpu: the float32 oracle)")
     ap.add_argument("--llama-cpp", action="store_true", help="also run the holes through llama-cpp-python")
     ap.add_argument("--no-zinfer", action="store_true", help="skip zinfer (with --llama-cpp)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp's (zinfer uses every core)")
@@ -139,8 +140,8 @@ def main() -> None:
     scores = {}
     if not args.no_zinfer:
         extra = json.loads(args.body)
-        scores["zinfer"] = report(f"zinfer /infill {json.dumps(extra)}", hs,
-                                  run_zinfer(model, hs, args.n_predict, extra))
+        scores["zinfer"] = report(f"zinfer /infill {json.dumps(extra)} on {args.device}", hs,
+                                  run_zinfer(model, hs, args.n_predict, extra, args.device))
     if args.llama_cpp:
         fills = run_llama_cpp(model, hs, args.n_predict, args.threads)
         scores["llama.cpp"] = report(f"llama.cpp plain FIM, {args.threads} threads", hs, fills)
