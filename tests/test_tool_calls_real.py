@@ -37,22 +37,27 @@ def server(request):
         yield s
 
 
-def ask(server, prompt: str, choice, stream: bool, temperature: float) -> list[tuple[str, str]]:
-    """The (name, arguments) of each call in the answer, through the official client."""
+def ask(server, prompt: str, choice, stream: bool, temperature: float) -> list[tuple[str, str]] | str:
+    """The (name, arguments) of each call in the answer, through the official client; or the
+    error's text when max_tokens ended the compulsory call before it was whole."""
     with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300) as client:
         kwargs = dict(model=server.model, messages=[{"role": "user", "content": prompt}], tools=TOOLS,
                       tool_choice=choice, temperature=temperature, seed=7, max_tokens=96)
-        if not stream:
-            msg = client.chat.completions.create(**kwargs).choices[0].message
-            return [(c.function.name, c.function.arguments) for c in msg.tool_calls or []]
-        calls: dict[int, list[str]] = {}
-        for chunk in client.chat.completions.create(stream=True, **kwargs):
-            for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
-                entry = calls.setdefault(d.index, ["", ""])
-                if d.function is not None:
-                    entry[0] += d.function.name or ""
-                    entry[1] += d.function.arguments or ""
-        return [(name, args) for name, args in calls.values()]
+        try:
+            if not stream:
+                msg = client.chat.completions.create(**kwargs).choices[0].message
+                return [(c.function.name, c.function.arguments) for c in msg.tool_calls or []]
+            calls: dict[int, list[str]] = {}
+            for chunk in client.chat.completions.create(stream=True, **kwargs):
+                for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                    entry = calls.setdefault(d.index, ["", ""])
+                    if d.function is not None:
+                        entry[0] += d.function.name or ""
+                        entry[1] += d.function.arguments or ""
+            return [(name, args) for name, args in calls.values()]
+        except openai.APIError as exc:  # a 400 (whole) or an error event (streamed)
+            assert "compulsory tool call" in str(exc) and "max_tokens" in str(exc), exc
+            return str(exc)
 
 
 @pytest.mark.parametrize("choice", ["required", "named"])
@@ -66,7 +71,15 @@ def test_a_compulsory_call_validates_against_its_schema(server, choice, request)
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda c: ask(server, c[0], "required" if choice == "required" else named, c[1], c[2]),
                                 cases))
+    model = request.node.callspec.params["server"]
+    cut_short = [case for case, calls in zip(cases, answers) if isinstance(calls, str)]
+    # SmolLM2-135M may loop inside a string argument (greedy on cpu-fast, "Should I take an umbrella in
+    # London today?" wrote no whole call in 400 tokens): the error that names max_tokens is its answer
+    assert not cut_short or model == "smollm2-135m", cut_short
+    assert len(cut_short) <= len(cases) // 4, cut_short
     for case, calls in zip(cases, answers):
+        if isinstance(calls, str):
+            continue
         assert calls, case
         for name, arguments in calls:
             assert name in SCHEMAS and (choice == "required" or name == "get_weather"), (case, name)
