@@ -22,12 +22,21 @@ not code (models/weight_cache.py).
 
 Everything lives under the user's cache directory: <cache>/zinfer/numba/<key>/ and
 <cache>/zinfer/llvm/<key>.o.
+
+numba's cache is not safe across processes: saving a new signature reads the function's
+index, picks the next free data file and writes both, with no lock, so two processes that
+compile the same kernel for different argument types at once (two test workers, two
+replicas on a cold cache) can leave an index naming one signature's file holding the
+other's code, which then runs on the wrong arrays and crashes. `guard_numba_cache` puts
+an exclusive file lock around each save and a shared one around each load.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
+import os
 import threading
 from collections.abc import Callable
 from importlib.metadata import version
@@ -36,6 +45,7 @@ from typing import Any, TypeVar
 
 import llvmlite.binding as llvm
 import numba
+import numba.core.caching as numba_caching
 import platformdirs
 
 KERNELS = Path(__file__).resolve().parents[1]  # kernels/, every file of which numba_dir() hashes
@@ -108,3 +118,28 @@ def cached_njit(**flags: Any) -> Callable[[F], F]:
         return kernel
 
     return decorate
+
+
+def _under_lock(method: Callable[..., Any], kind: int) -> Callable[..., Any]:
+    """numba's IndexDataCacheFile `method`, run holding a `kind` flock on its index's lock file."""
+
+    @functools.wraps(method)
+    def locked(self: Any, *args: Any) -> Any:
+        os.makedirs(self._cache_path, exist_ok=True)
+        with open(self._index_path + ".lock", "a") as lock:
+            fcntl.flock(lock, kind)
+            return method(self, *args)
+
+    locked.__zinfer_locked__ = True  # type: ignore[attr-defined]
+    return locked
+
+
+def guard_numba_cache() -> None:
+    """Lock numba's cache index (the module docstring): saves exclusive, loads shared. Idempotent."""
+    files: Any = numba_caching.IndexDataCacheFile
+    if not getattr(files.save, "__zinfer_locked__", False):
+        files.save = _under_lock(files.save, fcntl.LOCK_EX)
+        files.load = _under_lock(files.load, fcntl.LOCK_SH)
+
+
+guard_numba_cache()
