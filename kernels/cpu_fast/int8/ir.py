@@ -70,7 +70,7 @@ class Int8Args(NamedTuple):
 
 SIGNATURE = KernelSignature(Int8Args, addresses=("W", "D", "M", "A", "S", "N", "C", "out"))
 ARGS = SIGNATURE.names
-TILE = 4  # activation rows per tile in the wide kernels
+TILE = 4  # activation rows per tile in the widest row kernels and the outer products
 ROWS = 2  # weight rows per pass in the wide kernels
 # weights are prefetched this far ahead of the loads (rows are contiguous, so for short
 # rows this reaches the next passes' rows); BENCHMARKS.md, kernels/cpu_fast/int8/ir.py, has the measurements
@@ -80,8 +80,10 @@ PREFETCH_BYTES = 16384
 # than prefetchnta (0). The wide kernels (rounds of 4 to 31 rows: batched decode, verify rounds)
 # too: on Sapphire Rapids prefetchnta left them 2-3x slower per row than the batch-1 kernels
 # (BENCHMARKS.md); on Zen 4, where they were first measured, 2 and 0 were even
-PREFETCH_LOCALITY = {1: 2, TILE: 2}
-SHAPES = ((1, 1), (1, ROWS), (TILE, 1), (TILE, ROWS))  # (activation rows, weight rows) of the kernels
+PREFETCH_LOCALITY = {1: 2, 2: 2, TILE: 2}
+# (activation rows, weight rows) of the kernels: tiles of 2 serve rounds of 2, 3, 6 and 7 rows
+# (a few sequences' decode, speculative verify rounds) with the weights decoded once per tile
+SHAPES = ((1, 1), (1, ROWS), (2, 1), (2, ROWS), (TILE, 1), (TILE, ROWS))
 # (weight layout, d_w numbers per step, scales in f16); u5, u6 and k4 read the file's f16 scales
 VARIANTS = tuple((k, d, h) for k, d in (("u4", 2), ("p8", 2), ("i8", 1), ("i8", 2)) for h in (True, False)) + (
     ("u5", 2, True),

@@ -214,9 +214,9 @@ def prepare(p: Packed) -> Int8Weight | None:
 # (u5, k4, u6: convert, product, and their scratch bytes per weight row and step; others 0, 0, 0)
 _W, _D, _M, _WSTRIDE, _DSTRIDE, _ROWS, _FIRST_ROW, _KERNELS = range(8)
 _KTILE, _KROWS = ir.TILE, ir.ROWS
-assert ir.SHAPES == ((1, 1), (1, _KROWS), (_KTILE, 1), (_KTILE, _KROWS))
-_CONVERT, _OUTER, _SCRATCH = _KERNELS + 4, _KERNELS + 5, _KERNELS + 6
-JOB_COLUMNS = _SCRATCH + 1  # 7 columns, 4 row-kernel addresses, 3 of the outer products
+assert ir.SHAPES == ((1, 1), (1, _KROWS), (2, 1), (2, _KROWS), (_KTILE, 1), (_KTILE, _KROWS))
+_CONVERT, _OUTER, _SCRATCH = _KERNELS + 6, _KERNELS + 7, _KERNELS + 8
+JOB_COLUMNS = _SCRATCH + 1  # 7 columns, 6 row-kernel addresses, 3 of the outer products
 _OUTER_ROWS = 8 * ir_outer.GROUPS  # weight rows per pass of the outer product
 assert ROWS_PER_TASK % _OUTER_ROWS == 0
 
@@ -268,10 +268,10 @@ def _run(
                 wstride=nsteps * job[_SCRATCH], dstride=0, t0=t, t1=t_tiles, astride=A.strides[0],
                 sstride=S.strides[0], nstride=N.strides[0], cstride=C.strides[0], out=o, ostride=job[_ROWS]))
             t = t_tiles
-        while t < t_end:
-            wide = t + _KTILE <= t_end
-            tile = _KTILE if wide else 1
-            for k, a, b in ((2 * wide + 1, r0, r_even), (2 * wide, r_even, r1)):
+        while t < t_end:  # tiles of 4 activation rows, then of 2, then 1
+            shape = 2 if t + _KTILE <= t_end else (1 if t + 2 <= t_end else 0)
+            tile = (1, 2, _KTILE)[shape]
+            for k, a, b in ((2 * shape + 1, r0, r_even), (2 * shape, r_even, r1)):
                 if a < b:
                     call_kernel(job[_KERNELS + k], Int8Args(
                         W=job[_W], D=job[_D], M=job[_M], A=A.ctypes.data, S=S.ctypes.data, N=N.ctypes.data,
@@ -316,7 +316,7 @@ class Jobs(NamedTuple):
     """Matrices of one activation layout that one launch multiplies by the same activations."""
 
     weights: list[Int8Weight]
-    table: np.ndarray  # [n, 7 + 4] int64, the job columns above
+    table: np.ndarray  # [n, JOB_COLUMNS] int64, the job columns above
     bounds: list[tuple[int, int]]  # each matrix's rows in the stacked output
     amx: np.ndarray | None = None  # amx_products' jobs, where every matrix has tiles and they run here
 
