@@ -93,6 +93,7 @@ class StreamCut:
         self.text = ""  # everything generated
         self.sent = 0  # characters of it that went out
         self.checked = 0  # whole lines before this position have been judged
+        self.first_depth: int | None = None  # the indentation of the middle's first non-blank line
         self.reason: str | None = None
         self.word = ""
 
@@ -144,14 +145,15 @@ class StreamCut:
         return None
 
     def _final_cut(self) -> int:
-        for start, line, _ in self._lines():
-            cut = self._judge(start, line, True)
+        for start, line, whole in self._lines():
+            cut = self._judge(start, line, whole, at_end=True)
             if cut is not None:
                 return cut
         return len(self.text)
 
-    def _judge(self, start: int, line: str, whole: bool) -> int | None:
-        """The cut this line makes (start: its position in the text), or None."""
+    def _judge(self, start: int, line: str, whole: bool, at_end: bool = False) -> int | None:
+        """The cut this line makes (start: its position in the text), or None. At the end the last
+        line counts as whole for the suffix's rules; n_indent needs a character after its indentation."""
         first = start == 0
         if self.n_indent > 0 and not first and (whole or not _blank(line)) and _indent(line) < self.n_indent:
             self.reason = "indent"
@@ -159,6 +161,7 @@ class StreamCut:
         s = self.suffix
         if s is None:
             return None
+        whole = whole or at_end
         if first and not s.line_start:
             if whole and s.rest and "\n" in self.text and _bare(line).endswith(s.rest):
                 self.reason, self.word = "suffix", s.rest
@@ -179,8 +182,10 @@ class StreamCut:
         assert s is not None
         if not s.line_start:
             return s.depth
-        first = next((ln for ln in self.text.split("\n") if not _blank(ln)), "")
-        return _indent(first)
+        if self.first_depth is None:  # found once: the first line with something on it
+            first = next((ln for ln in self.text.split("\n") if not _blank(ln)), None)
+            self.first_depth = None if first is None else _indent(first)
+        return self.first_depth if self.first_depth is not None else 0
 
     def _back_off(self, start: int) -> int:
         """The cut for a line at `start` that is past the middle's end: before the blank lines

@@ -85,6 +85,8 @@ def test_off_without_a_suffix_rule_and_n_indent_stops_at_a_shallower_line():
     assert streamed(cut, list(text)) == "x = 1\n    y = 2\n" and cut.reason == "indent"
     cut = StreamCut(None, n_indent=4)  # llama-server's rule: an empty line is shallower too
     assert streamed(cut, ["a\n", "    b\n", "\n", "    c"]) == "a\n    b\n" and cut.reason == "indent"
+    cut = StreamCut(None, n_indent=4)  # but the end of a text that ends with a newline is not a line
+    assert streamed(cut, ["a\n", "    b\n"]) == "a\n    b\n" and cut.reason is None
 
 
 def test_t_max_predict_ms_ends_after_a_newline_once_the_time_is_up():
