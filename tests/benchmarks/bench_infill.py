@@ -49,8 +49,12 @@ def run_zinfer(model: Path, hs: list[Hole], n_predict: int, extra: dict[str, Any
     out = []
     with running_server(model, "--device", device, timeout=600) as server:
         for hole in hs:
-            r = httpx.post(server.url + "/infill", json=infill_body(hole, n_predict, extra), timeout=600)
-            r.raise_for_status()
+            try:
+                r = httpx.post(server.url + "/infill", json=infill_body(hole, n_predict, extra), timeout=600)
+                r.raise_for_status()
+            except httpx.HTTPError:
+                print(server.log_tail(), file=sys.stderr)
+                raise
             body = r.json()
             why = body["stop_type"] + (f" {body['stopping_word']!r}" if body.get("stopping_word") else "")
             out.append((body["content"], body["tokens_predicted"], why))
