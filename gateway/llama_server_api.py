@@ -119,7 +119,11 @@ async def respond(
     rid, progress = uuid.uuid4().hex, Progress()
     n_predict = body.n_predict if body.n_predict is not None else body.max_tokens or -1
     chosen = [n for n in APPLIED_ORDER if body.samplers is None or n in _names(body.samplers)]
-    shaper = LlamaServerShaper(state, f, params, progress, prompt_text, settings(params, n_predict, chosen),
+    ran_with = {**settings(params, n_predict, chosen), "n_indent": body.n_indent,
+                "t_max_predict_ms": body.t_max_predict_ms}
+    if infill:
+        ran_with["stop_at_suffix"] = body.stop_at_suffix is not False
+    shaper = LlamaServerShaper(state, f, params, progress, prompt_text, ran_with,
                                body.return_tokens, body.timings_per_token, constraint_field(req), cut,
                                body.response_fields)
     open_events: OpenEvents = partial(engine_events, state.engine(), [form], params, rid, record)

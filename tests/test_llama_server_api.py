@@ -152,3 +152,4 @@ def test_infill_lays_out_the_models_fim_tokens(server):
     assert r.json()["tokens_predicted"] == 3 and FIELDS <= set(r.json())
     plain = post(server, "/infill", {"input_prefix": "def f(", "input_suffix": "):\n", "n_predict": 1})
     assert plain.json()["prompt"] == "Pdef f(S):\nM"  # no extra files: no repo and file names
+    assert plain.json()["generation_settings"]["stop_at_suffix"] is True
