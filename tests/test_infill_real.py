@@ -4,10 +4,11 @@ conditions): greedy middles, spliced in, make the file compile and its test pass
 middle ends at the hole's end (stop_at_suffix) or by itself, never at n_predict.
 
 Issue #37 asks for 8 of the 10. Measured (tests/benchmarks/bench_infill.py, BENCHMARKS.md):
-7 on zinfer, the three misses being wrong middles rather than middles that run on (the
-0.5B instruct model's palindrome ignores punctuation, its chunks body loops over a name it
-never defined, its sort key is `Employee.salary`); llama.cpp's plain FIM stops at none of the
-holes' ends. The bar here is what was measured."""
+8 on the oracle, on cpu-fast and on llama.cpp's texts under the same stop rule, the misses
+being wrong middles rather than middles that run on (the 0.5B instruct model's palindrome
+ignores punctuation, its sort key is `Employee.salary`); with earlier int8 kernels cpu-fast
+also got `chunks` wrong (7): its greedy token there differed from the float32 oracle's. llama.cpp's
+plain FIM stops at none of the holes' ends (3 of 10)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def test_ten_code_holes_filled_so_the_file_compiles_and_its_test_passes(server):
         passed += verdict is None
         report.append(f"{hole.name}: {verdict or 'pass'} ({body['stop_type']}) {body['content']!r}")
         assert body["stop_type"] in ("word", "eos"), report[-1]  # it stopped at the hole's end
-    assert passed >= 7, "\n".join(report)
+    assert passed >= 8, "\n".join(report)
 
 
 def test_a_streamed_middle_is_the_whole_one_and_says_where_it_stopped(server):
