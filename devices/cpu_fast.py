@@ -235,8 +235,8 @@ class FastCpuDevice(DeviceBase):
                                   out[rows])
         if split.short is not None:
             short_rows, row_seq, tables = split.short
-            ops.paged_attention(q, kp, vp, short_rows, ctx.positions, row_seq, tables, kv.block_size, np.float32(scale),
-                                int(window), out)
+            ops.paged_attention(gemm_ir.compiled_address(), q, kp, vp, short_rows, ctx.positions, row_seq, tables,
+                                kv.block_size, np.float32(scale), int(window), out)
         return out
 
     @staticmethod
@@ -253,9 +253,7 @@ class FastCpuDevice(DeviceBase):
         kt = np.zeros((Hkv, hd, n_keys + gemm_ir.NR), np.float32)  # keys transposed, zero-padded
         v = np.zeros((Hkv, n_keys + gemm_ir.NR, hd), np.float32)
         prefill.gather_keys_values(k_pool, v_pool, np.asarray(block_table, np.int32), block_size, k0, kt, v)
-        gemm = gemm_ir.address()
-        if gemm is None:  # registry.cpu_fast_problem refuses such a host before a device is made
-            raise RuntimeError("the f32 GEMM kernel did not compile for this CPU")
+        gemm = gemm_ir.compiled_address()
         prefill.chunk_attention(gemm, q, kt, v, positions, k0, np.float32(scale), int(window), out)
 
     def glu(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:

@@ -24,6 +24,7 @@ from zinfer.devices.cpu import CpuKV
 from zinfer.devices.cpu_fast_linears import FastWeight
 from zinfer.devices.cpu_fast_round import FastRoundCtx
 from zinfer.devices.round import RopeKey, rope_key
+from zinfer.kernels.cpu_fast import gemm_ir
 from zinfer.kernels.cpu_fast.int8 import products as ci
 from zinfer.kernels.cpu_fast import cpu_tape as ct
 from zinfer.kernels.oracle.rope import RopeScaling, inv_freq as rope_inv_freq
@@ -256,7 +257,7 @@ class GraphRecorder:
                                nslots=kp.shape[0], Hkv=kp.shape[1], f16=kp.dtype == np.float16, rows=tape.act(b.rows),
                                nrows=b.S, positions=tape.act(ctx.positions), row_seq=tape.act(b.rows),
                                tables=tape.act(b.tables), S=b.S, B=b.width, block_size=kv.block_size, scale=scale,
-                               window=int(window), out=tape.act(out)))
+                               window=int(window), out=tape.act(out), gemm=gemm_ir.compiled_address()))
         return out
 
     def glu(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:

@@ -1,14 +1,18 @@
-"""A greedy answer does not depend on what shares its rounds (slow tier, Qwen2.5-Coder-0.5B on the
-default device: cpu-fast's int8 kernels, and AMX tiles where the CPU has them).
+"""A greedy answer does not depend on what shares its rounds, nor on whether its tokens were decoded
+or prefilled (slow tier, real models on the default device: cpu-fast's int8 kernels, and AMX tiles
+where the CPU has them).
 
 The same prompts asked one at a time, all at once (batched decode rounds, prefills beside
 decodes) and again after the prefix cache holds them (a prefill of a few rows instead of
 the whole prompt) give the same tokens: every int8 path applies the block scales in one
-float order (tests/int8_canonical.py), so no path choice can move a near-tie.
+float order (tests/int8_canonical.py), and decode's paged attention computes a row as prefill's
+chunk attention does (the same GEMM kernel for the scores, the same softmax, an fma chain over the
+keys), so no path choice can move a near-tie.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import trio
 
@@ -61,3 +65,23 @@ def test_greedy_answers_are_the_same_alone_batched_and_from_the_prefix_cache():
 
     with EngineThread(config) as engine:
         trio.run(run, engine)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["qwen2.5-coder-0.5b", "gemma3-270m"])
+def test_a_token_decoded_and_the_same_token_prefilled_get_the_same_logits(model):
+    """Decode rounds (paged attention, the int8 row kernels) and one prefill of the same tokens
+    (chunk attention, the tiles or outer products) give bit-identical logits at every position:
+    a stream continued elsewhere from its tokens goes on exactly as it would have."""
+    from test_greedy_goldens import greedy, teacher_forced
+    from zinfer.devices.registry import make_device
+    from zinfer.models.loader import open_model
+    from zinfer.models.weights import build_weights
+
+    source = open_model(_model(model))
+    dev = make_device("cpu-fast", None)
+    weights = build_weights(source.spec, source.tensors, dev.upload)
+    prompt = list(range(200, 240))  # 40 rows: a long chunk (LONG_CHUNK 32) on the tiles or outer products
+    ids, decoded = greedy(source, weights, dev, prompt, 8, frozenset())
+    prefilled = teacher_forced(source, weights, dev, prompt + ids[:-1])[len(prompt) - 1 :]
+    np.testing.assert_array_equal(np.stack(decoded), prefilled)

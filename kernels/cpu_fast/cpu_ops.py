@@ -16,6 +16,10 @@ from numba import njit, prange
 from numba import types as nt
 
 from zinfer.kernels.cpu_fast.code_cache import cached_njit
+from zinfer.kernels.cpu_fast.gemm_ir import MR as GEMM_MR
+from zinfer.kernels.cpu_fast.gemm_ir import NR as GEMM_NR
+from zinfer.kernels.cpu_fast.gemm_ir import GemmArgs
+from zinfer.kernels.cpu_fast.kernel_signature import call_kernel
 from zinfer.kernels.cpu_fast.numba_types import F, Float, Int, Typing, intrinsic
 
 _GELU_C = np.float32(math.sqrt(2.0 / math.pi))
@@ -64,6 +68,19 @@ def _f32_from_bits(typingctx: Any, bits: Any) -> Typing:
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def fma32(typingctx: Any, a: Any, b: Any, c: Any) -> Typing:
+    """a * b + c for float32s, rounded once (llvm.fma: the hardware's fma, never split)."""
+    sig = nt.float32(nt.float32, nt.float32, nt.float32)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        f32 = ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.fma", [f32], ir.FunctionType(f32, [f32, f32, f32]))
+        return builder.call(fn, args)
 
     return sig, codegen
 
@@ -243,6 +260,7 @@ glu, glu_one = compile_twice(_glu, fastmath=True)
 
 @cached_njit(parallel=True, fastmath=True, nogil=True, error_model="numpy")
 def paged_attention(
+    gemm: Int,
     q: np.ndarray,
     k_pool: np.ndarray,
     v_pool: np.ndarray,
@@ -261,11 +279,17 @@ def paged_attention(
     rows [n] int64 rows of q to do;
     positions [T]; row_seq [T] index into tables [n_seqs, max_blocks] int32. Row t sees
     keys j <= positions[t] (and positions[t] - j < window when window > 0). Parallel over
-    (row, kv head); no per-sequence Python loop.
+    (row, kv head); no per-sequence Python loop. `gemm`: gemm_ir's kernel's address.
+
+    A row's result is chunk attention's (cpu_prefill_attention.py) bit for bit, so a token
+    decoded here and the same token prefilled there see the same numbers: the scores come
+    from the same GEMM kernel (keys GEMM_NR at a time, transposed), softmax_ takes the raw
+    scores and the scale, and each output is the fma chain over the keys in order.
     """
     T, H, hd = q.shape
     Hkv = k_pool.shape[1]
     grp = H // Hkv
+    heads = (grp + GEMM_MR - 1) // GEMM_MR * GEMM_MR  # the group's query rows, padded for the kernel
     for item in prange(rows.shape[0] * Hkv):
         t = rows[item // Hkv]
         g = item % Hkv
@@ -274,30 +298,36 @@ def paged_attention(
         n = p + 1 - lo
         table = tables[row_seq[t]]
         sc = np.empty((grp, n), np.float32)
-        slots = np.empty(n, np.int64)  # KV pool slot of each visible key
-        row = np.empty(hd, np.float32)  # one key or value in f32
-        for j in range(n):
-            key = lo + j
-            slots[j] = table[key // block_size] * block_size + key % block_size
-        for j in range(n):
-            kv = k_pool[slots[j], g]
-            for i in range(hd):
-                row[i] = as_f32(kv[i])
-            for h in range(grp):
-                qh = q[t, g * grp + h]
-                s = np.float32(0)
-                for i in range(hd):
-                    s += qh[i] * row[i]
-                sc[h, j] = s * scale
+        qb = np.zeros((heads, hd), np.float32)
         for h in range(grp):
-            softmax_(sc[h], np.float32(1))
+            qb[h] = q[t, g * grp + h]
+        kt = np.zeros((hd, GEMM_NR), np.float32)  # a block of keys in f32, transposed
+        blk = np.empty((heads, GEMM_NR), np.float32)  # its scores
+        row = np.empty(hd, np.float32)  # one key or value in f32
+        for j0 in range(0, n, GEMM_NR):
+            m = min(GEMM_NR, n - j0)
+            for jj in range(m):
+                key = lo + j0 + jj
+                kv = k_pool[table[key // block_size] * block_size + key % block_size, g]
+                for i in range(hd):  # converted in a contiguous row (vectorized), then transposed
+                    row[i] = as_f32(kv[i])
+                for i in range(hd):
+                    kt[i, jj] = row[i]
+            for r in range(0, heads, GEMM_MR):
+                call_kernel(gemm, GemmArgs(A=qb.ctypes.data + r * hd * 4, lda=hd, B=kt.ctypes.data, ldb=GEMM_NR,
+                                           C=blk.ctypes.data + r * GEMM_NR * 4, ldc=GEMM_NR, K=hd))
+            for h in range(grp):
+                sc[h, j0 : j0 + m] = blk[h, :m]
+        for h in range(grp):
+            softmax_(sc[h], scale)
             out[t, g * grp + h] = 0
         for j in range(n):
-            vv = v_pool[slots[j], g]
+            key = lo + j
+            vv = v_pool[table[key // block_size] * block_size + key % block_size, g]
             for i in range(hd):
                 row[i] = as_f32(vv[i])
             for h in range(grp):
                 o = out[t, g * grp + h]
                 pj = sc[h, j]
                 for i in range(hd):
-                    o[i] += pj * row[i]
+                    o[i] = fma32(pj, row[i], o[i])

@@ -137,6 +137,7 @@ class Attention(NamedTuple):
     scale: float
     window: int
     out: Address
+    gemm: int  # the address of gemm_ir's kernel (cpu_ops.paged_attention's scores): machine code, not an array
 
 
 class Glu(NamedTuple):
@@ -330,11 +331,13 @@ def replay(nodes: np.ndarray) -> None:
             if a[ATTENTION.f16]:
                 kp = carray(_u16p(a[ATTENTION.k_pool]), (nslots, Hkv, hd))
                 vp = carray(_u16p(a[ATTENTION.v_pool]), (nslots, Hkv, hd))
-                ops.paged_attention(q, kp, vp, rows, positions, row_seq, tables, block_size, scale, window, out)
+                ops.paged_attention(a[ATTENTION.gemm], q, kp, vp, rows, positions, row_seq, tables, block_size, scale,
+                                    window, out)
             else:
                 kf = carray(_f32p(a[ATTENTION.k_pool]), (nslots, Hkv, hd))
                 vf = carray(_f32p(a[ATTENTION.v_pool]), (nslots, Hkv, hd))
-                ops.paged_attention(q, kf, vf, rows, positions, row_seq, tables, block_size, scale, window, out)
+                ops.paged_attention(a[ATTENTION.gemm], q, kf, vf, rows, positions, row_seq, tables, block_size, scale,
+                                    window, out)
         elif op == OP_GLU:
             T, n = a[GLU.T], a[GLU.n]
             gate, up = carray(_f32p(a[GLU.gate]), (T, n)), carray(_f32p(a[GLU.up]), (T, n))

@@ -91,3 +91,11 @@ def address() -> int | None:
         return llvm_host.compile_for_host(kernel_ir(), [f"sgemm_{MR}x16"])[f"sgemm_{MR}x16"]
     except (ImportError, RuntimeError, OSError):
         return None
+
+
+def compiled_address() -> int:
+    """address(), where the device runs: registry.cpu_fast_problem refuses a host without it first."""
+    addr = address()
+    if addr is None:
+        raise RuntimeError("the f32 GEMM kernel did not compile for this CPU")
+    return addr
