@@ -24,6 +24,7 @@ from zinfer.kernels.cpu_fast.code_cache import cached_njit
 from zinfer.kernels.cpu_fast.int8 import amx_host, amx_ir
 from zinfer.kernels.cpu_fast.int8.activations import _block_scale
 from zinfer.kernels.cpu_fast.int8.amx_ir import AmxArgs
+from zinfer.kernels.cpu_fast.int8.tasks import first_tasks, job_of
 from zinfer.kernels.cpu_fast.int8.amx_layout import ROW_MULTIPLE, AmxWeight
 from zinfer.kernels.cpu_fast.kernel_signature import call_kernel
 from zinfer.kernels.cpu_fast.numba_types import Int
@@ -100,15 +101,11 @@ def _run(jobs: np.ndarray, A: np.ndarray, S: np.ndarray, N: np.ndarray, T: Int, 
     """Each job's product [T, rows] into its block of the flat buffer out, by tasks of
     ROWS_PER_TASK weight rows x ACT_ROWS_PER_TASK activation rows."""
     n_t = (T + ACT_ROWS_PER_TASK - 1) // ACT_ROWS_PER_TASK
-    first = np.zeros(jobs.shape[0] + 1, np.int64)  # first task of each job
-    for j in range(jobs.shape[0]):
-        first[j + 1] = first[j] + jobs[j, _ROWS] // ROWS_PER_TASK
+    first = first_tasks(jobs[:, _ROWS], ROWS_PER_TASK)
     n_r = first[-1]
     for task in prange(n_r * n_t):
         tb, c = task // n_r, task % n_r
-        j = 0
-        while c >= first[j + 1]:
-            j += 1
+        j = job_of(first, c)
         job = jobs[j]
         r0 = (c - first[j]) * ROWS_PER_TASK
         t0 = tb * ACT_ROWS_PER_TASK

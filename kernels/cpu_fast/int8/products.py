@@ -94,6 +94,7 @@ from zinfer.kernels.cpu_fast.int8.activations import (
     U6_ORDER,
 )
 from zinfer.kernels.cpu_fast.int8.ir import Int8Args
+from zinfer.kernels.cpu_fast.int8.tasks import first_tasks, job_of
 from zinfer.kernels.cpu_fast.kernel_signature import call_kernel
 from zinfer.kernels.cpu_fast.numba_types import Int
 
@@ -239,15 +240,11 @@ def _run(
     scratch, then multiplies them by its activation rows TILE at a time from there."""
     T = A.shape[0]
     n_t = (T + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK
-    first = np.zeros(jobs.shape[0] + 1, np.int64)  # first task of each job
-    for j in range(jobs.shape[0]):
-        first[j + 1] = first[j] + (jobs[j, _ROWS] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+    first = first_tasks(jobs[:, _ROWS], ROWS_PER_TASK)
     n_r = first[-1]
     for task in prange(n_r * n_t):
         tb, c = task // n_r, task % n_r
-        j = 0
-        while c >= first[j + 1]:
-            j += 1
+        j = job_of(first, c)
         job = jobs[j]
         r0 = (c - first[j]) * ROWS_PER_TASK
         r1 = min(job[_ROWS], r0 + ROWS_PER_TASK)
