@@ -125,6 +125,7 @@ class ModelDrafter:
     MAX_SKIP); the drafter then catches up on those rounds' tokens in one chunk.
     """
 
+    SKIP_AFTER = 2  # misses in a row before rounds are skipped
     MAX_SKIP = 3
 
     def __init__(self, config: SpeculationConfig):
@@ -160,7 +161,7 @@ class ModelDrafter:
             self.skip = max(self.skip - 1, 0)
         else:
             self.misses = 0 if accepted else self.misses + 1
-            self.skip = min(self.misses - 1, self.MAX_SKIP) if self.misses > 1 else 0
+            self.skip = min(self.misses - self.SKIP_AFTER + 1, self.MAX_SKIP) if self.misses >= self.SKIP_AFTER else 0
         self.pending, self.probs = None, None
 
     def reset(self) -> None:

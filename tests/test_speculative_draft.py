@@ -263,3 +263,25 @@ def test_a_stop_string_inside_a_multi_token_output_drops_the_tokens_after_it(tmp
     assert choice.feed([a], None) == ("a", None, 1)
     assert choice.feed([bang, bang, bang, a], None) == ("", "stop", 2)
     assert choice.tokens == 3
+
+
+async def test_a_failing_draft_round_costs_only_its_drafts(engine):
+    """The draft model's device fails for a while: the asked sequences decode without drafts, with
+    the same tokens, and the drafter starts them over once it works again."""
+    drafter = engine.engine.actors["drafter"]
+    calls = []
+
+    def broken(ask, run):
+        calls.append(ask)
+        raise RuntimeError("draft device fault")
+
+    async with AsyncClient(engine.ctx, engine.address) as client:
+        want = (await _collect(client, PROMPTS[2], GREEDY))[0]
+        drafter.model.propose = broken  # the instance's, for a while
+        try:
+            got, _, _, end = await _collect(client, PROMPTS[2], replace(GREEDY, speculative="draft"))
+        finally:
+            del drafter.model.propose
+        assert got == want and isinstance(end, Finished) and calls and end.usage.drafted_tokens == 0
+        again, _, _, end = await _collect(client, PROMPTS[2], replace(GREEDY, speculative="draft"))
+        assert again == want and end.usage.drafted_tokens > 0
