@@ -20,20 +20,26 @@ from http_server import running_server
 from tool_prompts import NEEDS_A_TOOL, TOOLS
 
 pytestmark = pytest.mark.slow
-MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
+# the 1.5B's runs are test_tool_calls_real_1_5b.py's: the slow tier's two workers each take a file
+MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b"]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 AUTO_FLOOR = {"qwen2.5-coder-0.5b": 18, "qwen2.5-coder-1.5b": 18}
 """tool_choice auto: the fewest of the twenty prompts that must come back as calls (the
 issue's goal); SmolLM2-135M's count is reported, not held to one."""
 
 
-@pytest.fixture(scope="module", params=MODELS)
-def server(request):
+def serve(model: str):
+    """A server of `model` on cpu-fast for this file's tests."""
     # cpu-fast: a forced call is checked against its schema, not against the oracle's numbers, and the
     # oracle's float32 copy of the 1.5B (6 GB) made this file most of the slow tier's time. A forced call
     # that max_tokens cuts before it is whole is a 400 naming max_tokens (SmolLM2 at 0.8 once wrote a
     # first call longer than 96 tokens: it came back as content without a call)
-    with running_server(_model(request.param), "--device", "cpu-fast", "--max-running", "8") as s:
+    return running_server(_model(model), "--device", "cpu-fast", "--max-running", "8")
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def server(request):
+    with serve(request.param) as s:
         yield s
 
 
