@@ -44,11 +44,12 @@ Run = tuple[list[int], float, float, float]  # (token ids, start, first token, l
 
 
 def zinfer_runs(model: str, chats: list[list[dict[str, str]]], max_tokens: int, device: str, mode: str = "ngram",
-                draft_model: str = "") -> tuple[list[list[int]], dict[str, list[Run]], dict[str, int]]:
+                draft_model: str = "", max_draft: int = SpeculationConfig().max_draft,
+                ) -> tuple[list[list[int]], dict[str, list[Run]], dict[str, int]]:
     """(prompt ids, runs by mode "off" / mode ("ngram" or "draft"), drafted and accepted counts) on
-    one engine, batch 1."""
+    one engine, batch 1, drafting at most max_draft tokens a round."""
     config = EngineConfig(model=model, device=device, max_running=1, prefix_caching=False,
-                          speculation=SpeculationConfig(mode="off", draft_model=draft_model))
+                          speculation=SpeculationConfig(mode="off", draft_model=draft_model, max_draft=max_draft))
     prompt_ids: list[list[int]] = []
     runs: dict[str, list[Run]] = {"off": [], mode: []}
     counts = {"drafted": 0, "accepted": 0}
@@ -138,12 +139,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp's (zinfer uses every core)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--skip-llama", action="store_true")
+    ap.add_argument("--max-draft", type=int, default=SpeculationConfig().max_draft, help="zinfer's drafts a round")
     args = ap.parse_args()
     chats = [p["messages"] for p in json.loads(PROMPTS[args.workload].read_text())][: args.prompts]
     mode = "ngram" if args.workload == "code" else "draft"
     print(f"load: {open('/proc/loadavg').read().strip()}")
     draft = args.draft_model if mode == "draft" else ""
-    prompt_ids, ours, counts = zinfer_runs(args.model, chats, args.max_tokens, args.device, mode, draft)
+    prompt_ids, ours, counts = zinfer_runs(args.model, chats, args.max_tokens, args.device, mode, draft, args.max_draft)
     spec_name = "zinfer speculative" if mode == "ngram" else "zinfer draft model"
     rows = {"zinfer plain": figures(ours["off"]), spec_name: figures(ours[mode])}
     eos = {151643, 151645}  # Qwen2.5's <|endoftext|>, <|im_end|>
