@@ -112,7 +112,8 @@ def test_tokenize_pieces_template_props_slots_and_aliases(server):
     timed = post(server, "/chat/completions", {**hi, "timings_per_token": True}).json()["timings"]
     assert TIMINGS <= set(timed) and timed["predicted_n"] == 2
     with httpx.stream("POST", server.url + "/v1/completions", headers=H, timeout=120,
-                      json={"prompt": "hi", "max_tokens": 2, "stream": True, "timings_per_token": True}) as s:
+                      json={"prompt": "hi", "max_tokens": 2, "stream": True, "timings_per_token": True,
+                            "ignore_eos": True}) as s:
         events = list(sse_events(s.iter_lines()))
     assert events[-1] == "[DONE]" and json.loads(events[-2])["timings"]["predicted_n"] == 2
     assert httpx.get(server.url + "/models", headers=H).json()["data"][0]["id"] == server.model
