@@ -42,10 +42,9 @@ class Progress:
         if isinstance(event, Delta):
             self.generated += len(event.token_ids)
             self.text.append(event.text)
-        elif isinstance(event, Finished):  # the engine's counts are the record
+        elif isinstance(event, Finished):
             self.prompt_tokens = event.usage.prompt_tokens
             self.cached_tokens = event.usage.cached_tokens
-            self.generated = max(self.generated, event.usage.completion_tokens)
 
     @property
     def prompt_s(self) -> float:
