@@ -7,9 +7,9 @@ lanes (c = 0 .. 8 / width - 1) belongs to the step's c-th block (u4, p8: 2 block
 lanes; u5: 4 of 2 lanes; k4, u6: one super-block of 8). `reduce_runs` adds each run into
 one exact integer, several (weight row, activation row) pairs per vector; `scaled`,
 `as_floats` and `fma_into` apply the scales, one fma per vector into sums kept by class (the
-run's index c); `store`
-folds each pair's classes left to right into out[t, r]. Integer sums are exact in any
-order, so only the fma and the fold are ordered, and they are the reference's.
+run's index c); `store` folds each pair's classes left to right into out[t, r]. Integer
+sums are exact in any order, so only the fma and the fold are ordered, and they are the
+reference's.
 
 A lane is labelled (pair, class) or None (padding, never read). Each function appends IR
 through `e`; names are the caller's prefix plus an index.
@@ -38,7 +38,7 @@ class Reduced(NamedTuple):
 
 def reduce_runs(e: Emit, name: str, vectors: list[str], width: int) -> list[Reduced]:
     """Each run of `width` lanes of each pair's vector (vectors[p], <8 x i32>) summed into
-    one lane: ceil(len(vectors) * (8 / width) / 8) vectors, pairs in order."""
+    one lane, by a tree of even/odd shuffles and adds; count() vectors, their lanes labelled."""
     items = [Reduced(v, tuple((p, lane // width) for lane in range(8))) for p, v in enumerate(vectors)]
     level = 0
     while width > 1:
