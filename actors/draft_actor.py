@@ -26,6 +26,7 @@ from zinfer.actors.draft_vocab import check_same_vocab
 from zinfer.actors.topology import Addresses
 from zinfer.devices.base import Device
 from zinfer.devices.batch import ForwardBatch
+from zinfer.actors.request_client import RequestClient
 from zinfer.messages.bus import AsyncSocket
 from zinfer.messages.codec import Codec
 from zinfer.messages.engine import DraftAsk, DrafterInbox, DraftReply, Shutdown
@@ -123,20 +124,8 @@ class DrafterActor:
             self.tracing.record(name, parents[0] if parents else None, attrs, parents[1:], t0, t1)
 
 
-class DraftClient:
+class DraftClient(RequestClient[DrafterInbox, DraftReply]):
     """The scheduler's end: one ask in flight at a time."""
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str):
-        self.sock = AsyncSocket(ctx, zmq.DEALER, connect=address)
-        self.out: Codec[DrafterInbox] = Codec(DrafterInbox)
-        self.inp: Codec[DraftReply] = Codec(DraftReply)
-
-    async def call(self, ask: DraftAsk) -> DraftReply:
-        await self.sock.send(self.out.encode(ask))
-        return self.inp.decode(await self.sock.recv())
-
-    async def shutdown(self) -> None:
-        await self.sock.send(self.out.encode(Shutdown()))
-
-    def close(self) -> None:
-        self.sock.close()
+        super().__init__(ctx, address, DrafterInbox, DraftReply)

@@ -12,6 +12,7 @@ import trio
 import zmq
 
 from zinfer.actors.kv_allocator import KVAllocator
+from zinfer.actors.request_client import RequestClient
 from zinfer.messages.bus import AsyncSocket
 from zinfer.messages.codec import Codec
 from zinfer.messages.engine import KvGrant, KvInbox, KvReply, KvStats, KvUpdate, Shutdown
@@ -105,20 +106,8 @@ def apply_update(allocator: KVAllocator, update: KvUpdate) -> list[KvGrant]:
     return grants
 
 
-class KvClient:
+class KvClient(RequestClient[KvInbox, KvReply]):
     """The scheduler's end: one request in flight at a time."""
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str):
-        self.sock = AsyncSocket(ctx, zmq.DEALER, connect=address)
-        self.out: Codec[KvInbox] = Codec(KvInbox)
-        self.inp: Codec[KvReply] = Codec(KvReply)
-
-    async def call(self, update: KvUpdate) -> KvReply:
-        await self.sock.send(self.out.encode(update))
-        return self.inp.decode(await self.sock.recv())
-
-    async def shutdown(self) -> None:
-        await self.sock.send(self.out.encode(Shutdown()))
-
-    def close(self) -> None:
-        self.sock.close()
+        super().__init__(ctx, address, KvInbox, KvReply)
