@@ -20,6 +20,7 @@ import trio
 from msgspec.structs import replace
 from scipy.stats import binomtest, chisquare
 
+from test_speculative import _binned, _softmax
 from tiny import write_tiny_gguf
 from zinfer.actors.draft_vocab import VocabMismatch
 from zinfer.actors.front_door_requests import Choice
@@ -218,19 +219,6 @@ async def test_draft_rounds_are_spans_of_their_own(tmp_path):
     names = {e["name"] for e in spans}
     assert {"draft_append", "draft_decode"} <= names and any(n.endswith("verify") for n in names)
     assert all(e["args"].get("zinfer.actor") == "drafter" for e in spans if e["name"].startswith("draft_"))
-
-
-def _softmax(z: np.ndarray) -> np.ndarray:
-    e = np.exp(z.astype(np.float64) - z.max())
-    return e / e.sum()
-
-
-def _binned(observed: np.ndarray, expected: np.ndarray, least: float = 5.0) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens expected at least `least` times each keep their bin; the rest share one (chi-square's rule)."""
-    big = expected >= least
-    obs = np.append(observed[big], observed[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    return obs, exp * obs.sum() / exp.sum()
 
 
 
