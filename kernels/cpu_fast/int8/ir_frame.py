@@ -32,13 +32,24 @@ _F8 = "<8 x float>"
 
 
 def entry(e: Emit, signature: KernelSignature, name: str, tile: int) -> None:
-    """Open kernel `name`: its pointers, and per activation row t its A, S, N rows and out offset."""
+    """Open kernel `name`: its pointers, and per activation row t its A, S, N rows and out offset.
+
+    A tile may be called for fewer rows than it has (t1 - t0 < tile: 3 rows on the 4-row
+    tile, one pass over the weights instead of a 2-row and a 1-row pass): its rows past t1
+    repeat row t1 - 1, reading its activations and storing the same sums to the same place."""
     e(signature.define(name))
     e("entry:")
     for p in signature.addresses:
         e(f"  %{p}p = inttoptr i64 %{p} to ptr")
+    if tile > 1:
+        e("  %tlast = add i64 %t1, -1")
     for t in range(tile):
-        e(f"  %trow{t} = add i64 %t0, {t}")
+        if t == 0:
+            e("  %trow0 = add i64 %t0, 0")
+        else:
+            e(f"  %tnext{t} = add i64 %t0, {t}")
+            e(f"  %tin{t} = icmp slt i64 %tnext{t}, %t1")
+            e(f"  %trow{t} = select i1 %tin{t}, i64 %tnext{t}, i64 %tlast")
         rows_of = (("a", "Ap", "astride"), ("s", "Sp", "sstride"), ("n", "Np", "nstride"), ("c", "Cp", "cstride"))
         for v, base, stride in rows_of:
             e(f"  %{v}off{t} = mul i64 %trow{t}, %{stride}")

@@ -265,9 +265,9 @@ def _run(
                 wstride=nsteps * job[_SCRATCH], dstride=0, t0=t, t1=t_tiles, astride=A.strides[0],
                 sstride=S.strides[0], nstride=N.strides[0], cstride=C.strides[0], out=o, ostride=job[_ROWS]))
             t = t_tiles
-        while t < t_end:  # tiles of 4 activation rows, then of 2, then 1
-            shape = 2 if t + _KTILE <= t_end else (1 if t + 2 <= t_end else 0)
-            tile = (1, 2, _KTILE)[shape]
+        while t < t_end:  # tiles of 4 activation rows (3 rows too: ir_frame.entry), then of 2, then 1
+            shape = 2 if t + _KTILE - 1 <= t_end else (1 if t + 2 <= t_end else 0)
+            tile = min((1, 2, _KTILE)[shape], t_end - t)
             for k, a, b in ((2 * shape + 1, r0, r_even), (2 * shape, r_even, r1)):
                 if a < b:
                     call_kernel(job[_KERNELS + k], Int8Args(
