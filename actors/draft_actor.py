@@ -21,6 +21,7 @@ import structlog
 import trio
 import zmq
 
+from zinfer.actors.draft_head import cut_head, head_ids
 from zinfer.actors.draft_model import Chunk, DraftModel
 from zinfer.actors.draft_vocab import check_same_vocab
 from zinfer.actors.topology import Addresses
@@ -48,20 +49,25 @@ class DrafterActor:
     """target: the target model (its tokenizer is compared with the draft's: VocabMismatch
     refuses a draft model with another vocabulary before any weight loads). num_blocks: the
     draft pool's blocks of block_size tokens. token_budget: tokens per catch-up round.
-    p_min: a proposal stops before a token the draft gives less probability."""
+    p_min: a proposal stops before a token the draft gives less probability. head: the draft's LM
+    head keeps the first this many ids and the end-of-generation ids (actors/draft_head.py; 0: all)."""
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str, target: ModelSource, draft: ModelSource,
                  device: Device, num_blocks: int, block_size: int, token_budget: int, p_min: float,
-                 tracing: Tracing | None = None):
+                 head: int = 0, tracing: Tracing | None = None):
         target_tok, draft_tok = PromptBuilder.from_source(target).tokenizer, PromptBuilder.from_source(draft).tokenizer
         vocab = check_same_vocab(target_tok, draft_tok, target.spec.vocab_size, draft.spec.vocab_size)
         started = time.perf_counter()
         spec = draft.spec
         self.spec, self.device, self.block_size = spec, device, block_size
         self.weights = build_device_weights(draft, device)
+        ids = head_ids(vocab, head, draft_tok.eos_ids)  # [H] or None
+        if ids is not None:
+            self.weights.output = cut_head(draft.tensors, device.upload, ids)
         self.kv = device.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, num_blocks, block_size)
-        self.model = DraftModel(num_blocks, block_size, vocab, spec.context_length, p_min, token_budget)
-        log.info("drafter ready", model=draft.name, device=device.name, seconds=round(time.perf_counter() - started, 2))
+        self.model = DraftModel(num_blocks, block_size, vocab, spec.context_length, p_min, token_budget, ids)
+        log.info("drafter ready", model=draft.name, device=device.name, head_ids=vocab if ids is None else int(ids.size),
+                 seconds=round(time.perf_counter() - started, 2))
         self.tracing = tracing  # None: tracing off
         self.rounds: list[tuple[str, int, int, dict[str, object]]] = []  # (name, start ns, end ns, attrs) to trace
         self.failed_asks = 0

@@ -56,6 +56,7 @@ class _Live:
     probs: list[np.ndarray] = field(default_factory=list)  # q rows of sampled proposals, [vocab] float32 each
     known: int = 0  # leading tokens of the sequence the drafter holds (0: dropped)
     limit: int = 0  # the most tokens to propose
+    kept: float = 1.0  # the product of the proposed tokens' top probabilities: the draft's odds that all are kept
 
 
 class DraftModel:
@@ -66,9 +67,10 @@ class DraftModel:
     is proposed past it. Every method mutates only this object (and its allocator)."""
 
     def __init__(self, num_blocks: int, block_size: int, vocab: int, max_len: int, p_min: float,
-                 token_budget: int = 512):
+                 token_budget: int = 512, head: np.ndarray | None = None):
         self.alloc = KVAllocator(num_blocks, block_size, prefix_caching=False)
         self.block_size, self.vocab, self.max_len, self.p_min = block_size, vocab, max_len, p_min
+        self.head = head  # [H] int64: the token id of each logits column (actors/draft_head.py); None: column i is id i
         self.token_budget = max(1, token_budget)
         self.states: dict[int, DraftState] = {}
 
@@ -87,7 +89,7 @@ class DraftModel:
         active = [x for x in live if x is not None and x.limit > 0 and self._grow(x)]
         rows = self._catch_up(active, run)  # [len(active)] last rows
         while active:
-            going = [x for x, row in zip(active, rows) if self._next(x, row[: self.vocab]) and len(x.tokens) < x.limit]
+            going = [x for x, row in zip(active, rows) if self._next(x, self._columns(row)) and len(x.tokens) < x.limit]
             active = [x for x in going if self._grow(x)]
             if active:
                 rows = list(run(self._batch([(x, x.state.ids[-1:]) for x in active], [True] * len(active)), "decode"))
@@ -165,27 +167,43 @@ class DraftModel:
         return [(tokens, x.state.computed, self.alloc.block_table(x.seq_id), w)
                 for (x, tokens), w in zip(chunks, wants)]
 
+    def _columns(self, row: np.ndarray) -> np.ndarray:
+        """The logits row's columns a proposal may take: [H] for a cut head, else [vocab]."""
+        return row if self.head is not None else row[: self.vocab]
+
     def _next(self, x: _Live, z: np.ndarray) -> bool:
-        """Propose x's next token from its logits row z [vocab]; False when its probability is
-        under p_min (nothing proposed) and x stops."""
+        """Propose x's next token from its logits row z ([H] or [vocab], as _columns); False
+        when its probability is under p_min (nothing proposed) and x stops. With a cut head the
+        probabilities are those of the softmax over its columns (each id left out has q = 0)."""
         z = z.astype(np.float64)  # [vocab]
         t = x.ask.temperature
         if not np.isfinite(z).all():
             return False
         if t == 0.0:
-            token = int(np.argmax(z))
-            top = 1.0 / float(np.exp(z - z[token]).sum())
-            if top < self.p_min:
+            column = int(np.argmax(z))
+            top = 1.0 / float(np.exp(z - z[column]).sum())
+            if x.kept * top < self.p_min:
                 return False
+            token = self._token(column)
         else:
             e = np.exp((z - z.max()) / t)
             q = e / e.sum()  # [vocab]
-            if float(q.max()) < self.p_min:
+            top = float(q.max())
+            if x.kept * top < self.p_min:
                 return False
             assert x.state.rng is not None
             cdf = np.cumsum(q)
-            token = min(int(np.searchsorted(cdf, x.state.rng.random() * cdf[-1], side="right")), q.size - 1)
+            token = self._token(min(int(np.searchsorted(cdf, x.state.rng.random() * cdf[-1], side="right")), q.size - 1))
+            if self.head is not None:
+                q_ids = np.zeros(self.vocab, np.float64)  # [vocab]
+                q_ids[self.head] = q
+                q = q_ids
             x.probs.append(q.astype(np.float32))
+        x.kept *= top
         x.tokens.append(token)
         x.state.ids.append(token)
         return True
+
+    def _token(self, column: int) -> int:
+        """The token id of a logits column."""
+        return column if self.head is None else int(self.head[column])

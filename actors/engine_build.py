@@ -85,9 +85,9 @@ def build_actor(
         spec = config.speculation
         device = make_device(config.device, config.device_options)
         # the draft pool holds every running sequence and its proposal past the target's pool
-        blocks = sched.num_blocks + sched.max_running * (1 + -(-spec.max_draft // sched.block_size))
+        blocks = sched.num_blocks + sched.max_running * (1 + -(-spec.draft_max // sched.block_size))
         return DrafterActor(ctx, drafter_address(addrs), source, open_model(spec.draft_model), device, blocks,
-                            sched.block_size, sched.token_budget, spec.draft_p_min, tracing)
+                            sched.block_size, sched.token_budget, spec.draft_p_min, spec.draft_head, tracing)
     raise ValueError(f"unknown actor {name!r}")
 
 

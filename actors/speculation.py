@@ -31,26 +31,33 @@ or "draft" (a draft model's proposals; needs draft_model)."""
 
 class SpeculationConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How the scheduler drafts. mode: the server's default, each request may override it
-    (SamplingParams.speculative). max_draft: the most tokens drafted for a sequence per round.
+    (SamplingParams.speculative). max_draft: the most tokens prompt lookup drafts for a sequence per
+    round; draft_max: the most a draft model drafts (each of its tokens costs a draft step, so fewer
+    pay; llama-server's --draft-max).
     max_batch: drafts are made only while at most this many sequences run (past it a round is
     compute-bound and extra rows cost what they save). min_n, max_n: the n-gram lengths looked up.
     draft_model: the draft model (a name `zinfer pull` knows or a path; "" none), loaded at start
     so requests may ask for "draft" whatever the mode. draft_p_min: a draft model's proposal stops
-    before a token it gives less than this probability."""
+    before the token that would bring the product of its tokens' probabilities (the draft's odds
+    that the round keeps it whole) under this. draft_head: the draft model's LM head keeps
+    the logits of the first this many token ids and the end-of-generation ids (actors/draft_head.py:
+    a cheaper draft step); 0 keeps all."""
 
     mode: str = "off"
-    max_draft: int = 2  # cpu-fast's int8 products cost ~40% of a decode step per row past 3 (BENCHMARKS.md)
+    max_draft: int = 4  # 4 verify rows cost ~1.5 rows on cpu-fast (BENCHMARKS.md): lookup's drafts are free to make
+    draft_max: int = 2  # a draft model's third token cost more than it saved on 2 cores (BENCHMARKS.md)
     max_batch: int = 4
     min_n: int = 1
     max_n: int = 4
     draft_model: str = ""
-    draft_p_min: float = 0.75  # llama.cpp's speculative p_min default
+    draft_p_min: float = 0.3  # swept on 2 cores: 0.2-0.45 within noise, 0.75 (llama.cpp's, per token) drafts too little
+    draft_head: int = 32768
 
     def validate(self) -> None:
         if self.mode not in SPECULATE_MODES:
             raise ValueError(f"speculation mode {self.mode!r} is not one of {', '.join(SPECULATE_MODES)}")
-        if not 1 <= self.max_draft <= 64:
-            raise ValueError("speculation max_draft must be 1 to 64")
+        if not 1 <= self.max_draft <= 64 or not 1 <= self.draft_max <= 64:
+            raise ValueError("speculation max_draft and draft_max must be 1 to 64")
         if self.max_batch < 0:
             raise ValueError("speculation max_batch must be >= 0")
         if not 1 <= self.min_n <= self.max_n <= 16:
@@ -59,6 +66,8 @@ class SpeculationConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
             raise ValueError('speculation mode "draft" needs a draft model (--draft-model NAME|PATH)')
         if not 0.0 <= self.draft_p_min <= 1.0:
             raise ValueError("speculation draft_p_min must be from 0 to 1")
+        if self.draft_head < 0:
+            raise ValueError("speculation draft_head must be >= 0 (0: the whole vocabulary)")
 
 
 def adapted_length(length: int, drafted: int, accepted: int, max_draft: int) -> int:
@@ -130,7 +139,7 @@ class ModelDrafter:
 
     def __init__(self, config: SpeculationConfig):
         self.config = config
-        self.length = min(4, config.max_draft)
+        self.length = config.draft_max
         self.pending: list[int] | None = None
         self.probs: np.ndarray | None = None  # [len(pending), draft vocab] float32, or None
         self.known = 0
@@ -156,7 +165,7 @@ class ModelDrafter:
     def verified(self, drafted: int, accepted: int) -> None:
         """A round ran: adapt the length after a draft and the skipping after an ask; the next
         round asks again unless it skips."""
-        self.length = adapted_length(self.length, drafted, accepted, self.config.max_draft)
+        self.length = adapted_length(self.length, drafted, accepted, self.config.draft_max)
         if self.pending is None:  # not asked for this round (a prefill chunk, or skipping)
             self.skip = max(self.skip - 1, 0)
         else:

@@ -118,10 +118,15 @@ def engine_args(p: argparse.ArgumentParser) -> None:
                    help="a draft model with the target's vocabulary (a name `zinfer pull` knows or a path, e.g. "
                    "qwen2.5-coder-0.5b for the 1.5B), run as its own executor; requests may then ask for "
                    "speculative \"draft\"")
-    p.add_argument("--draft-p-min", type=float, default=0.75,
-                   help="a draft model's proposal stops before a token it gives less probability than this")
-    p.add_argument("--speculate-max-draft", type=int, default=2,
-                   help="the most tokens drafted per sequence and round (more pays where extra rows are cheap: GPUs)")
+    p.add_argument("--draft-p-min", type=float, default=0.3,
+                   help="a draft model's proposal stops before the token that would bring the product of its tokens' "
+                   "probabilities (its odds of being kept whole) under this")
+    p.add_argument("--draft-max", type=int, default=2, help="the most tokens a draft model drafts per sequence and round")
+    p.add_argument("--draft-head", type=int, default=32768,
+                   help="the draft model's LM head computes the first N token ids (the most frequent BPE pieces) and "
+                   "the end-of-generation ids: a cheaper draft step; 0: every id")
+    p.add_argument("--speculate-max-draft", type=int, default=4,
+                   help="the most tokens prompt lookup drafts per sequence and round")
     p.add_argument("--speculate-max-batch", type=int, default=4,
                    help="draft only while at most this many sequences run (past it rounds are compute-bound)")
     p.add_argument("--log-json", action="store_true", help="JSON log lines on stderr")

@@ -67,10 +67,12 @@ def speculation_config(args: argparse.Namespace) -> SpeculationConfig:
     """--speculate and its limits (defaults where a command has no such flags); bad values are a UsageError."""
     config = SpeculationConfig(
         mode=getattr(args, "speculate", "off"),
-        max_draft=getattr(args, "speculate_max_draft", 2),
+        max_draft=getattr(args, "speculate_max_draft", 4),
+        draft_max=getattr(args, "draft_max", 2),
         max_batch=getattr(args, "speculate_max_batch", 4),
         draft_model=getattr(args, "draft_model", "") or "",
-        draft_p_min=getattr(args, "draft_p_min", 0.75),
+        draft_p_min=getattr(args, "draft_p_min", 0.3),
+        draft_head=getattr(args, "draft_head", 32768),
     )
     try:
         config.validate()

@@ -57,7 +57,7 @@ def _models(tmp: Path) -> tuple[Path, Path]:
 
 
 def _config(target: Path, draft: Path, **kw: object) -> EngineConfig:
-    spec = SpeculationConfig(mode="draft", draft_model=str(draft), draft_p_min=0.0, max_draft=4)
+    spec = SpeculationConfig(mode="draft", draft_model=str(draft), draft_p_min=0.0, draft_max=4)
     return EngineConfig(model=str(target), device="cpu", max_running=8, num_blocks=256, speculation=spec, **kw)
 
 

@@ -21,7 +21,7 @@ from zinfer.messages.engine import DraftAsk, DraftReply, DraftSeq
 def _config(mode: str = "ngram", max_batch: int = 8, **kw: int) -> SchedulerConfig:
     base = dict(max_running=4, max_waiting=16, token_budget=64, max_model_len=256, block_size=4, num_blocks=96)
     draft = "fake" if mode == "draft" else ""
-    spec = SpeculationConfig(mode=mode, max_draft=8 if mode == "ngram" else 4, max_batch=max_batch, draft_model=draft)
+    spec = SpeculationConfig(mode=mode, max_draft=8, draft_max=4, max_batch=max_batch, draft_model=draft)
     return SchedulerConfig(**(base | kw), speculation=spec)
 
 

@@ -44,12 +44,11 @@ Run = tuple[list[int], float, float, float]  # (token ids, start, first token, l
 
 
 def zinfer_runs(model: str, chats: list[list[dict[str, str]]], max_tokens: int, device: str, mode: str = "ngram",
-                draft_model: str = "", max_draft: int = SpeculationConfig().max_draft,
+                speculation: SpeculationConfig = SpeculationConfig(),
                 ) -> tuple[list[list[int]], dict[str, list[Run]], dict[str, int]]:
     """(prompt ids, runs by mode "off" / mode ("ngram" or "draft"), drafted and accepted counts) on
-    one engine, batch 1, drafting at most max_draft tokens a round."""
-    config = EngineConfig(model=model, device=device, max_running=1, prefix_caching=False,
-                          speculation=SpeculationConfig(mode="off", draft_model=draft_model, max_draft=max_draft))
+    one engine, batch 1, drafting as speculation says (its mode is the request's)."""
+    config = EngineConfig(model=model, device=device, max_running=1, prefix_caching=False, speculation=speculation)
     prompt_ids: list[list[int]] = []
     runs: dict[str, list[Run]] = {"off": [], mode: []}
     counts = {"drafted": 0, "accepted": 0}
@@ -139,13 +138,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp's (zinfer uses every core)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--skip-llama", action="store_true")
-    ap.add_argument("--max-draft", type=int, default=SpeculationConfig().max_draft, help="zinfer's drafts a round")
+    ap.add_argument("--max-draft", type=int, default=SpeculationConfig().max_draft, help="prompt lookup's drafts a round")
+    ap.add_argument("--draft-max", type=int, default=SpeculationConfig().draft_max, help="a draft model's drafts a round")
+    ap.add_argument("--draft-p-min", type=float, default=SpeculationConfig().draft_p_min)
+    ap.add_argument("--draft-head", type=int, default=SpeculationConfig().draft_head, help="the draft's LM head ids")
     args = ap.parse_args()
     chats = [p["messages"] for p in json.loads(PROMPTS[args.workload].read_text())][: args.prompts]
     mode = "ngram" if args.workload == "code" else "draft"
     print(f"load: {open('/proc/loadavg').read().strip()}")
     draft = args.draft_model if mode == "draft" else ""
-    prompt_ids, ours, counts = zinfer_runs(args.model, chats, args.max_tokens, args.device, mode, draft, args.max_draft)
+    speculation = SpeculationConfig(draft_model=draft, max_draft=args.max_draft, draft_max=args.draft_max,
+                                    draft_p_min=args.draft_p_min,
+                                    draft_head=args.draft_head)
+    prompt_ids, ours, counts = zinfer_runs(args.model, chats, args.max_tokens, args.device, mode, speculation)
     spec_name = "zinfer speculative" if mode == "ngram" else "zinfer draft model"
     rows = {"zinfer plain": figures(ours["off"]), spec_name: figures(ours[mode])}
     eos = {151643, 151645}  # Qwen2.5's <|endoftext|>, <|im_end|>
@@ -160,7 +165,9 @@ def main() -> None:
         checks["zinfer plain == llama.cpp plain"] = same(ours["off"], plain, eos)
     base = rows.get("llama.cpp plain")
     what = "code-edit" if mode == "ngram" else f"chat ({Path(draft).name} drafting)"
-    print(f"{len(chats)} {what} prompts, batch 1, greedy, max_tokens {args.max_tokens}, threads {args.threads}")
+    print(f"{len(chats)} {what} prompts, batch 1, greedy, max_tokens {args.max_tokens}, threads {args.threads}, "
+          + (f"draft max {args.draft_max}, p_min {args.draft_p_min}, head {args.draft_head}" if draft
+             else f"max draft {args.max_draft}"))
     for name, f in rows.items():
         ratio = f" ({f['decode_tok_s'] / base['decode_tok_s']:.2f}x llama.cpp plain)" if base else ""
         print(f"{name:26s} {f['tokens']:6.0f} tokens  decode {f['decode_tok_s']:7.2f} tok/s{ratio}"
