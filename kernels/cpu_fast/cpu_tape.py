@@ -34,6 +34,7 @@ from numba import types as nt
 from zinfer.kernels.cpu_fast.code_cache import cached_njit
 from zinfer.kernels.cpu_fast.numba_types import Int, Typing, carray, intrinsic
 from zinfer.kernels.cpu_fast.int8 import products as ci
+from zinfer.kernels.cpu_fast.int8 import row_driver
 from zinfer.kernels.cpu_fast import cpu_ops as ops
 from zinfer.kernels.cpu_fast.cpu_ops import PARALLEL_ROWS, _f32_from_bits
 
@@ -203,7 +204,7 @@ OP_SCALE, SCALE = _opcode(Scale)
 OP_TAKE_ROWS, TAKE_ROWS = _opcode(TakeRows)
 
 WIDTH = 1 + max(len(fields) for fields in _FIELDS.values())  # int64 columns per node
-JOB_COLUMNS = ci.JOB_COLUMNS  # products' job table rows
+JOB_COLUMNS = row_driver.JOB_COLUMNS  # products' job table rows
 
 
 def f32_bits(v: float) -> int:

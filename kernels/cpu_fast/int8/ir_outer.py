@@ -41,7 +41,7 @@ The float work is once per 8 vpdpbusd (u5) or per super-block (k4: 2 fma; u6: 1)
 The product kernel has ir.Int8Args: out[t, r] for t in [t0, t1) (t1 - t0 a multiple
 of its tile) and r in [r0, r1), 16 rows a pass, from a scratch at W (the row group of row
 r at W + (r - r0) * wstride, wstride = nb * OUTER_BLOCK_BYTES / 8, nb the blocks of a row).
-products._run uses it for tasks of OUTER_MIN_ROWS activation rows or more.
+row_driver.run_jobs uses it for tasks of OUTER_MIN_ROWS activation rows or more.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ OUTER_BLOCK_BYTES = {"u5": 256 + 32, "k4": 2048 + 256 + 128 + 32 + 32, "u6": 204
 K4_SCALES, K4_MINS, K4_D, K4_NDMIN = 2048, 2048 + 256, 2048 + 256 + 128, 2048 + 256 + 128 + 32
 U5_CLASSES = 4  # u5's float sums: block b of a row into class b % 4, the classes summed left to right at the end
 GROUPS = 2  # row groups of 8 per pass of the product
-# activation rows of a task from which products._run converts (16 rows' conversion costs about a product by a few)
+# activation rows of a task from which row_driver.run_jobs converts (16 rows' conversion costs about a product by a few)
 OUTER_MIN_ROWS = 32
 
 _F8 = "<8 x float>"

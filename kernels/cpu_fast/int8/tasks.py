@@ -1,4 +1,4 @@
-"""How a parallel launch of int8 products splits into tasks (products._run, amx_products._run):
+"""How a parallel launch of int8 products splits into tasks (row_driver.run_jobs, amx_products._run):
 each job (one matrix) gives ceil(rows / rows_per_task) tasks of weight rows, numbered
 job after job, and every block of activation rows repeats that numbering."""
 
