@@ -66,7 +66,8 @@ class DrafterActor:
             self.weights.output = cut_head(draft.tensors, device.upload, ids)
         self.kv = device.alloc_kv(spec.n_layers, spec.n_kv_heads, spec.head_dim, num_blocks, block_size)
         self.model = DraftModel(num_blocks, block_size, vocab, spec.context_length, p_min, token_budget, ids)
-        log.info("drafter ready", model=draft.name, device=device.name, head_ids=vocab if ids is None else int(ids.size),
+        log.info("drafter ready", model=draft.name, device=device.name,
+                 head_ids=vocab if ids is None else int(ids.size),
                  seconds=round(time.perf_counter() - started, 2))
         self.tracing = tracing  # None: tracing off
         self.rounds: list[tuple[str, int, int, dict[str, object]]] = []  # (name, start ns, end ns, attrs) to trace

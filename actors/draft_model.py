@@ -193,7 +193,8 @@ class DraftModel:
                 return False
             assert x.state.rng is not None
             cdf = np.cumsum(q)
-            token = self._token(min(int(np.searchsorted(cdf, x.state.rng.random() * cdf[-1], side="right")), q.size - 1))
+            drawn = int(np.searchsorted(cdf, x.state.rng.random() * cdf[-1], side="right"))
+            token = self._token(min(drawn, q.size - 1))
             if self.head is not None:
                 q_ids = np.zeros(self.vocab, np.float64)  # [vocab]
                 q_ids[self.head] = q

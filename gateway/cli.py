@@ -121,7 +121,8 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-p-min", type=float, default=0.3,
                    help="a draft model's proposal stops before the token that would bring the product of its tokens' "
                    "probabilities (its odds of being kept whole) under this")
-    p.add_argument("--draft-max", type=int, default=2, help="the most tokens a draft model drafts per sequence and round")
+    p.add_argument("--draft-max", type=int, default=2,
+                   help="the most tokens a draft model drafts per sequence and round")
     p.add_argument("--draft-head", type=int, default=32768,
                    help="the draft model's LM head computes the first N token ids (the most frequent BPE pieces) and "
                    "the end-of-generation ids: a cheaper draft step; 0: every id")

@@ -44,11 +44,12 @@ Run = tuple[list[int], float, float, float]  # (token ids, start, first token, l
 
 
 def zinfer_runs(model: str, chats: list[list[dict[str, str]]], max_tokens: int, device: str, mode: str = "ngram",
-                speculation: SpeculationConfig = SpeculationConfig(),
+                speculation: SpeculationConfig | None = None,
                 ) -> tuple[list[list[int]], dict[str, list[Run]], dict[str, int]]:
     """(prompt ids, runs by mode "off" / mode ("ngram" or "draft"), drafted and accepted counts) on
     one engine, batch 1, drafting as speculation says (its mode is the request's)."""
-    config = EngineConfig(model=model, device=device, max_running=1, prefix_caching=False, speculation=speculation)
+    config = EngineConfig(model=model, device=device, max_running=1, prefix_caching=False,
+                          speculation=speculation or SpeculationConfig())
     prompt_ids: list[list[int]] = []
     runs: dict[str, list[Run]] = {"off": [], mode: []}
     counts = {"drafted": 0, "accepted": 0}
@@ -138,10 +139,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp's (zinfer uses every core)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--skip-llama", action="store_true")
-    ap.add_argument("--max-draft", type=int, default=SpeculationConfig().max_draft, help="prompt lookup's drafts a round")
-    ap.add_argument("--draft-max", type=int, default=SpeculationConfig().draft_max, help="a draft model's drafts a round")
-    ap.add_argument("--draft-p-min", type=float, default=SpeculationConfig().draft_p_min)
-    ap.add_argument("--draft-head", type=int, default=SpeculationConfig().draft_head, help="the draft's LM head ids")
+    defaults = SpeculationConfig()
+    ap.add_argument("--max-draft", type=int, default=defaults.max_draft, help="prompt lookup's drafts a round")
+    ap.add_argument("--draft-max", type=int, default=defaults.draft_max, help="a draft model's drafts a round")
+    ap.add_argument("--draft-p-min", type=float, default=defaults.draft_p_min)
+    ap.add_argument("--draft-head", type=int, default=defaults.draft_head, help="the draft's LM head ids")
     args = ap.parse_args()
     chats = [p["messages"] for p in json.loads(PROMPTS[args.workload].read_text())][: args.prompts]
     mode = "ngram" if args.workload == "code" else "draft"
