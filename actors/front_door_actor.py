@@ -32,13 +32,13 @@ import zmq
 from opentelemetry.trace import Span
 
 from zinfer.actors.front_door_requests import Choice, Request, check_before_encoding, request_fields
+from zinfer.actors.front_door_tokenize import detokenize_reply, tokenize_reply
 from zinfer.actors.grammar_checker import GrammarChecker
 from zinfer.actors.prompt_encoding import (
     EncodingWorker,
     PromptLimits,
     PromptTooLong,
     encode_prompt,
-    encode_text_or_chat,
     input_size,
 )
 from zinfer.actors.topology import Addresses
@@ -58,7 +58,6 @@ from zinfer.messages.client import (
     Rejected,
     Started,
     Tokenize,
-    TokenizeResult,
     request_id_of,
 )
 from zinfer.messages.codec import Codec
@@ -214,34 +213,10 @@ class FrontDoorActor:
             self.tasks.start_soon(self._detokenize, peer, req)
 
     async def _tokenize(self, peer: bytes, req: Tokenize) -> None:
-        try:
-            ids = await self.worker.run(
-                input_size(req),
-                encode_text_or_chat,
-                self.prompts,
-                self.limits,
-                req.text,
-                req.messages,
-                req.add_special,
-                req.tools,
-            )
-        except PromptTooLong as exc:
-            self._emit(peer, Rejected(req.request_id, "too_long", str(exc), n_ctx=self.max_model_len))
-        except ValueError as exc:
-            self._emit(peer, Rejected(req.request_id, "bad_request", str(exc)))
-        except Exception as exc:  # a tokenizer bug fails this request only
-            log.exception("tokenizing failed", request_id=req.request_id)
-            self._emit(peer, Failed(req.request_id, f"cannot tokenize: {exc!r}"))
-        else:
-            self._emit(peer, TokenizeResult(req.request_id, ids))
+        self._emit(peer, await tokenize_reply(self.worker, self.prompts, self.limits, self.max_model_len, req))
 
     async def _detokenize(self, peer: bytes, req: Detokenize) -> None:
-        try:
-            text = await self.worker.run(len(req.token_ids), self.prompts.tokenizer.decode, req.token_ids)
-        except Exception as exc:  # the tokenizers library raises its own types on bad ids
-            self._emit(peer, Rejected(req.request_id, "bad_request", f"cannot detokenize: {exc}"))
-        else:
-            self._emit(peer, TokenizeResult(req.request_id, req.token_ids, text))
+        self._emit(peer, await detokenize_reply(self.worker, self.prompts, req))
 
     def _generate(self, peer: bytes, req: Generate) -> None:
         """Check what is cheap to check, register the request, and start encoding its prompt."""

@@ -40,7 +40,8 @@ from opentelemetry.trace import Span
 
 from zinfer.gateway.client import AsyncClient, EngineError, MessageIn, ToolIn, _as_messages, _as_tools
 from zinfer.gateway.router_links import Link, ReplicaLinks, ReplicaSource
-from zinfer.gateway.router_policy import RoutePolicy, RoutingTable, affinity_chain, text_chain
+from zinfer.gateway.router_keys import request_chain
+from zinfer.gateway.router_policy import RoutePolicy, RoutingTable
 from zinfer.gateway.router_stream import RoutedStream, Split
 from zinfer.messages.client import ClientEvent, EngineStats, Failed, Generate, Rejected
 from zinfer.messages.curve import ClientKeys
@@ -134,7 +135,7 @@ class Router:
         req = Generate(request_id or uuid.uuid4().hex, prompt, _as_messages(messages), prompt_ids,
                        params or SamplingParams(), add_special, traceparent, _as_tools(tools))
         stream = RoutedStream(req, self.prompts.tokenizer if self.prompts is not None else None)
-        chain = self._chain(req)
+        chain = request_chain(req, self.options.policy, self.prompts)
         span = self.tracing.start("router", traceparent, {"request_id": req.request_id}) if self.tracing else None
         try:
             async with aclosing(self._route(stream, chain, span, set())) as events:
@@ -326,46 +327,6 @@ class Router:
                 nursery.start_soon(self.drain, name, timeout_s)
 
     # ---------------------------------------------------------------- internals
-
-    def _chain(self, req: Generate) -> list[int]:
-        """The request's affinity chain (gateway/router_policy.py): on its token ids when it
-        gives them or the policy keys on tokens, else on its text's bytes."""
-        p = self.options.policy
-        if p.kind != "prefix":
-            return []
-        if req.prompt_ids is None and p.key == "text":
-            cap = p.chain_blocks * p.text_block  # bytes hashed at most: what comes after is never read
-            if req.prompt is not None:
-                data = req.prompt[:cap].encode("utf-8", "surrogatepass")
-            elif req.messages is not None:
-                parts = [msgspec.json.encode(req.tools)]
-                for m in req.messages:
-                    if sum(map(len, parts)) >= cap:
-                        break
-                    parts.append(msgspec.json.encode(m))
-                data = b"".join(parts)
-            else:
-                return []
-            return text_chain(data[:cap], p.text_block, p.chain_blocks)
-        return affinity_chain(self._leading_ids(req), p)
-
-    def _leading_ids(self, req: Generate) -> list[int]:
-        """The prompt's leading token ids, enough for its affinity key (empty if unknown)."""
-        if req.prompt_ids is not None:
-            return req.prompt_ids
-        if self.prompts is None:
-            return []
-        p = self.options.policy
-        cap = p.chain_blocks * p.block_size * 16  # characters: more than the tokens of chain_blocks blocks
-        try:
-            if req.messages is not None and req.prompt is None:
-                text = self.prompts.render(msgspec.to_builtins(req.messages), msgspec.to_builtins(req.tools))
-                return self.prompts.tokenizer.encode(text[:cap], add_special=False)
-            if req.prompt is not None:
-                return self.prompts.tokenizer.encode(req.prompt[:cap], add_special=req.add_special)
-        except (ValueError, TypeError, KeyError):
-            pass  # the replica refuses it with the reason
-        return []
 
     async def _prompt_ids(self, req: Generate) -> list[int] | None:
         """The whole prompt's ids as the replicas encode them (None if it cannot be encoded)."""
