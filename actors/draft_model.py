@@ -10,7 +10,8 @@ with what it knew keep their KV, the rest are truncated (rejected drafts' KV lea
 too); then one catch-up chunk per sequence computes the tokens it lacks (split into rounds of at
 most `token_budget` tokens), and its last row gives the first proposed token. Each further token
 is one one-row step, all drafting sequences batched together, until a sequence has `limit`
-tokens or its next token's probability falls under p_min (that token is not proposed).
+tokens or its next token would bring the product of its proposed tokens' probabilities (the
+draft's odds that the round keeps all of it) under p_min (that token is not proposed).
 
 Greedy requests get argmax proposals; sampled ones (temperature > 0) get tokens drawn from
 q = softmax(logits / temperature), and q comes back with them: the sampler accepts each with

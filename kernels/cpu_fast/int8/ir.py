@@ -59,7 +59,7 @@ class Int8Args(NamedTuple):
     wstride: int  # bytes between weight rows
     dstride: int  # bytes between rows of D (and of M)
     t0: int  # first activation row
-    t1: int  # end of the activation rows (ir_outer's product: t1 - t0 a multiple of its tile; others: a tile from t0)
+    t1: int  # end of the activation rows (ir_outer's product: t1 - t0 a multiple of its tile; others: at most a tile)
     astride: int  # bytes between rows of A
     sstride: int  # bytes between rows of S
     nstride: int  # bytes between rows of N
@@ -81,8 +81,8 @@ PREFETCH_BYTES = 16384
 # too: on Sapphire Rapids prefetchnta left them 2-3x slower per row than the batch-1 kernels
 # (BENCHMARKS.md); on Zen 4, where they were first measured, 2 and 0 were even
 PREFETCH_LOCALITY = {1: 2, 2: 2, TILE: 2}
-# (activation rows, weight rows) of the kernels: tiles of 2 serve rounds of 2, 3, 6 and 7 rows
-# (a few sequences' decode, speculative verify rounds) with the weights decoded once per tile
+# (activation rows, weight rows) of the kernels: tiles of 4 serve rounds of 3 rows too (ir_frame.entry),
+# tiles of 2 rounds of 2 and 6 (a few sequences' decode, speculative verify rounds), the weights decoded once a tile
 SHAPES = ((1, 1), (1, ROWS), (2, 1), (2, ROWS), (TILE, 1), (TILE, ROWS))
 # (weight layout, d_w numbers per step, scales in f16); u5, u6 and k4 read the file's f16 scales
 VARIANTS = tuple((k, d, h) for k, d in (("u4", 2), ("p8", 2), ("i8", 1), ("i8", 2)) for h in (True, False)) + (
