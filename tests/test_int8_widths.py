@@ -25,6 +25,7 @@ from zinfer.kernels.cpu_fast.int8 import products as ci
 from zinfer.kernels.cpu_fast import cpu_quant as cq
 from zinfer.kernels.cpu_fast.int8 import layouts as bp
 from zinfer.kernels.cpu_fast.int8 import ir as int8_ir
+from zinfer.kernels.cpu_fast.int8 import row_driver
 from zinfer.kernels.oracle.quants import dequantize
 from zinfer.models.forward import round_logits
 from zinfer.models.loader import open_model
@@ -120,8 +121,8 @@ def test_prefill_runs_as_outer_products_and_keeps_the_oracles_product(qt, T):
     out = np.empty((T, 48), np.float32)
     ci.matmul(w, x, out)
     assert close(out, ci.rounded(x, ci.rounding_group(w)) @ wf.T, tol=1e-6) < 1e-6
-    # a task's activation rows are ci.ROWS_PER_BLOCK at most (128): 130's last 2 alone
-    tiled = min(T, ci.ROWS_PER_BLOCK) // 4 * 4
+    # a task's activation rows are row_driver.ROWS_PER_BLOCK at most (128): 130's last 2 alone
+    tiled = min(T, row_driver.ROWS_PER_BLOCK) // 4 * 4
     np.testing.assert_array_equal(out[:tiled], _outer_product(w, x[:tiled]))
     alone = np.empty((T - tiled, 48), np.float32)
     ci.matmul(w, x[tiled:], alone)

@@ -28,6 +28,7 @@ from zinfer.devices.cpu_fast import FastCpuDevice
 from zinfer.kernels.cpu_fast.int8 import products as ci
 from zinfer.kernels.cpu_fast.int8 import amx_host, amx_ir
 from zinfer.kernels.cpu_fast.int8 import ir as int8_ir
+from zinfer.kernels.cpu_fast.int8 import row_driver
 from zinfer.kernels.cpu_fast import llvm_host
 from zinfer.models.loader import open_model
 
@@ -136,7 +137,7 @@ def main() -> None:
         tiles = ci.jobs_for([w.int8])
         jobs = tiles._replace(amx=None)  # the VNNI kernels alone
         rows_only = ci.Jobs(jobs.weights, jobs.table.copy(), jobs.bounds)
-        rows_only.table[:, ci.JOB_COLUMNS - 3 :] = 0  # no outer-product kernels: every task on the row kernels
+        rows_only.table[:, row_driver.JOB_COLUMNS - 3 :] = 0  # no outer-product kernels: every task on the row kernels
         x = np.random.default_rng(0).standard_normal((args.rows, w.shape[1]), dtype=np.float32)
         macs = args.rows * w.shape[0] * w.shape[1] / 1e9
         rates = [macs / _best(lambda j=j: ci.matmul_many(j, x), args.repeat) for j in (jobs, rows_only)]
