@@ -24,6 +24,7 @@ from typing import Any  # noqa: E402
 import msgspec  # noqa: E402
 import structlog  # noqa: E402
 
+from zinfer.actors.speculation import SPECULATE_MODES, SpeculationConfig  # noqa: E402
 from zinfer.gateway.bench import bench_main  # noqa: E402
 from zinfer.gateway.bench_plan import bench_args  # noqa: E402
 from zinfer.gateway.cli_config import UsageError, engine_config  # noqa: E402
@@ -110,7 +111,8 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-blocks", type=int, default=0,
                    help="KV blocks of 16 tokens (default: --max-running sequences of up to 1024 tokens, "
                    "at least one of --max-model-len)")
-    p.add_argument("--speculate", default="off", choices=("off", "ngram", "draft"),
+    spec = SpeculationConfig()  # the defaults below
+    p.add_argument("--speculate", default=spec.mode, choices=SPECULATE_MODES,
                    help="speculative decoding: ngram drafts from the prompt and output (prompt lookup), or draft "
                    "(--draft-model's proposals); same greedy tokens, fewer rounds where drafts are right; a "
                    "request's `speculative` wins")
@@ -118,17 +120,17 @@ def engine_args(p: argparse.ArgumentParser) -> None:
                    help="a draft model with the target's vocabulary (a name `zinfer pull` knows or a path, e.g. "
                    "qwen2.5-coder-0.5b for the 1.5B), run as its own executor; requests may then ask for "
                    "speculative \"draft\"")
-    p.add_argument("--draft-p-min", type=float, default=0.3,
+    p.add_argument("--draft-p-min", type=float, default=spec.draft_p_min,
                    help="a draft model's proposal stops before the token that would bring the product of its tokens' "
                    "probabilities (its odds of being kept whole) under this")
-    p.add_argument("--draft-max", type=int, default=2,
+    p.add_argument("--draft-max", type=int, default=spec.draft_max,
                    help="the most tokens a draft model drafts per sequence and round")
-    p.add_argument("--draft-head", type=int, default=32768,
+    p.add_argument("--draft-head", type=int, default=spec.draft_head,
                    help="the draft model's LM head computes the first N token ids (the most frequent BPE pieces) and "
                    "the end-of-generation ids: a cheaper draft step; 0: every id")
-    p.add_argument("--speculate-max-draft", type=int, default=4,
+    p.add_argument("--speculate-max-draft", type=int, default=spec.max_draft,
                    help="the most tokens prompt lookup drafts per sequence and round")
-    p.add_argument("--speculate-max-batch", type=int, default=4,
+    p.add_argument("--speculate-max-batch", type=int, default=spec.max_batch,
                    help="draft only while at most this many sequences run (past it rounds are compute-bound)")
     p.add_argument("--log-json", action="store_true", help="JSON log lines on stderr")
     p.add_argument("--log-level", default="warning", help="debug, info, warning or error")

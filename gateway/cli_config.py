@@ -65,14 +65,15 @@ def engine_config(args: argparse.Namespace, trace: TraceConfig | None = None) ->
 
 def speculation_config(args: argparse.Namespace) -> SpeculationConfig:
     """--speculate and its limits (defaults where a command has no such flags); bad values are a UsageError."""
+    d = SpeculationConfig()
     config = SpeculationConfig(
-        mode=getattr(args, "speculate", "off"),
-        max_draft=getattr(args, "speculate_max_draft", 4),
-        draft_max=getattr(args, "draft_max", 2),
-        max_batch=getattr(args, "speculate_max_batch", 4),
+        mode=getattr(args, "speculate", d.mode),
+        max_draft=getattr(args, "speculate_max_draft", d.max_draft),
+        draft_max=getattr(args, "draft_max", d.draft_max),
+        max_batch=getattr(args, "speculate_max_batch", d.max_batch),
         draft_model=getattr(args, "draft_model", "") or "",
-        draft_p_min=getattr(args, "draft_p_min", 0.3),
-        draft_head=getattr(args, "draft_head", 32768),
+        draft_p_min=getattr(args, "draft_p_min", d.draft_p_min),
+        draft_head=getattr(args, "draft_head", d.draft_head),
     )
     try:
         config.validate()
