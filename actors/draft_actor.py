@@ -49,7 +49,8 @@ class DrafterActor:
     """target: the target model (its tokenizer is compared with the draft's: VocabMismatch
     refuses a draft model with another vocabulary before any weight loads). num_blocks: the
     draft pool's blocks of block_size tokens. token_budget: tokens per catch-up round.
-    p_min: a proposal stops before a token the draft gives less probability. head: the draft's LM
+    p_min: a proposal stops before the token that brings the product of its tokens' probabilities
+    under it (actors/draft_model.py). head: the draft's LM
     head keeps the first this many ids and the end-of-generation ids (actors/draft_head.py; 0: all)."""
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str, target: ModelSource, draft: ModelSource,

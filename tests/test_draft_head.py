@@ -50,14 +50,13 @@ def _scripted(tops: list[float], columns: int):
     returns, the rest spread evenly ([rows, columns])."""
     calls = iter(tops)
 
+    def row(top: float) -> np.ndarray:  # [columns] log-probabilities
+        p = np.full(columns, (1 - top) / (columns - 1))
+        p[1] = top
+        return np.log(p)
+
     def run(chunks, kind):
-        rows = []
-        for _ in (c for c in chunks if c[3]):
-            top = next(calls)
-            p = np.full(columns, (1 - top) / (columns - 1))
-            p[1] = top
-            rows.append(np.log(p))
-        return np.array(rows, np.float32)
+        return np.array([row(next(calls)) for *_, wants in chunks if wants], np.float32)
 
     return run
 

@@ -248,8 +248,7 @@ def jobs_for(ws: list[Int8Weight]) -> Jobs:
     reading array addresses from Python costs microseconds."""
     assert all(same_layout(ws[0], w) for w in ws)
     first = np.cumsum([0] + [w.qs.shape[0] for w in ws])
-    table = np.array([job_row(w.qs, w.d, w.m, w.kind, w.dps, w.half, int(row)) for w, row in zip(ws, first)],
-                     np.int64)
+    table = np.array([job_row(w, int(row)) for w, row in zip(ws, first)], np.int64)
     tiles = [w.amx for w in ws if w.amx is not None]
     amx = amx_products.job_table(tiles, [int(f) for f in first[:-1]]) if len(tiles) == len(ws) else None
     return Jobs(ws, table, [(int(a), int(b)) for a, b in zip(first[:-1], first[1:])], amx)

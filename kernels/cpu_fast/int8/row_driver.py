@@ -5,6 +5,7 @@ rows into tasks (tasks.py) and calls each task's kernels tile by tile."""
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numba import prange
@@ -14,6 +15,9 @@ from zinfer.kernels.cpu_fast.int8 import ir, ir_outer
 from zinfer.kernels.cpu_fast.int8.ir import Int8Args
 from zinfer.kernels.cpu_fast.int8.tasks import first_tasks, job_of
 from zinfer.kernels.cpu_fast.kernel_signature import call_kernel
+
+if TYPE_CHECKING:
+    from zinfer.kernels.cpu_fast.int8.products import Int8Weight  # products imports this module
 
 ROWS_PER_TASK = 16  # weight rows per parallel task
 ROWS_PER_BLOCK = 128  # activation rows per parallel task (an outer-product task converts its weight rows once a task)
@@ -101,9 +105,8 @@ def _outer_kernels(kind: str) -> tuple[int, int, int]:
     return (0, 0, 0) if outer is None else (*outer, ir_outer.scratch_bytes_per_row_step(kind))
 
 
-def job_row(w_qs: np.ndarray, w_d: np.ndarray, w_m: np.ndarray, kind: str, dps: int, half: bool,
-            first_row: int) -> tuple[int, ...]:
-    """One matrix's job row (the columns above): its arrays' addresses and strides, its rows,
-    where its product starts in the output, and its layout's kernels."""
-    return (w_qs.ctypes.data, w_d.ctypes.data, w_m.ctypes.data, w_qs.strides[0], w_d.strides[0], w_qs.shape[0],
-            first_row, *_kernels(kind, dps, half), *_outer_kernels(kind))
+def job_row(w: Int8Weight, first_row: int) -> tuple[int, ...]:
+    """w's job row (the columns above): its arrays' addresses and strides, its rows, where its
+    product starts in the output, and its layout's kernels."""
+    return (w.qs.ctypes.data, w.d.ctypes.data, w.m.ctypes.data, w.qs.strides[0], w.d.strides[0], w.qs.shape[0],
+            first_row, *_kernels(w.kind, w.dps, w.half), *_outer_kernels(w.kind))
