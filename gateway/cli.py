@@ -24,7 +24,7 @@ from typing import Any  # noqa: E402
 import msgspec  # noqa: E402
 import structlog  # noqa: E402
 
-from zinfer.actors.speculation import SPECULATE_MODES, SpeculationConfig  # noqa: E402
+from zinfer.actors.engine import SpeculationConfig  # noqa: E402
 from zinfer.gateway.bench import bench_main  # noqa: E402
 from zinfer.gateway.bench_plan import bench_args  # noqa: E402
 from zinfer.gateway.cli_config import UsageError, engine_config  # noqa: E402
@@ -112,7 +112,7 @@ def engine_args(p: argparse.ArgumentParser) -> None:
                    help="KV blocks of 16 tokens (default: --max-running sequences of up to 1024 tokens, "
                    "at least one of --max-model-len)")
     spec = SpeculationConfig()  # the defaults below
-    p.add_argument("--speculate", default=spec.mode, choices=SPECULATE_MODES,
+    p.add_argument("--speculate", default=spec.mode, choices=("off", "ngram", "draft"),
                    help="speculative decoding: ngram drafts from the prompt and output (prompt lookup), or draft "
                    "(--draft-model's proposals); same greedy tokens, fewer rounds where drafts are right; a "
                    "request's `speculative` wins")

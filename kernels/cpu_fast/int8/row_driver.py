@@ -5,7 +5,7 @@ rows into tasks (tasks.py) and calls each task's kernels tile by tile."""
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 from numba import prange
@@ -15,9 +15,6 @@ from zinfer.kernels.cpu_fast.int8 import ir, ir_outer
 from zinfer.kernels.cpu_fast.int8.ir import Int8Args
 from zinfer.kernels.cpu_fast.int8.tasks import first_tasks, job_of
 from zinfer.kernels.cpu_fast.kernel_signature import call_kernel
-
-if TYPE_CHECKING:
-    from zinfer.kernels.cpu_fast.int8.products import Int8Weight  # products imports this module
 
 ROWS_PER_TASK = 16  # weight rows per parallel task
 ROWS_PER_BLOCK = 128  # activation rows per parallel task (an outer-product task converts its weight rows once a task)
@@ -105,8 +102,9 @@ def _outer_kernels(kind: str) -> tuple[int, int, int]:
     return (0, 0, 0) if outer is None else (*outer, ir_outer.scratch_bytes_per_row_step(kind))
 
 
-def job_row(w: Int8Weight, first_row: int) -> tuple[int, ...]:
-    """w's job row (the columns above): its arrays' addresses and strides, its rows, where its
-    product starts in the output, and its layout's kernels."""
+def job_row(w: Any, first_row: int) -> tuple[int, ...]:
+    """The job row (the columns above) of w, a products.Int8Weight (which imports this module):
+    its arrays' addresses and strides, its rows, where its product starts in the output, and
+    its layout's kernels."""
     return (w.qs.ctypes.data, w.d.ctypes.data, w.m.ctypes.data, w.qs.strides[0], w.d.strides[0], w.qs.shape[0],
             first_row, *_kernels(w.kind, w.dps, w.half), *_outer_kernels(w.kind))
