@@ -57,7 +57,7 @@ class FastWeight:
             w8 = self.int8
             arrays += [w8.qs, w8.d, w8.m[: self.shape[0]] if w8.kind == "u4" else w8.m]
             if w8.amx is not None:
-                arrays += [w8.amx.codes, w8.amx.d, w8.amx.m, w8.amx.sc, w8.amx.mn]
+                arrays += list(w8.amx.arrays)
         unique = {id(a): a for a in arrays if isinstance(a, np.ndarray)}
         return sum(a.nbytes for a in unique.values())
 

@@ -11,25 +11,19 @@ int8 order (tests/int8_canonical.py, the spec every int8 path equals bit for bit
       acc[b % C] = fma(f32(C_b), d_b * d_a_b, acc[b % C])
       acc[b % C] = fma(m_b, d_a_b * f32(codesum_b), acc[b % C])        (u4 only)
   and out = ((acc[0] + acc[1]) + acc[2]) + acc[3], left to right over the C classes.
-- k4, u6 (super-blocks of 256: 8 sub-blocks of 32, 16 of 16): per sub-block j the integers
-  Isum += C_j * sc_j (int32 lanes, sc per weight row); at the super-block's end
-      acc = fma(f32(Isum), d * d_a, acc)
-      acc = fma(f32(Msum), (-dmin) * d_a, acc)                          (k4 only)
-  with Msum = sum over j of mn_j * codesum_j, summed in f32 (every term and partial sum is
-  an integer below 2^24: exact, the spec's integer), then the integer sums start again;
-  out = acc.
+- k4, u6 (super-blocks of 256): amx_ir_folded.py.
 
 Each product above is one f32 multiply, each fma rounds once (no fast-math flags here), d_a
-is the activations' scale of the block (k4, u6: of the super-block) and codesum the exact
-sum of its activation codes. A kernel step is 32 weight rows by 32 activation rows: 2 A and
-2 B tiles, 4 independent tdpbssd into 4 C tiles (one alone waits out the tiles' latency),
-stored to a 4 KiB buffer; the float (and Isum) sums [2, 2, 16, 16] live in stack buffers
-(64 vectors each: more than the 32 registers).
+is the activations' scale of the block and codesum the exact sum of its activation codes.
+A kernel step is 32 weight rows by 32 activation rows: 2 A and 2 B tiles, 4 independent
+tdpbssd into 4 C tiles (one alone waits out the tiles' latency), stored to a 4 KiB buffer;
+the float sums [2, 2, 16, 16] of each class live in stack buffers (64 vectors each: more
+than the 32 registers).
 
 Kernel contract (AmxArgs): out[t, r] for t in [t0, t1) and r in [r0, r1) (multiples of 32);
 steps of 32 activation rows from t0, rows from t1 on computed but not stored (A, S, N must
 be readable up to t0 + 32 * ceil((t1 - t0) / 32)). B: the weights' tiles, 16 weight rows at
-B + (r / 16) * nblocks * 16 * K bytes; D, M, SC, MN as amx_layout.AmxWeight's arrays.
+B + (r / 16) * nblocks * 16 * K bytes; D, M as amx_layout.AmxWeight's arrays (L, MN, CS: the folded kernels').
 """
 
 from __future__ import annotations
@@ -40,9 +34,8 @@ from zinfer.kernels.cpu_fast.int8.ir_scales import Emit
 from zinfer.kernels.cpu_fast.kernel_signature import KernelSignature
 
 TILE_ROWS = 16  # activation rows and weight rows of a C tile
-KINDS = ("u4", "p8", "u5", "k4", "u6")  # amx_layout's kinds, one kernel each
+KINDS = ("u4", "p8", "u5")  # amx_layout's kinds of blocks of 32, one kernel each (k4, u6: amx_ir_folded)
 CLASSES = {"u4": 2, "p8": 2, "u5": 4}  # accumulator classes of the kinds of blocks of 32
-PER_SUPER = {"k4": 8, "u6": 16}  # tile products (sub-blocks) per super-block of 256 columns
 DECLS = """
 declare x86_amx @llvm.x86.tileloadd64.internal(i16, i16, ptr, i64)
 declare x86_amx @llvm.x86.tdpbssd.internal(i16, i16, i16, x86_amx, x86_amx, x86_amx)
@@ -62,7 +55,7 @@ def _broadcast(e: Emit, name: str, value: str) -> None:
     e(f"  %{name} = shufflevector {_F16} %{name}i, {_F16} poison, <16 x i32> zeroinitializer")
 
 
-def _load_scalar(e: Emit, name: str, row: str, stride: str, u: int, index: str) -> None:
+def load_scalar(e: Emit, name: str, row: str, stride: str, u: int, index: str) -> None:
     """%name = <16 x float> broadcast of the float at row + u * stride + index * 4 (bytes)."""
     e(f"  %{name}o = mul i64 %{stride}, {u}")
     e(f"  %{name}x = shl i64 {index}, 2")
@@ -80,14 +73,15 @@ def _at(u: int, j: int) -> int:
 class AmxArgs(NamedTuple):
     """The parameters of an AMX product kernel, in order: addresses, counts and byte strides."""
 
-    B: int  # address of the weight tiles
+    B: int  # address of the weight tiles (k4, u6: hi)
+    L: int  # k4, u6: address of the lo tiles; others: any readable address
     D: int  # address of the scales d (amx_layout.AmxWeight.d)
     M: int  # address of the offsets (u4: m, k4: -dmin; other kinds: any readable address)
-    SC: int  # address of the sub-block scales (k4, u6: int8; others: any readable address)
-    MN: int  # address of the sub-block mins (k4: int8; others: any readable address)
+    MN: int  # k4: address of the sub-block mins' B tiles; others: any readable address
     A: int  # address of the int8 activations [T_pad, cols]
     S: int  # address of the activation scales [T_pad, cols / group] f32
-    N: int  # address of the activations' [T_pad, cols / 32] f32: u4, d_a * code sum; k4, the code sum
+    N: int  # address of the activations' [T_pad, cols / 32] f32: u4, d_a * code sum (others: unread)
+    CS: int  # address of the activations' split code sums [T_pad, cols / 256, 16] int8 (k4; others: unread)
     nblocks: int  # tile products per row (cols / K)
     r0: int  # first weight row (a multiple of 16)
     r1: int  # end of the weight rows (a multiple of 16)
@@ -96,26 +90,22 @@ class AmxArgs(NamedTuple):
     astride: int  # bytes between rows of A
     sstride: int  # bytes between rows of S
     nstride: int  # bytes between rows of N
+    csstride: int  # bytes between rows of CS
     out: int  # address of out [T, ostride] f32
     ostride: int  # floats between rows of out
 
 
-SIGNATURE = KernelSignature(AmxArgs, addresses=("B", "D", "M", "SC", "MN", "A", "S", "N", "out"))
+SIGNATURE = KernelSignature(AmxArgs, addresses=("B", "L", "D", "M", "MN", "A", "S", "N", "CS", "out"))
 
 
 def kernel_name(kind: str) -> str:
     return f"amx_{kind}"
 
 
-def block_of(kind: str) -> int:
-    """K: the columns of one tile product of `kind` (u6: 16, else 32)."""
-    return 16 if kind == "u6" else 32
-
-
 def kernel_ir(kind: str) -> str:
-    """IR of the product kernel of `kind` (the module docstring's order and contract): per
-    step, 32 weight rows by 32 activation rows, 2 x 2 C tiles per tile product."""
-    block, classes, per = block_of(kind), CLASSES.get(kind, 1), PER_SUPER.get(kind, 0)
+    """IR of the product kernel of `kind` (u4, p8, u5: the module docstring's order and
+    contract): per step, 32 weight rows by 32 activation rows, 2 x 2 C tiles per block."""
+    block, classes = 32, CLASSES[kind]
     lines: list[str] = []
     e = lines.append
     e(SIGNATURE.define(kernel_name(kind)))
@@ -124,11 +114,8 @@ def kernel_ir(kind: str) -> str:
         e(f"  %{p}p = inttoptr i64 %{p} to ptr")
     e("  %buf = alloca [4096 x i8], align 64")  # the 4 C tiles of a tile product
     e(f"  %accs = alloca [{4096 * classes} x i8], align 64")  # float sums per class, [class][2][2][16][16]
-    e("  %isum = alloca [4096 x i8], align 64")  # super-blocks: the integer sums Isum, [2][2][16][16]
     e(f"  %bstride = mul i64 %nblocks, {block * TILE_ROWS}")  # bytes of 16 weight rows' tiles
-    e(f"  %nsup = udiv i64 %nblocks, {max(per, 1)}")
-    e(f"  %dstride = shl i64 %{'nsup' if per else 'nblocks'}, 6")  # bytes of 16 rows' d (and m)
-    e("  %scstride = shl i64 %nblocks, 4")  # bytes of 16 rows' sub-block scales (and mins)
+    e("  %dstride = shl i64 %nblocks, 6")  # bytes of 16 rows' d (and m)
     e("  br label %rloop")
     e("rloop:")
     e("  %r = phi i64 [ %r0, %entry ], [ %rn, %rlatch ]")
@@ -140,9 +127,6 @@ def kernel_ir(kind: str) -> str:
         e(f"  %do{j} = mul i64 %rt{j}, %dstride")
         e(f"  %drow{j} = getelementptr i8, ptr %Dp, i64 %do{j}")
         e(f"  %mrow{j} = getelementptr i8, ptr %Mp, i64 %do{j}")
-        e(f"  %sco{j} = mul i64 %rt{j}, %scstride")
-        e(f"  %scrow{j} = getelementptr i8, ptr %SCp, i64 %sco{j}")
-        e(f"  %mnrow{j} = getelementptr i8, ptr %MNp, i64 %sco{j}")
     e("  br label %tloop")
     e("tloop:")
     e("  %t = phi i64 [ %t0, %rloop ], [ %tn, %tlatch ]")
@@ -154,19 +138,15 @@ def kernel_ir(kind: str) -> str:
         e(f"  %ta{i}r = add i64 %t, {16 * i}")
         e(f"  %ao{i} = mul i64 %ta{i}r, %astride")
         e(f"  %arow{i} = getelementptr i8, ptr %Ap, i64 %ao{i}")
-    zeroed = [("accs", q) for q in range(4 * TILE_ROWS * classes)] + ([("isum", q) for q in range(64)] if per else [])
-    for n, (buf, q) in enumerate(zeroed):
-        e(f"  %zp{n} = getelementptr i8, ptr %{buf}, i64 {64 * q}")
-        e(f"  store {_F16} zeroinitializer, ptr %zp{n}, align 64")
+    for q in range(4 * TILE_ROWS * classes):
+        e(f"  %zp{q} = getelementptr i8, ptr %accs, i64 {64 * q}")
+        e(f"  store {_F16} zeroinitializer, ptr %zp{q}, align 64")
     e("  br label %bloop")
     e("bloop:")
     e("  %b = phi i64 [ 0, %tloop ], [ %bn, %bnext ]")
     _tile_products(e, block)
-    if per:
-        _sub_block(e, kind, per)
-    else:
-        _block(e, kind, classes)
-        e("  br label %bnext")
+    _block(e, kind, classes)
+    e("  br label %bnext")
     e("bnext:")
     e("  %bn = add i64 %b, 1")
     e("  %bmore = icmp ult i64 %bn, %nblocks")
@@ -222,9 +202,9 @@ def _block(e: Emit, kind: str, classes: int) -> None:
             e(f"  %mp{j} = getelementptr i8, ptr %mrow{j}, i64 %db")
             e(f"  %mv{j} = load {_F16}, ptr %mp{j}, align 4")
     for u in range(2 * TILE_ROWS):  # activation row t + u
-        _load_scalar(e, f"sv{u}", "srow", "sstride", u, "%b")
+        load_scalar(e, f"sv{u}", "srow", "sstride", u, "%b")
         if kind == "u4":  # N_b = f32(d_a * f32(code sum)), from the activations
-            _load_scalar(e, f"nv{u}", "nrow", "nstride", u, "%b")
+            load_scalar(e, f"nv{u}", "nrow", "nstride", u, "%b")
         for j in range(2):
             k = f"{u}_{j}"
             e(f"  %cp{k} = getelementptr i8, ptr %buf, i64 {_at(u, j)}")
@@ -238,73 +218,6 @@ def _block(e: Emit, kind: str, classes: int) -> None:
             if kind == "u4":
                 e(f"  %accn{k} = {_FMA}({_F16} %mv{j}, {_F16} %nv{u}, {_F16} %acs{k})")
             e(f"  store {_F16} %accn{k}, ptr %ap{k}, align 64")
-
-
-def _sub_block(e: Emit, kind: str, per: int) -> None:
-    """Sub-block %b's integers into Isum; at its super-block's end the float steps (k4, u6).
-    Ends the block (branches to %bnext)."""
-    e("  %scb = shl i64 %b, 4")
-    for j in range(2):
-        e(f"  %scp{j} = getelementptr i8, ptr %scrow{j}, i64 %scb")
-        e(f"  %sc8{j} = load <16 x i8>, ptr %scp{j}, align 1")
-        e(f"  %scv{j} = sext <16 x i8> %sc8{j} to {_I16}")
-    for u in range(2 * TILE_ROWS):
-        for j in range(2):
-            k = f"{u}_{j}"
-            e(f"  %cp{k} = getelementptr i8, ptr %buf, i64 {_at(u, j)}")
-            e(f"  %c{k} = load {_I16}, ptr %cp{k}, align 64")
-            e(f"  %ip{k} = getelementptr i8, ptr %isum, i64 {_at(u, j)}")
-            e(f"  %i{k} = load {_I16}, ptr %ip{k}, align 64")
-            e(f"  %cs{k} = mul {_I16} %c{k}, %scv{j}")
-            e(f"  %in{k} = add {_I16} %i{k}, %cs{k}")
-            e(f"  store {_I16} %in{k}, ptr %ip{k}, align 64")
-    e(f"  %jj = and i64 %b, {per - 1}")
-    e(f"  %send = icmp eq i64 %jj, {per - 1}")
-    e("  br i1 %send, label %super, label %bnext")
-    e("super:")
-    e(f"  %s = udiv i64 %b, {per}")
-    e("  %ds = shl i64 %s, 6")
-    mins = kind == "k4"
-    if mins:
-        e(f"  %s8 = mul i64 %s, {per}")  # the super-block's first sub-block
-    for j in range(2):
-        e(f"  %sdp{j} = getelementptr i8, ptr %drow{j}, i64 %ds")
-        e(f"  %sdv{j} = load {_F16}, ptr %sdp{j}, align 4")
-        if mins:
-            e(f"  %smp{j} = getelementptr i8, ptr %mrow{j}, i64 %ds")
-            e(f"  %smv{j} = load {_F16}, ptr %smp{j}, align 4")
-            for q in range(per):  # the super-block's sub-block mins as floats
-                e(f"  %mb{j}_{q} = add i64 %s8, {q}")
-                e(f"  %mo{j}_{q} = shl i64 %mb{j}_{q}, 4")
-                e(f"  %mnp{j}_{q} = getelementptr i8, ptr %mnrow{j}, i64 %mo{j}_{q}")
-                e(f"  %mn8{j}_{q} = load <16 x i8>, ptr %mnp{j}_{q}, align 1")
-                e(f"  %mnf{j}_{q} = sitofp <16 x i8> %mn8{j}_{q} to {_F16}")
-    for u in range(2 * TILE_ROWS):
-        _load_scalar(e, f"ssv{u}", "srow", "sstride", u, "%s")
-        if mins:
-            for q in range(per):
-                e(f"  %nq{u}_{q} = add i64 %s8, {q}")
-                _load_scalar(e, f"csv{u}_{q}", "nrow", "nstride", u, f"%nq{u}_{q}")
-        for j in range(2):
-            k = f"{u}_{j}"
-            e(f"  %sip{k} = getelementptr i8, ptr %isum, i64 {_at(u, j)}")
-            e(f"  %si{k} = load {_I16}, ptr %sip{k}, align 64")
-            e(f"  store {_I16} zeroinitializer, ptr %sip{k}, align 64")
-            e(f"  %sf{k} = sitofp {_I16} %si{k} to {_F16}")
-            e(f"  %ssc{k} = fmul {_F16} %sdv{j}, %ssv{u}")
-            e(f"  %sap{k} = getelementptr i8, ptr %accs, i64 {_at(u, j)}")
-            e(f"  %sacc{k} = load {_F16}, ptr %sap{k}, align 64")
-            e(f"  %sa{k} = {_FMA}({_F16} %sf{k}, {_F16} %ssc{k}, {_F16} %sacc{k})")
-            result = f"%sa{k}"
-            if mins:  # Msum: exact integers in f32
-                e(f"  %ms{k}_0 = fmul {_F16} %mnf{j}_0, %csv{u}_0")
-                for q in range(1, per):
-                    e(f"  %ms{k}_{q} = {_FMA}({_F16} %mnf{j}_{q}, {_F16} %csv{u}_{q}, {_F16} %ms{k}_{q - 1})")
-                e(f"  %msc{k} = fmul {_F16} %smv{j}, %ssv{u}")
-                e(f"  %sm{k} = {_FMA}({_F16} %ms{k}_{per - 1}, {_F16} %msc{k}, {_F16} %sa{k})")
-                result = f"%sm{k}"
-            e(f"  store {_F16} {result}, ptr %sap{k}, align 64")
-    e("  br label %bnext")
 
 
 def _store(e: Emit, classes: int) -> None:
@@ -329,11 +242,6 @@ def _store(e: Emit, classes: int) -> None:
             e(f"  %oi{k} = add i64 %oo{u}, %oc{k}")
             e(f"  %op{k} = getelementptr float, ptr %outp, i64 %oi{k}")
             e(f"  call void @llvm.masked.store.v16f32.p0({_F16} {total}, ptr %op{k}, i32 4, <16 x i1> %mk{u})")
-
-
-def module_ir() -> str:
-    """IR of the module of every kernel of KINDS, with the intrinsics' declarations."""
-    return DECLS + "\n".join(kernel_ir(kind) for kind in KINDS)
 
 
 PEAK_TILES = 4  # independent C tiles of the peak loop (2 x 2, as a product's tiles would be)
