@@ -25,6 +25,7 @@ from zinfer.devices.cpu_fast_linears import FastWeight
 from zinfer.devices.cpu_fast_round import FastRoundCtx
 from zinfer.devices.round import RopeKey, rope_key
 from zinfer.kernels.cpu_fast import gemm_ir
+from zinfer.kernels.cpu_fast.int8 import amx_products
 from zinfer.kernels.cpu_fast.int8 import products as ci
 from zinfer.kernels.cpu_fast import cpu_tape as ct
 from zinfer.kernels.oracle.rope import RopeScaling, inv_freq as rope_inv_freq
@@ -193,9 +194,16 @@ class GraphRecorder:
         for jobs, members in self.dev.int8_jobs(ws):
             w0 = jobs.weights[0]
             flat = tape.out((T * jobs.rows,))
-            tape.node(ct.Linears(jobs=tape.pin(jobs.table), njobs=len(jobs.table), x=x_at, T=T, cols=cols,
-                                 order=ci.activation_order(w0), group=ci.rounding_group(w0), nsteps=w0.nsteps,
-                                 nchunks=w0.nchunks, out=tape.act(flat), out_floats=flat.size))
+            group = ci.rounding_group(w0)
+            if ci.on_tiles(jobs, T):  # as the eager launch: AMX tiles, the same sums bit for bit
+                assert jobs.amx is not None
+                A, S, N, CS = (tape.pin(v) for v in amx_products.activations_for(T, cols, group))  # scratch
+                tape.node(ct.AmxLinears(jobs=tape.pin(jobs.amx), njobs=len(jobs.amx), x=x_at, T=T, cols=cols,
+                                        group=group, a=A, s=S, n=N, cs=CS, out=tape.act(flat), out_floats=flat.size))
+            else:
+                tape.node(ct.Linears(jobs=tape.pin(jobs.table), njobs=len(jobs.table), x=x_at, T=T, cols=cols,
+                                     order=ci.activation_order(w0), group=group, nsteps=w0.nsteps,
+                                     nchunks=w0.nchunks, out=tape.act(flat), out_floats=flat.size))
             for i, (lo, hi) in zip(members, jobs.bounds):
                 done[i] = flat[T * lo : T * hi].reshape(T, hi - lo)
         outs: list[np.ndarray] = []

@@ -6,7 +6,8 @@ in f32 so its products are Python steps of the tape; llama in Q4_K (tests/golden
 and Q5_0, whose int8 kernels read the file's blocks; K/V in f32; the float kernels), decoded
 for many rounds with graphs and without, on batches that fill a bucket and batches padded up
 to one, with sequences joining and leaving and tables growing past block edges: the logits
-must be equal bit for bit.
+must be equal bit for bit; on an AMX host, a full bucket's rounds multiply on the tiles in
+the tape too, with the same bits.
 Then what must never happen: a round replaying another KV pool's graphs, an op fed an
 array made outside the recorded ops (which must run eagerly and still be right), and a
 tape node with a missing or wrongly typed field (a TypeError while the tape is built).
@@ -24,6 +25,8 @@ from gguf import GGMLQuantizationType as QT
 from tiny import write_tiny_gguf, write_tiny_hf
 from zinfer.devices.batch import ForwardBatch
 from zinfer.devices.cpu_fast import FastCpuDevice
+from zinfer.devices.cpu_graph import BUCKETS
+from zinfer.kernels.cpu_fast.int8 import amx_host, amx_products
 from zinfer.kernels.cpu_fast import cpu_tape as ct
 from zinfer.models.forward import round_layers, round_logits
 from zinfer.models.loader import open_model
@@ -173,6 +176,32 @@ def test_a_traced_replay_is_one_graph_replay_kernel_span(tiny_paths):
         names.append([e[0] for e in rec.take()[1]])
     assert "graph_replay" not in names[0] and {"linears", "attention"} <= set(names[0])  # recorded op by op
     assert names[1] == ["graph_replay"]
+
+
+@pytest.mark.skipif(not amx_host.tiles_permitted(), reason="needs a CPU with AMX-INT8 and the OS's permission")
+@pytest.mark.parametrize("model", ["llama-q8_0", "llama-q4_k"])
+def test_a_round_of_a_full_bucket_replays_its_products_on_the_tiles_with_the_eager_bits(tiny_paths, model):
+    """The largest bucket's rounds (amx_products.MIN_ROWS rows or more) multiply on the AMX
+    tiles in the tape as the eager round does (an AmxLinears node), and give its logits bit
+    for bit."""
+    pair = Pair(tiny_paths[model])
+    S = BUCKETS[-1]
+    assert S >= amx_products.MIN_ROWS
+    rng = np.random.default_rng(5)
+    tables = [[2 * i, 2 * i + 1] for i in range(S)]  # 2 blocks of 4: up to 8 tokens each
+    prompts = [[int(t) for t in rng.integers(3, pair.spec.vocab_size, 3)] for _ in range(S)]
+    eager, graph = pair.round([(ids, 0, tables[i], True) for i, ids in enumerate(prompts)])
+    last = [int(np.argmax(row)) for row in eager]
+    replayed = 0
+    for pos in range(3, 7):
+        eager, graph = pair.round([([last[i]], pos, tables[i], True) for i in range(S)])
+        np.testing.assert_array_equal(graph, eager, err_msg=f"position {pos}")
+        replayed += pair.devs[1].last_round_replayed
+        last = [int(np.argmax(row)) for row in eager]
+    assert replayed >= 3
+    tape = pair.kvs[1].graphs._graphs[S].tape
+    ops = {int(op) for step in tape.steps if isinstance(step, np.ndarray) for op in step[:, 0]}
+    assert ct.OP_AMX_LINEARS in ops
 
 
 def test_a_tape_node_with_a_missing_or_mistyped_field_fails_when_built():

@@ -15,7 +15,7 @@ each field at the column its record declares (RMS_NORM.eps and so on, constants 
 folds). Writer and reader both derive from the record, so a missing, unknown or wrongly
 typed field is a TypeError when the tape is built, never a wild pointer in nogil code.
 
-The kernels are those the eager ops call (cpu_ops.py, int8/products.py), so a replay
+The kernels are those the eager ops call (cpu_ops.py, int8/products.py, int8/amx_products.py), so a replay
 computes what the same op sequence computes eagerly, up to how numba optimizes a callee
 inside its caller (fastmath reductions may round 1 ulp apart).
 """
@@ -33,6 +33,7 @@ from numba import types as nt
 
 from zinfer.kernels.cpu_fast.code_cache import cached_njit
 from zinfer.kernels.cpu_fast.numba_types import Int, Typing, carray, intrinsic
+from zinfer.kernels.cpu_fast.int8 import amx_products
 from zinfer.kernels.cpu_fast.int8 import products as ci
 from zinfer.kernels.cpu_fast.int8 import row_driver
 from zinfer.kernels.cpu_fast import cpu_ops as ops
@@ -64,6 +65,25 @@ class Linears(NamedTuple):
     group: int
     nsteps: int
     nchunks: int
+    out: Address
+    out_floats: int
+
+
+class AmxLinears(NamedTuple):
+    """out [out_floats] = the AMX jobs [njobs, amx_products.JOB_COLUMNS] applied to x [T, cols]
+    (amx_products.product_in), x rounded per `group` columns into the scratch a, s, n, cs
+    (amx_products.activations_for(T, cols, group))."""
+
+    jobs: Address
+    njobs: int
+    x: Address
+    T: int
+    cols: int
+    group: int
+    a: Address
+    s: Address
+    n: Address
+    cs: Address
     out: Address
     out_floats: int
 
@@ -202,9 +222,11 @@ OP_GLU, GLU = _opcode(Glu)
 OP_ADD, ADD = _opcode(Add)
 OP_SCALE, SCALE = _opcode(Scale)
 OP_TAKE_ROWS, TAKE_ROWS = _opcode(TakeRows)
+OP_AMX_LINEARS, AMX_LINEARS = _opcode(AmxLinears)
 
 WIDTH = 1 + max(len(fields) for fields in _FIELDS.values())  # int64 columns per node
 JOB_COLUMNS = row_driver.JOB_COLUMNS  # products' job table rows
+AMX_JOB_COLUMNS = amx_products.JOB_COLUMNS
 
 
 def f32_bits(v: float) -> int:
@@ -260,7 +282,7 @@ def _pointer(nbtype: Any) -> Callable[..., Any]:
     return pointer
 
 
-_f32p, _u16p, _i64p, _i32p = (_pointer(t) for t in (nt.float32, nt.uint16, nt.int64, nt.int32))
+_f32p, _u16p, _i64p, _i32p, _i8p = (_pointer(t) for t in (nt.float32, nt.uint16, nt.int64, nt.int32, nt.int8))
 
 
 @njit(inline="always")
@@ -289,6 +311,15 @@ def replay(nodes: np.ndarray) -> None:
             x = carray(_f32p(a[LINEARS.x]), (a[LINEARS.T], a[LINEARS.cols]))
             ci._product(jobs, x, a[LINEARS.order], a[LINEARS.group], a[LINEARS.nsteps], a[LINEARS.nchunks],
                         carray(_f32p(a[LINEARS.out]), (a[LINEARS.out_floats],)))
+        elif op == OP_AMX_LINEARS:
+            T, cols, group, tp = a[AMX_LINEARS.T], a[AMX_LINEARS.cols], a[AMX_LINEARS.group], amx_products.padded_rows(
+                a[AMX_LINEARS.T])
+            amx_products.product_in(
+                carray(_i64p(a[AMX_LINEARS.jobs]), (a[AMX_LINEARS.njobs], AMX_JOB_COLUMNS)),
+                carray(_f32p(a[AMX_LINEARS.x]), (T, cols)), group, carray(_i8p(a[AMX_LINEARS.a]), (tp, cols)),
+                carray(_f32p(a[AMX_LINEARS.s]), (tp, cols // group)), carray(_f32p(a[AMX_LINEARS.n]), (tp, cols // 32)),
+                carray(_i8p(a[AMX_LINEARS.cs]), (tp, max(cols // 256, 1), 2, 64)),
+                carray(_f32p(a[AMX_LINEARS.out]), (a[AMX_LINEARS.out_floats],)))
         elif op == OP_BIAS:
             T, n = a[BIAS.T], a[BIAS.n]
             out, b = carray(_f32p(a[BIAS.out]), (T, n)), carray(_f32p(a[BIAS.b]), (n,))

@@ -80,12 +80,18 @@ def job_table(ws: list[AmxWeight], first_rows: list[int]) -> np.ndarray | None:
     ], np.int64)
 
 
-def _activations(T: int, K: int, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Uninitialised (A, S, N, CS) for T rows of K columns (the module docstring's shapes),
-    each 64-byte aligned: A's and CS's rows are tile rows."""
-    padded = (T + PAD_ROWS - 1) // PAD_ROWS * PAD_ROWS
+def activations_for(T: int, K: int, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Uninitialised (A, S, N, CS) for T rows of K columns rounded per `group` (the module
+    docstring's shapes), each 64-byte aligned: A's and CS's rows are tile rows."""
+    padded = padded_rows(T)
     return (aligned_empty((padded, K), np.int8), aligned_empty((padded, K // group), np.float32),
             aligned_empty((padded, K // 32), np.float32), aligned_empty((padded, max(K // 256, 1), 2, 64), np.int8))
+
+
+@cached_njit(nogil=True, inline="always")
+def padded_rows(T: Int) -> int:
+    """T rounded up to the kernels' step of activation rows (the rows of A, S, N, CS)."""
+    return (T + PAD_ROWS - 1) // PAD_ROWS * PAD_ROWS
 
 
 @cached_njit(parallel=True, nogil=True, fastmath={"reassoc", "nsz", "nnan", "ninf"})
@@ -95,7 +101,7 @@ def _quantize(x: np.ndarray, group: Int, A: np.ndarray, S: np.ndarray, N: np.nda
     T, K = x.shape
     A[T:] = 0
     S[T:] = 0
-    N[:] = 0
+    N[:] = 0  # (group 256: unread)
     CS[:] = 0
     for t in prange(T):
         xt, At = x[t], A[t]
@@ -151,6 +157,15 @@ def product(jobs: np.ndarray, x: np.ndarray, group: int, out: np.ndarray) -> Non
     """out (flat f32, each job's [T, rows] at T * its first row) = x [T, cols] f32 times
     each job's matrix, x rounded per `group` columns (32 or 256: the jobs' AmxWeight.group)."""
     assert ROWS_PER_TASK == ROW_MULTIPLE
-    A, S, N, CS = _activations(x.shape[0], x.shape[1], group)
+    product_in(jobs, x, group, *activations_for(x.shape[0], x.shape[1], group), out)
+
+
+@cached_njit(nogil=True)
+def product_in(
+    jobs: np.ndarray, x: np.ndarray, group: Int, A: np.ndarray, S: np.ndarray, N: np.ndarray, CS: np.ndarray,
+    out: np.ndarray,
+) -> None:
+    """product, with x rounded into the scratch A, S, N, CS (activations_for(T, cols, group)):
+    a recorded round's (kernels/cpu_fast/cpu_tape.py) allocates them once."""
     _quantize(x, group, A, S, N, CS)
     _run(jobs, A, S, N, CS, x.shape[0], out)

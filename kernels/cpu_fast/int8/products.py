@@ -269,9 +269,15 @@ def matmul_many(jobs: Jobs, x: np.ndarray) -> list[np.ndarray]:
     return [flat[T * a : T * b].reshape(T, b - a) for a, b in jobs.bounds]
 
 
+def on_tiles(jobs: Jobs, T: int) -> bool:
+    """Whether a launch of T activation rows of these jobs runs on the AMX tiles."""
+    return jobs.amx is not None and T >= amx_products.MIN_ROWS and jobs.weights[0].amx is not None
+
+
 def _launch(jobs: Jobs, x: np.ndarray, out: np.ndarray) -> None:
     w = jobs.weights[0]
-    if jobs.amx is not None and x.shape[0] >= amx_products.MIN_ROWS and w.amx is not None:
+    if on_tiles(jobs, x.shape[0]):
+        assert jobs.amx is not None
         amx_products.product(jobs.amx, x, rounding_group(w), out)
         return
     PRODUCTS[activation_order(w)](jobs.table, x, rounding_group(w), w.nsteps, w.nchunks, out)
