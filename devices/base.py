@@ -111,8 +111,9 @@ class Device(RoundOps[Any, Any], Protocol):
 
     def settle(self, timeout: float) -> bool:
         """Wait up to `timeout` s for work the device started in the background (cpu-fast:
-        compiling its decode graphs' replay); whether none is left. Benchmarks call it after
-        their warm-up, so no timed round shares the CPU with a compiler."""
+        compiling its decode graphs' replay, populating its KV pools' pages); whether none
+        is left. Benchmarks call it after their warm-up, so no timed round shares the CPU
+        with a compiler or takes the page faults of a fresh pool."""
 
     def to_numpy(self, x: Any) -> np.ndarray:
         """A device array on the host."""

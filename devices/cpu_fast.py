@@ -42,6 +42,7 @@ from zinfer.devices.cpu_fast_round import FastRoundCtx
 from zinfer.devices.cpu_graph import DecodeGraphs, GraphKV, ReplayCompile
 from zinfer.devices.cpu_team import ThreadGovernor
 from zinfer.devices.fallback import F32Fallbacks
+from zinfer.devices.memory_populate import Populate
 from zinfer.kernels.cpu_fast.int8 import products as ci
 from zinfer.kernels.cpu_fast import compile_cache
 from zinfer.kernels.cpu_fast import cpu_ops as ops
@@ -83,6 +84,7 @@ class FastCpuDevice(DeviceBase):
         self._jobs: dict[tuple[int, ...], tuple[tuple[FastWeight, ...], list[Int8Group]]] = {}  # ids -> (ws, groups)
         self.decode_graphs = decode_graphs
         self.replay_compile = ReplayCompile()  # started by the first eager decode round on a GraphKV
+        self._populating: list[Populate] = []  # the KV pools' background page population
         self.last_round_replayed = False  # whether the last run_round replayed a graph (traces/kernels.py)
 
     # ---- weights and KV ----
@@ -103,10 +105,14 @@ class FastCpuDevice(DeviceBase):
         return w
 
     def alloc_kv(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int) -> CpuKV:
-        """A zeroed pool; with decode graphs a GraphKV, which carries the graphs recorded over it."""
+        """A zeroed pool, its pages populated in the background (devices/memory_populate.py);
+        with decode graphs a GraphKV, which carries the graphs recorded over it."""
         if not self.decode_graphs:
-            return CpuKV.zeros(n_layers, n_kv_heads, head_dim, num_blocks, block_size, self.kv_dtype)
-        return GraphKV.allocate(n_layers, n_kv_heads, head_dim, num_blocks, block_size, self.kv_dtype)
+            kv = CpuKV.zeros(n_layers, n_kv_heads, head_dim, num_blocks, block_size, self.kv_dtype)
+        else:
+            kv = GraphKV.allocate(n_layers, n_kv_heads, head_dim, num_blocks, block_size, self.kv_dtype)
+        self._populating.append(Populate(kv.k + kv.v))
+        return kv
 
     # ---- rounds ----
 
@@ -138,7 +144,11 @@ class FastCpuDevice(DeviceBase):
         return out
 
     def settle(self, timeout: float) -> bool:
-        return self.replay_compile.wait(timeout)
+        """Wait up to `timeout` s for the background work (the replay compile, the KV pools'
+        population); whether it is done."""
+        deadline = time.monotonic() + timeout
+        done = self.replay_compile.wait(timeout)
+        return all(p.wait(max(0.0, deadline - time.monotonic())) for p in self._populating) and done
 
     # ---- ops ----
 
