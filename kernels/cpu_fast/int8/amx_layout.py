@@ -30,7 +30,8 @@ rows and block, one B tile of K / 4 rows of 64 bytes, byte 4n + c of tile row k 
 16 rows in one vector: d and m [rows / 16, nblocks, 16] f32 (k4, u6: [rows / 16, nsuper,
 16]); sc [rows / 16, nsub, 16] int8 (kept for `dequantized`; the kernels read the folded
 codes); k4's mn the B tiles of its 8 mins per super-block, [rows / 16, nsuper, 2, 16, 4]
-int8 and 1 KiB of zeros, flat (min_tiles). The int8 view (products.py) stays beside it for the rounds of few rows.
+int8 and 1 KiB of zeros, flat (min_tiles). Tiles are 64-byte aligned (aligned_empty). The
+int8 view (products.py) stays beside it for the rounds of few rows.
 """
 
 from __future__ import annotations

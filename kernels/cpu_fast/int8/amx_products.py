@@ -8,9 +8,10 @@ K-quants, by the same rule: activations._block_scale), laid out plainly: A [T_pa
 int8, S [T_pad, cols / group] f32 = d_a of each rounding group, N [T_pad, cols / 32] f32 per
 32-block: f32(d_a * f32(code sum)) (u4's offsets' factor N_b; group 32 only), and for group
 256 CS [T_pad, cols / 256, 2, 64] int8: each super-block's 8 exact code sums split 64 ch + cl
-(8 ch and 56 zeros, then 8 cl and 56 zeros: k4's Msum, amx_ir_folded.py); T_pad = T rounded up to 32, the pad rows zero
-(the kernels read whole tiles). The kernels (amx_ir.py) apply them in the one int8
-float order (tests/int8_canonical.py), so a row's result is the VNNI kernels' bit for bit.
+(8 ch and 56 zeros, then 8 cl and 56 zeros: k4's Msum, amx_ir_folded.py); T_pad = T rounded
+up to 32, the pad rows zero (the kernels read whole tiles). The kernels (amx_ir.py,
+amx_ir_folded.py) apply them in the one int8 float order (tests/int8_canonical.py), so a
+row's result is the VNNI kernels' bit for bit.
 """
 
 from __future__ import annotations
