@@ -15,11 +15,11 @@ and out = acc: bit for bit the VNNI kernels' (and amx_ir's block kinds' contract
 
 A kernel step is 16 weight rows by 32 activation rows: 2 A tiles and the hi and lo B tiles
 into 4 C tiles (A0 hi, A0 lo, A1 hi, A1 lo: all 8 tile registers), stored once per
-super-block with k4's 4 min tiles to an 8 KiB buffer; the float sums [32, 16] live in a
-stack buffer. Kernel contract: amx_ir's (AmxArgs), with B the hi tiles, L the lo tiles,
-nblocks = cols / 64, MN k4's min tiles (readable 1 KiB past the last) and CS the
-activations' split code sums [T_pad, cols / 256, 2, 64] int8 (ch of the 8 sub-blocks, then
-56 zeros; cl the same).
+super-block, with k4's 4 min tiles, to one 8 KiB half of a buffer while the float steps of
+the super-block before read the other half; the float sums [32, 16] live in a stack buffer.
+Kernel contract: amx_ir's (AmxArgs), with B the hi tiles, L the lo tiles, nblocks = cols /
+64, MN k4's min tiles (readable 1 KiB past the last) and CS the activations' split code sums
+[T_pad, cols / 256, 2, 64] int8 (ch of the 8 sub-blocks, then 56 zeros; cl the same).
 """
 
 from __future__ import annotations
@@ -102,8 +102,8 @@ def kernel_ir(kind: str) -> str:
 
 
 def _tiles(e: Emit, s: str, mins: bool, tag: str) -> None:
-    """Super-block `s`'s tile products (k4: the min tiles first: after the 4 C tiles LLVM's
-    tile allocator runs out of registers for their shapes) into the %buf half `s` % 2."""
+    """Super-block `s`'s tile products into the %buf half `s` % 2 (k4: the min tiles first;
+    after the 4 C tiles, when they had K = 8 shapes, LLVM's tile allocator ran out of registers)."""
     e(f"  %par{tag} = and i64 {s}, 1")
     e(f"  %half{tag} = shl i64 %par{tag}, 13")
     e(f"  %hb{tag} = getelementptr i8, ptr %buf, i64 %half{tag}")
