@@ -61,6 +61,7 @@ class Populate:
                         log.debug("kv pool populate unavailable", errno=ctypes.get_errno())
                         return
         finally:
+            self._keep = []  # done with their memory: the pools may go when their owner drops them
             self._done.set()
 
     def wait(self, timeout: float) -> bool:

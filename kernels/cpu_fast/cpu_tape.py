@@ -312,8 +312,8 @@ def replay(nodes: np.ndarray) -> None:
             ci._product(jobs, x, a[LINEARS.order], a[LINEARS.group], a[LINEARS.nsteps], a[LINEARS.nchunks],
                         carray(_f32p(a[LINEARS.out]), (a[LINEARS.out_floats],)))
         elif op == OP_AMX_LINEARS:
-            T, cols, group, tp = a[AMX_LINEARS.T], a[AMX_LINEARS.cols], a[AMX_LINEARS.group], amx_products.padded_rows(
-                a[AMX_LINEARS.T])
+            T, cols, group = a[AMX_LINEARS.T], a[AMX_LINEARS.cols], a[AMX_LINEARS.group]
+            tp = amx_products.padded_rows(T)  # the scratch's rows
             amx_products.product_in(
                 carray(_i64p(a[AMX_LINEARS.jobs]), (a[AMX_LINEARS.njobs], AMX_JOB_COLUMNS)),
                 carray(_f32p(a[AMX_LINEARS.x]), (T, cols)), group, carray(_i8p(a[AMX_LINEARS.a]), (tp, cols)),

@@ -44,15 +44,15 @@ declare x86_amx @llvm.x86.tilezero.internal(i16, i16)
 declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)
 declare void @llvm.masked.store.v16f32.p0(<16 x float>, ptr, i32, <16 x i1>)
 """
-_F16 = "<16 x float>"
-_I16 = "<16 x i32>"
-_FMA = f"call {_F16} @llvm.fma.v16f32"
+F16 = "<16 x float>"  # the IR types and fma of the kernels' 16-lane vectors
+I16 = "<16 x i32>"
+FMA = f"call {F16} @llvm.fma.v16f32"
 
 
 def _broadcast(e: Emit, name: str, value: str) -> None:
     """%name = <16 x float> with the float `value` in every lane."""
-    e(f"  %{name}i = insertelement {_F16} poison, float {value}, i32 0")
-    e(f"  %{name} = shufflevector {_F16} %{name}i, {_F16} poison, <16 x i32> zeroinitializer")
+    e(f"  %{name}i = insertelement {F16} poison, float {value}, i32 0")
+    e(f"  %{name} = shufflevector {F16} %{name}i, {F16} poison, <16 x i32> zeroinitializer")
 
 
 def load_scalar(e: Emit, name: str, row: str, stride: str, u: int, index: str) -> None:
@@ -102,16 +102,22 @@ def kernel_name(kind: str) -> str:
     return f"amx_{kind}"
 
 
+def open_kernel(e: Emit, kind: str) -> None:
+    """The kernel of `kind`'s define line and entry block's first lines: each address
+    parameter P as the pointer %Pp."""
+    e(SIGNATURE.define(kernel_name(kind)))
+    e("entry:")
+    for p in SIGNATURE.addresses:
+        e(f"  %{p}p = inttoptr i64 %{p} to ptr")
+
+
 def kernel_ir(kind: str) -> str:
     """IR of the product kernel of `kind` (u4, p8, u5: the module docstring's order and
     contract): per step, 32 weight rows by 32 activation rows, 2 x 2 C tiles per block."""
     block, classes = 32, CLASSES[kind]
     lines: list[str] = []
     e = lines.append
-    e(SIGNATURE.define(kernel_name(kind)))
-    e("entry:")
-    for p in SIGNATURE.addresses:
-        e(f"  %{p}p = inttoptr i64 %{p} to ptr")
+    open_kernel(e, kind)
     e("  %buf = alloca [4096 x i8], align 64")  # the 4 C tiles of a tile product
     e(f"  %accs = alloca [{4096 * classes} x i8], align 64")  # float sums per class, [class][2][2][16][16]
     e(f"  %bstride = mul i64 %nblocks, {block * TILE_ROWS}")  # bytes of 16 weight rows' tiles
@@ -140,7 +146,7 @@ def kernel_ir(kind: str) -> str:
         e(f"  %arow{i} = getelementptr i8, ptr %Ap, i64 %ao{i}")
     for q in range(4 * TILE_ROWS * classes):
         e(f"  %zp{q} = getelementptr i8, ptr %accs, i64 {64 * q}")
-        e(f"  store {_F16} zeroinitializer, ptr %zp{q}, align 64")
+        e(f"  store {F16} zeroinitializer, ptr %zp{q}, align 64")
     e("  br label %bloop")
     e("bloop:")
     e("  %b = phi i64 [ 0, %tloop ], [ %bn, %bnext ]")
@@ -197,10 +203,10 @@ def _block(e: Emit, kind: str, classes: int) -> None:
     e("  %db = shl i64 %b, 6")
     for j in range(2):
         e(f"  %dp{j} = getelementptr i8, ptr %drow{j}, i64 %db")
-        e(f"  %dv{j} = load {_F16}, ptr %dp{j}, align 4")
+        e(f"  %dv{j} = load {F16}, ptr %dp{j}, align 4")
         if kind == "u4":
             e(f"  %mp{j} = getelementptr i8, ptr %mrow{j}, i64 %db")
-            e(f"  %mv{j} = load {_F16}, ptr %mp{j}, align 4")
+            e(f"  %mv{j} = load {F16}, ptr %mp{j}, align 4")
     for u in range(2 * TILE_ROWS):  # activation row t + u
         load_scalar(e, f"sv{u}", "srow", "sstride", u, "%b")
         if kind == "u4":  # N_b = f32(d_a * f32(code sum)), from the activations
@@ -208,16 +214,16 @@ def _block(e: Emit, kind: str, classes: int) -> None:
         for j in range(2):
             k = f"{u}_{j}"
             e(f"  %cp{k} = getelementptr i8, ptr %buf, i64 {_at(u, j)}")
-            e(f"  %c{k} = load {_I16}, ptr %cp{k}, align 64")
-            e(f"  %f{k} = sitofp {_I16} %c{k} to {_F16}")
-            e(f"  %sc{k} = fmul {_F16} %dv{j}, %sv{u}")
+            e(f"  %c{k} = load {I16}, ptr %cp{k}, align 64")
+            e(f"  %f{k} = sitofp {I16} %c{k} to {F16}")
+            e(f"  %sc{k} = fmul {F16} %dv{j}, %sv{u}")
             e(f"  %ap{k} = getelementptr i8, ptr %abase, i64 {_at(u, j)}")
-            e(f"  %acc{k} = load {_F16}, ptr %ap{k}, align 64")
+            e(f"  %acc{k} = load {F16}, ptr %ap{k}, align 64")
             last = "acs" if kind == "u4" else "accn"
-            e(f"  %{last}{k} = {_FMA}({_F16} %f{k}, {_F16} %sc{k}, {_F16} %acc{k})")
+            e(f"  %{last}{k} = {FMA}({F16} %f{k}, {F16} %sc{k}, {F16} %acc{k})")
             if kind == "u4":
-                e(f"  %accn{k} = {_FMA}({_F16} %mv{j}, {_F16} %nv{u}, {_F16} %acs{k})")
-            e(f"  store {_F16} %accn{k}, ptr %ap{k}, align 64")
+                e(f"  %accn{k} = {FMA}({F16} %mv{j}, {F16} %nv{u}, {F16} %acs{k})")
+            e(f"  store {F16} %accn{k}, ptr %ap{k}, align 64")
 
 
 def _store(e: Emit, classes: int) -> None:
@@ -234,14 +240,14 @@ def _store(e: Emit, classes: int) -> None:
             total = ""
             for c in range(classes):
                 e(f"  %fp{k}_{c} = getelementptr i8, ptr %accs, i64 {4096 * c + _at(u, j)}")
-                e(f"  %fv{k}_{c} = load {_F16}, ptr %fp{k}_{c}, align 64")
+                e(f"  %fv{k}_{c} = load {F16}, ptr %fp{k}_{c}, align 64")
                 if c:
-                    e(f"  %fs{k}_{c} = fadd {_F16} {total}, %fv{k}_{c}")
+                    e(f"  %fs{k}_{c} = fadd {F16} {total}, %fv{k}_{c}")
                 total = f"%fs{k}_{c}" if c else f"%fv{k}_{c}"
             e(f"  %oc{k} = add i64 %r, {16 * j}")
             e(f"  %oi{k} = add i64 %oo{u}, %oc{k}")
             e(f"  %op{k} = getelementptr float, ptr %outp, i64 %oi{k}")
-            e(f"  call void @llvm.masked.store.v16f32.p0({_F16} {total}, ptr %op{k}, i32 4, <16 x i1> %mk{u})")
+            e(f"  call void @llvm.masked.store.v16f32.p0({F16} {total}, ptr %op{k}, i32 4, <16 x i1> %mk{u})")
 
 
 PEAK_TILES = 4  # independent C tiles of the peak loop (2 x 2, as a product's tiles would be)

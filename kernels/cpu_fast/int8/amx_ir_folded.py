@@ -24,7 +24,7 @@ Kernel contract: amx_ir's (AmxArgs), with B the hi tiles, L the lo tiles, nblock
 
 from __future__ import annotations
 
-from zinfer.kernels.cpu_fast.int8.amx_ir import _F16, _FMA, _I16, SIGNATURE, TILE_ROWS, kernel_name, load_scalar
+from zinfer.kernels.cpu_fast.int8.amx_ir import F16, FMA, I16, TILE_ROWS, load_scalar, open_kernel
 from zinfer.kernels.cpu_fast.int8.ir_scales import Emit
 
 KINDS = ("k4", "u6")
@@ -37,10 +37,7 @@ def kernel_ir(kind: str) -> str:
     mins = kind == "k4"
     lines: list[str] = []
     e = lines.append
-    e(SIGNATURE.define(kernel_name(kind)))
-    e("entry:")
-    for p in SIGNATURE.addresses:
-        e(f"  %{p}p = inttoptr i64 %{p} to ptr")
+    open_kernel(e, kind)
     e("  %buf = alloca [16384 x i8], align 64")  # 2 x C tiles [8][16][16] i32: _C, then k4's Mh0, Ml0, Mh1, Ml1
     e("  %accs = alloca [2048 x i8], align 64")  # float sums [32][16]
     e("  %bstride = shl i64 %nblocks, 10")  # bytes of 16 weight rows' hi (or lo) tiles: 1 KiB a block
@@ -68,7 +65,7 @@ def kernel_ir(kind: str) -> str:
         e(f"  %csrow{i} = getelementptr i8, ptr %CSp, i64 %co{i}")
     for q in range(2 * TILE_ROWS):
         e(f"  %zp{q} = getelementptr i8, ptr %accs, i64 {64 * q}")
-        e(f"  store {_F16} zeroinitializer, ptr %zp{q}, align 64")
+        e(f"  store {F16} zeroinitializer, ptr %zp{q}, align 64")
     # super-block s's tiles go to %buf's half s % 2 while the float steps of s - 1 read the other
     # half: the tile unit runs ahead of the vector ports' work on the sums
     _tiles(e, "0", mins, "p")
@@ -168,10 +165,10 @@ def _split_sum(e: Emit, name: str, base: str, hi_offset: int, lo_offset: int) ->
     """%name = <16 x float> f32(64 hi + lo) of the int32 vectors at base + the offsets."""
     for half, offset in (("h", hi_offset), ("l", lo_offset)):
         e(f"  %{name}{half}p = getelementptr i8, ptr {base}, i64 {offset}")
-        e(f"  %{name}{half} = load {_I16}, ptr %{name}{half}p, align 64")
-    e(f"  %{name}s = shl {_I16} %{name}h, {_splat(6)}")
-    e(f"  %{name}i = add {_I16} %{name}s, %{name}l")
-    e(f"  %{name} = sitofp {_I16} %{name}i to {_F16}")
+        e(f"  %{name}{half} = load {I16}, ptr %{name}{half}p, align 64")
+    e(f"  %{name}s = shl {I16} %{name}h, {_splat(6)}")
+    e(f"  %{name}i = add {I16} %{name}s, %{name}l")
+    e(f"  %{name} = sitofp {I16} %{name}i to {F16}")
 
 
 def _splat(v: int) -> str:
@@ -185,26 +182,26 @@ def _float_steps(e: Emit, s: str, mins: bool, tag: str) -> None:
     e(f"  %fb{tag} = getelementptr i8, ptr %buf, i64 %fhalf{tag}")
     e(f"  %ds{tag} = shl i64 {s}, 6")
     e(f"  %sdp{tag} = getelementptr i8, ptr %drow, i64 %ds{tag}")
-    e(f"  %sdv{tag} = load {_F16}, ptr %sdp{tag}, align 4")
+    e(f"  %sdv{tag} = load {F16}, ptr %sdp{tag}, align 4")
     if mins:
         e(f"  %smp{tag} = getelementptr i8, ptr %mrow, i64 %ds{tag}")
-        e(f"  %smv{tag} = load {_F16}, ptr %smp{tag}, align 4")
+        e(f"  %smv{tag} = load {F16}, ptr %smp{tag}, align 4")
     for u in range(2 * TILE_ROWS):
         i, row = divmod(u, TILE_ROWS)
         n = f"{u}{tag}"
         load_scalar(e, f"ssv{n}", "srow", "sstride", u, s)
         _split_sum(e, f"is{n}", f"%fb{tag}", 1024 * (2 * i) + 64 * row, 1024 * (2 * i + 1) + 64 * row)
-        e(f"  %ssc{n} = fmul {_F16} %sdv{tag}, %ssv{n}")
+        e(f"  %ssc{n} = fmul {F16} %sdv{tag}, %ssv{n}")
         e(f"  %sap{n} = getelementptr i8, ptr %accs, i64 {64 * u}")
-        e(f"  %sacc{n} = load {_F16}, ptr %sap{n}, align 64")
-        e(f"  %sa{n} = {_FMA}({_F16} %is{n}, {_F16} %ssc{n}, {_F16} %sacc{n})")
+        e(f"  %sacc{n} = load {F16}, ptr %sap{n}, align 64")
+        e(f"  %sa{n} = {FMA}({F16} %is{n}, {F16} %ssc{n}, {F16} %sacc{n})")
         result = f"%sa{n}"
         if mins:
             _split_sum(e, f"ms{n}", f"%fb{tag}", 1024 * (4 + 2 * i) + 64 * row, 1024 * (5 + 2 * i) + 64 * row)
-            e(f"  %msc{n} = fmul {_F16} %smv{tag}, %ssv{n}")
-            e(f"  %sm{n} = {_FMA}({_F16} %ms{n}, {_F16} %msc{n}, {_F16} %sa{n})")
+            e(f"  %msc{n} = fmul {F16} %smv{tag}, %ssv{n}")
+            e(f"  %sm{n} = {FMA}({F16} %ms{n}, {F16} %msc{n}, {F16} %sa{n})")
             result = f"%sm{n}"
-        e(f"  store {_F16} {result}, ptr %sap{n}, align 64")
+        e(f"  store {F16} {result}, ptr %sap{n}, align 64")
 
 
 def _store(e: Emit) -> None:
@@ -219,5 +216,5 @@ def _store(e: Emit) -> None:
         e(f"  %oi{u} = add i64 %oo{u}, %r")
         e(f"  %op{u} = getelementptr float, ptr %outp, i64 %oi{u}")
         e(f"  %fp{u} = getelementptr i8, ptr %accs, i64 {64 * u}")
-        e(f"  %fv{u} = load {_F16}, ptr %fp{u}, align 64")
-        e(f"  call void @llvm.masked.store.v16f32.p0({_F16} %fv{u}, ptr %op{u}, i32 4, <16 x i1> %mk{u})")
+        e(f"  %fv{u} = load {F16}, ptr %fp{u}, align 64")
+        e(f"  call void @llvm.masked.store.v16f32.p0({F16} %fv{u}, ptr %op{u}, i32 4, <16 x i1> %mk{u})")

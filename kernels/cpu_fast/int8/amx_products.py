@@ -102,10 +102,12 @@ def _quantize(x: np.ndarray, group: Int, A: np.ndarray, S: np.ndarray, N: np.nda
     T, K = x.shape
     A[T:] = 0
     S[T:] = 0
-    N[:] = 0  # (group 256: unread)
-    CS[:] = 0
+    N[T:] = 0  # (group 256: N unread)
+    CS[T:] = 0  # (group 32: CS unread)
     for t in prange(T):
         xt, At = x[t], A[t]
+        if group != 32:
+            CS[t] = 0  # the zeros beside each super-block's 8 sums
         for g in range(K // group):
             d, inv = _block_scale(xt[g * group : g * group + group])
             S[t, g] = d

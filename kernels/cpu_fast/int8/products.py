@@ -271,7 +271,7 @@ def matmul_many(jobs: Jobs, x: np.ndarray) -> list[np.ndarray]:
 
 def on_tiles(jobs: Jobs, T: int) -> bool:
     """Whether a launch of T activation rows of these jobs runs on the AMX tiles."""
-    return jobs.amx is not None and T >= amx_products.MIN_ROWS and jobs.weights[0].amx is not None
+    return jobs.amx is not None and T >= amx_products.MIN_ROWS  # jobs_for: amx only where every matrix has tiles
 
 
 def _launch(jobs: Jobs, x: np.ndarray, out: np.ndarray) -> None:
