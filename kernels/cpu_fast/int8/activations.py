@@ -28,8 +28,9 @@ _ORDER = PLAIN  # the order of a _quantize_in copy: each binds its own (cpu_ops.
 
 
 @cached_njit(nogil=True, error_model="numpy", inline="always")
-def _block_scale(xb: np.ndarray) -> tuple[np.float32, np.float32]:
-    """A block's int8 scale d = amax / 127 and its inverse 127 / amax (0 for a zero block).
+def _block_scale(xt: np.ndarray, start: Int, size: Int) -> tuple[np.float32, np.float32]:
+    """The int8 scale d = amax / 127 and its inverse 127 / amax (0 for a zero block) of the
+    block xt[start : start + size] (indexed, not sliced: a slice's loop did not vectorize).
 
     A block holding a NaN or an infinity gets d = NaN (and inv 0): every product it enters
     is NaN, so the sampler's finite check fails the request instead of sampling plausible
@@ -37,8 +38,9 @@ def _block_scale(xb: np.ndarray) -> tuple[np.float32, np.float32]:
     bits order as |v| does, inf and NaN above every finite value): the callers' fast-math
     flags fold a float NaN test away (v != v was), never an integer one."""
     top = np.int32(0)
-    for v in xb:
-        top = max(top, f32_bits(v) & ABS_BITS)
+    for i in range(start, start + size):  # int32 selects: vectorized (max() of numba's int64 was not)
+        magnitude = np.int32(f32_bits(xt[i]) & ABS_BITS)
+        top = top if top >= magnitude else magnitude
     if top >= NON_FINITE_BITS:
         return np.float32(np.nan), np.float32(0)
     amax = _f32_from_bits(top)
@@ -52,7 +54,7 @@ def _quantize_for_u4(x: np.ndarray, A: np.ndarray, S: np.ndarray, N: np.ndarray,
     for t in prange(T):
         xt, At = x[t], A[t]
         for g in range(K // group):
-            d, inv = _block_scale(xt[g * group : g * group + group])
+            d, inv = _block_scale(xt, g * group, group)
             for b in range(g * group // 32, (g + 1) * group // 32):
                 xb = xt[b * 32 : b * 32 + 32]
                 s, half = b // 2, b % 2  # step and which of its two blocks
@@ -79,7 +81,7 @@ def _quantize_for_k4(x: np.ndarray, A: np.ndarray, S: np.ndarray, N: np.ndarray,
     for t in prange(T):
         xt, At = x[t], A[t]
         for g in range(K // group):
-            d, inv = _block_scale(xt[g * group : g * group + group])
+            d, inv = _block_scale(xt, g * group, group)
             for b in range(8):
                 at = g * 256 + 4 * b
                 xb = xt[g * 256 + 32 * b : g * 256 + 32 * b + 32]
@@ -105,7 +107,7 @@ def _quantize_for_u5(x: np.ndarray, A: np.ndarray, S: np.ndarray, C: np.ndarray)
     for t in prange(T):
         xt, At = x[t], A[t]
         for b in range(K // 32):
-            d, inv = _block_scale(xt[b * 32 : b * 32 + 32])
+            d, inv = _block_scale(xt, b * 32, 32)
             g, within = b // 4, b % 4
             at = g * 128 + 8 * within
             for v in range(4):
@@ -129,7 +131,7 @@ def _quantize_for_u6(x: np.ndarray, A: np.ndarray, S: np.ndarray, group: Int) ->
     for t in prange(T):
         xt, At = x[t], A[t]
         for gr in range(K // group):
-            d, inv = _block_scale(xt[gr * group : gr * group + group])
+            d, inv = _block_scale(xt, gr * group, group)
             for g in range(gr * group // 16, (gr + 1) * group // 16):
                 xg = xt[g * 16 : g * 16 + 16]
                 at = (g // 4) * 64 + (g % 4) * 8  # the group's 8 bytes of its step's low vector
@@ -146,7 +148,7 @@ def _quantize_for_i8(x: np.ndarray, A: np.ndarray, S: np.ndarray, group: Int) ->
     for t in prange(T):
         xt, At = x[t], A[t]
         for g in range(K // group):
-            d, inv = _block_scale(xt[g * group : g * group + group])
+            d, inv = _block_scale(xt, g * group, group)
             for i in range(g * group, g * group + group):
                 At[i] = np.int8(np.rint(xt[i] * inv))
             S[t, g * group // 4 : (g * group + group) // 4] = d

@@ -99,31 +99,39 @@ def padded_rows(T: Int) -> int:
 def _quantize(x: np.ndarray, group: Int, A: np.ndarray, S: np.ndarray, N: np.ndarray, CS: np.ndarray) -> None:
     """A, S, N, CS (_activations) = x [T, cols] f32 rounded per `group` columns (32 or 256),
     the module docstring's activations; the pad rows zero."""
-    T, K = x.shape
+    T = x.shape[0]
     A[T:] = 0
     S[T:] = 0
     N[T:] = 0  # (group 256: N unread)
     CS[T:] = 0  # (group 32: CS unread)
     for t in prange(T):
-        xt, At = x[t], A[t]
-        if group != 32:
+        if group == 32:  # a constant group in each inlined copy: its loops vectorize (1.5x faster)
+            _quantize_row(x[t], 32, A[t], S[t], N[t], CS[t])
+        else:
             CS[t] = 0  # the zeros beside each super-block's 8 sums
-        for g in range(K // group):
-            d, inv = _block_scale(xt[g * group : g * group + group])
-            S[t, g] = d
-            for b in range(g * group // 32, (g + 1) * group // 32):
-                xb, ab = xt[b * 32 : b * 32 + 32], At[b * 32 : b * 32 + 32]
-                total = np.float32(0)  # exact: at most 32 * 127
-                for i in range(32):  # straight-line over slices: LLVM vectorizes it
-                    c = np.rint(xb[i] * inv)
-                    ab[i] = np.int8(c)
-                    total += c
-                if group == 32:
-                    N[t, b] = d * total
-                else:  # total = 64 ch + cl, cl in 0..63
-                    whole = np.int64(total)
-                    CS[t, b // 8, 0, b % 8] = np.int8(whole >> 6)
-                    CS[t, b // 8, 1, b % 8] = np.int8(whole & 63)
+            _quantize_row(x[t], 256, A[t], S[t], N[t], CS[t])
+
+
+@cached_njit(nogil=True, inline="always", fastmath={"reassoc", "nsz", "nnan", "ninf"})
+def _quantize_row(xt: np.ndarray, group: Int, At: np.ndarray, St: np.ndarray, Nt: np.ndarray,
+                  CSt: np.ndarray) -> None:
+    """One row of _quantize: xt [cols] f32 into At [cols] int8, St, and Nt (group 32) or CSt (256)."""
+    for g in range(xt.shape[0] // group):
+        base = g * group
+        d, inv = _block_scale(xt, base, group)
+        St[g] = d
+        for b in range(base // 32, base // 32 + group // 32):
+            total = np.float32(0)  # exact: at most 32 * 127
+            for i in range(32):
+                c = np.rint(xt[b * 32 + i] * inv)
+                At[b * 32 + i] = np.int8(c)
+                total += c
+            if group == 32:
+                Nt[b] = d * total
+            else:  # total = 64 ch + cl, cl in 0..63
+                whole = np.int64(total)
+                CSt[b // 8, 0, b % 8] = np.int8(whole >> 6)
+                CSt[b // 8, 1, b % 8] = np.int8(whole & 63)
 
 
 @cached_njit(nogil=True, inline="always")
