@@ -79,7 +79,7 @@ class FastCpuDevice(DeviceBase):
         self.int8 = ci.available() if int8 is None else int8 and ci.available()
         # the int8 kernels asked for (amx, vnni, avx2): what upload makes follows it, so the weight cache keys it
         self.int8_kernels = ci.kernels_choice() if self.int8 else "float"
-        gemm_ir.address()  # compiled here, on the constructing thread, not in the first prefill
+        gemm_ir.address(), gemm_ir.prefill_rows()  # both compiled here, on the constructing thread, not in a round
         self.kv_dtype = np.float16 if kv_f16 else np.float32
         self._jobs: dict[tuple[int, ...], tuple[tuple[FastWeight, ...], list[Int8Group]]] = {}  # ids -> (ws, groups)
         self.decode_graphs = decode_graphs
@@ -263,8 +263,9 @@ class FastCpuDevice(DeviceBase):
         kt = np.zeros((Hkv, hd, n_keys + gemm_ir.NR), np.float32)  # keys transposed, zero-padded
         v = np.zeros((Hkv, n_keys + gemm_ir.NR, hd), np.float32)
         prefill.gather_keys_values(k_pool, v_pool, np.asarray(block_table, np.int32), block_size, k0, kt, v)
-        gemm = gemm_ir.compiled_address()
-        prefill.chunk_attention(gemm, q, kt, v, positions, k0, np.float32(scale), int(window), out)
+        mr = gemm_ir.prefill_rows()
+        prefill.chunk_attention(gemm_ir.compiled_address(mr), mr, q, kt, v, positions, k0, np.float32(scale),
+                                int(window), out)
 
     def glu(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
         gate = np.ascontiguousarray(gate, dtype=np.float32)  # strided rows would not vectorize

@@ -184,6 +184,28 @@ def test_long_chunk_attention_gemma_heads(window):
     close(fast.attention(q, kv_fast, 0, fast.begin_round(batch), 0.0625, window), want)
 
 
+@pytest.mark.parametrize("H, Hkv, hd, window", [(4, 1, 256, 0), (9, 3, 64, 0), (6, 2, 64, 21)])
+def test_prefilled_rows_equal_the_same_rows_decoded_bit_for_bit(H, Hkv, hd, window):
+    """A long chunk's rows (the blockwise kernel, its wide GEMM and row blocks) equal each row
+    attended alone as a decode over the same keys (the paged kernel): what lets a token
+    decoded and the same token prefilled give the same logits."""
+    bs, past, n = 16, 5, 70
+    blocks = -(-(past + n) // bs)
+    table = list(range(blocks))
+    rng = np.random.default_rng(hd + window)
+    q = rng.standard_normal((n, H, hd), dtype=np.float32)
+    fast = FastCpuDevice()
+    kv = fast.alloc_kv(1, Hkv, hd, blocks, bs)
+    for pool in ("k", "v"):
+        getattr(kv, pool)[0][:] = rng.standard_normal(getattr(kv, pool)[0].shape, dtype=np.float32)
+    prefill = ForwardBatch.build([(list(range(n)), past, table, True)], bs)
+    assert fast.begin_round(prefill).attention_split(True).long  # the blockwise kernel
+    got = fast.attention(q, kv, 0, fast.begin_round(prefill), 0.125, window)
+    decodes = ForwardBatch.build([([1], past + t, table, True) for t in range(n)], bs)  # n one-row sequences
+    want = fast.attention(q, kv, 0, fast.begin_round(decodes), 0.125, window)
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("T", [1, 9])
 def test_write_kv_rounds_to_f16_as_numpy(T):
     """f16 pools hold exactly numpy's rounding of K and V (nearest even, overflow to inf,

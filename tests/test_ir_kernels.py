@@ -4,7 +4,8 @@ Every int8 kernel (int8_ir: all VARIANTS x SHAPES) parses, verifies and compiles
 named VNNI CPUs, and its machine code uses vpdpbusd, the instruction the fast path is
 for (k4 and u6, whose sub-block scales apply as integers: vpmaddubsw and vpmaddwd);
 built for AVX2 (no VNNI) it uses vpmaddubsw and vpmaddwd instead, and no AVX-512. The
-gemm kernel compiles for x86-64 and AArch64 with fused multiply-adds. Each kernel's IR
+gemm kernels compile for x86-64 and AArch64 with fused multiply-adds, and prefill's wide one
+(zmm accumulators) gives decode's bits. Each kernel's IR
 parameters are its declared signature, and an argument list that does not match that
 signature is a Python error naming the argument, not a wild pointer.
 """
@@ -96,6 +97,34 @@ def test_gemm_kernel_compiles_with_fma(triple, cpu, features, fma):
     name = f"sgemm_{gemm_ir.MR}x16"
     body = functions_of(llvm_host.compile_for_target(gemm_ir.kernel_ir(), cpu, features, triple), [name])[name]
     assert fma in body
+
+
+def test_the_wide_gemm_kernel_compiles_to_zmm_fmas_on_broadcasts():
+    """The prefill kernel (WIDE_MR rows of one 16-float vector) keeps a row's accumulator in
+    one AVX-512 register and reads A[r, k] as an fma's broadcast operand."""
+    name = gemm_ir.kernel_name(gemm_ir.WIDE_MR)
+    body = functions_of(llvm_host.compile_for_target(gemm_ir.kernel_ir(gemm_ir.WIDE_MR), "sapphirerapids",
+                                                     VNNI_FEATURES), [name])[name]
+    assert len(re.findall(r"vfmadd231ps\s+\S+\{1to16\}, %zmm", body)) == gemm_ir.WIDE_MR
+    assert "(%rsp)" not in body.split("vfmadd231ps", 1)[1]  # no accumulator spilled inside the loop
+
+
+@pytest.mark.skipif(gemm_ir.address(gemm_ir.WIDE_MR) is None, reason="llvmlite cannot compile for this host")
+@pytest.mark.parametrize("K", [1, 37, 256])
+def test_the_wide_gemm_kernel_equals_the_decode_kernel_bit_for_bit(K):
+    """Decode (MR rows) and prefill (WIDE_MR rows) attention multiply with different kernels;
+    each C element is the same fma chain over k, so a token prefilled and the same token
+    decoded get the same scores."""
+    rng = np.random.default_rng(K)
+    a = rng.standard_normal((gemm_ir.WIDE_MR, K), np.float32)  # [WIDE_MR, K]
+    b = rng.standard_normal((K, 40), np.float32)  # [K, 40]: a stride wider than the 16 columns
+    c = {mr: np.zeros((gemm_ir.WIDE_MR, 16), np.float32) for mr in (gemm_ir.MR, gemm_ir.WIDE_MR)}  # [WIDE_MR, 16]
+    for mr, out in c.items():
+        fn = gemm_ir.SIGNATURE.ctypes_function(gemm_ir.address(mr))
+        for r in range(0, gemm_ir.WIDE_MR, mr):
+            fn(A=a[r:].ctypes.data, lda=K, B=b.ctypes.data + 12, ldb=40, C=out[r:].ctypes.data, ldc=16, K=K)
+    np.testing.assert_array_equal(c[gemm_ir.MR], c[gemm_ir.WIDE_MR])
+    np.testing.assert_allclose(c[gemm_ir.MR], a @ b[:, 3:19], rtol=1e-4, atol=1e-4)
 
 
 def test_kernel_parameters_are_the_declared_signature():

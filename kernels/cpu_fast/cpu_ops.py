@@ -140,18 +140,29 @@ def fast_exp(x: Float) -> np.float32:
     return e
 
 
+@njit(inline="always")
+def _order_key(bits: Int) -> np.int32:
+    """An int32 that orders as the finite float32 with these bits does (negative floats'
+    magnitude bits flipped), and maps back to the bits when applied again."""
+    return np.int32(bits ^ ((bits >> np.int32(31)) & ABS_BITS))
+
+
 @cached_njit(fastmath=True, nogil=True, error_model="numpy")
 def softmax_(row: np.ndarray, scale: Float) -> None:
     """row [n] f32 (n >= 1), in place: softmax(scale * row); all NaN where row holds a NaN
     or an infinity (fast_exp's clamp would turn those into plausible weights)."""
-    mx = row[0]
+    top_key = np.int32(-2147483648)  # the largest row[j]'s order key (an int32 max vectorizes, a float max did not)
     top = np.int32(0)  # the largest |row[j]|'s bits
     for j in range(row.shape[0]):
-        mx = max(mx, row[j])
-        top = max(top, f32_bits(row[j]) & ABS_BITS)
+        bits = f32_bits(row[j])
+        key = _order_key(bits)
+        top_key = top_key if top_key >= key else key
+        magnitude = np.int32(bits & ABS_BITS)
+        top = top if top >= magnitude else magnitude
     if top >= NON_FINITE_BITS:
         row[:] = np.nan
         return
+    mx = _f32_from_bits(_order_key(top_key))  # the row's max (_order_key is its own inverse)
     tot = np.float32(0)
     for j in range(row.shape[0]):
         e = fast_exp((row[j] - mx) * scale)

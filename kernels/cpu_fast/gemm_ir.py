@@ -3,10 +3,16 @@
 numba vectorizes elementwise loops well but not the register-blocked inner loop of a
 matrix product, and attention's two products (scores = Q K^T, out = P V) otherwise
 need BLAS, whose worker threads fight numba's for the cores in a round that uses both.
-This kernel computes one MR x 16 block of C with broadcast-fma: per k, two 8-float
-loads of B and MR broadcasts of A feed 2 * MR fmas into accumulators that stay in
-registers. It needs nothing but LLVM's generic vector IR, so it compiles for any host
+This kernel computes one rows x 16 block of C with broadcast-fma: per k, the 16 floats of
+B's row k and a broadcast of A[r, k] feed one fma per row and vector into accumulators that
+stay in registers. It needs nothing but LLVM's generic vector IR, so it compiles for any host
 llvmlite supports.
+
+Every C element is the same fma chain over k from zero whatever the kernel's rows and vector
+width, so the kernels' results are equal bit for bit: decode (MR rows, two 8-float vectors a
+row) and prefill (prefill_rows(): WIDE_MR rows of one 16-float vector where the host has
+AVX-512, whose 32 registers hold the accumulators and a row of B; each B row loaded then
+feeds 4x the fmas, so a chunk's keys and values stream through the caches a quarter as often).
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ from typing import NamedTuple
 from zinfer.kernels.cpu_fast import llvm_host
 from zinfer.kernels.cpu_fast.kernel_signature import KernelSignature
 
-MR = 4  # rows of C per call
-NR = 16  # columns of C per call (two 8-float vectors)
+MR = 4  # rows of C per call of the decode kernel (two 8-float vectors a row)
+WIDE_MR = 16  # rows of C per call of the AVX-512 prefill kernel (one 16-float vector a row)
+NR = 16  # columns of C per call
 
 
 class GemmArgs(NamedTuple):
@@ -35,16 +42,24 @@ class GemmArgs(NamedTuple):
 
 SIGNATURE = KernelSignature(GemmArgs, addresses=("A", "B", "C"))
 ARGS = SIGNATURE.names
-_F8 = "<8 x float>"
+
+
+def kernel_name(mr: int) -> str:
+    """The symbol of the kernel of `mr` rows."""
+    return f"sgemm_{mr}x16"
 
 
 def kernel_ir(mr: int = MR) -> str:
     """IR of void(i64 x 7) with the parameters of GemmArgs:
     C[r, 0:16] = sum over k < K of A[r * lda + k] * B[k * ldb + 0:16]
-    for r < mr; A, B, C addresses of float32 arrays, strides in floats, K >= 1."""
-    lines: list[str] = ["declare <8 x float> @llvm.fma.v8f32(<8 x float>, <8 x float>, <8 x float>)"]
+    for r < mr; A, B, C addresses of float32 arrays, strides in floats, K >= 1.
+    MR rows: two 8-float vectors a row; more: one 16-float vector (an AVX-512 register)."""
+    lanes = 8 if mr == MR else 16
+    vec = f"<{lanes} x float>"
+    halves = NR // lanes
+    lines: list[str] = [f"declare {vec} @llvm.fma.v{lanes}f32({vec}, {vec}, {vec})"]
     e = lines.append
-    e(SIGNATURE.define(f"sgemm_{mr}x16"))
+    e(SIGNATURE.define(kernel_name(mr)))
     e("entry:")
     for p in SIGNATURE.addresses:
         e(f"  %{p}p = inttoptr i64 %{p} to ptr")
@@ -55,47 +70,56 @@ def kernel_ir(mr: int = MR) -> str:
     e("loop:")
     e("  %k = phi i64 [ 0, %entry ], [ %kn, %loop ]")
     for r in range(mr):
-        for h in range(2):
-            e(f"  %acc{r}_{h} = phi {_F8} [ zeroinitializer, %entry ], [ %accn{r}_{h}, %loop ]")
+        for h in range(halves):
+            e(f"  %acc{r}_{h} = phi {vec} [ zeroinitializer, %entry ], [ %accn{r}_{h}, %loop ]")
     e("  %boff = mul i64 %k, %ldb")
-    e("  %b0p = getelementptr float, ptr %Bp, i64 %boff")
-    e("  %b1p = getelementptr float, ptr %b0p, i64 8")
-    e(f"  %b0 = load {_F8}, ptr %b0p, align 4")
-    e(f"  %b1 = load {_F8}, ptr %b1p, align 4")
+    e("  %brow = getelementptr float, ptr %Bp, i64 %boff")
+    for h in range(halves):
+        e(f"  %b{h}p = getelementptr float, ptr %brow, i64 {lanes * h}")
+        e(f"  %b{h} = load {vec}, ptr %b{h}p, align 4")
     for r in range(mr):
         e(f"  %ap{r} = getelementptr float, ptr %arow{r}, i64 %k")
         e(f"  %a{r} = load float, ptr %ap{r}, align 4")
-        e(f"  %ai{r} = insertelement {_F8} poison, float %a{r}, i64 0")
-        e(f"  %as{r} = shufflevector {_F8} %ai{r}, {_F8} poison, <8 x i32> zeroinitializer")
-        for h in range(2):
-            e(f"  %accn{r}_{h} = call {_F8} @llvm.fma.v8f32({_F8} %as{r}, {_F8} %b{h}, {_F8} %acc{r}_{h})")
+        e(f"  %ai{r} = insertelement {vec} poison, float %a{r}, i64 0")
+        e(f"  %as{r} = shufflevector {vec} %ai{r}, {vec} poison, <{lanes} x i32> zeroinitializer")
+        for h in range(halves):
+            e(f"  %accn{r}_{h} = call {vec} @llvm.fma.v{lanes}f32({vec} %as{r}, {vec} %b{h}, {vec} %acc{r}_{h})")
     e("  %kn = add i64 %k, 1")
     e("  %more = icmp ult i64 %kn, %K")
     e("  br i1 %more, label %loop, label %exit")
     e("exit:")
     for r in range(mr):
         e(f"  %coff{r} = mul i64 %ldc, {r}")
-        for h in range(2):
-            e(f"  %coff{r}_{h} = add i64 %coff{r}, {8 * h}")
+        for h in range(halves):
+            e(f"  %coff{r}_{h} = add i64 %coff{r}, {lanes * h}")
             e(f"  %cp{r}_{h} = getelementptr float, ptr %Cp, i64 %coff{r}_{h}")
-            e(f"  store {_F8} %accn{r}_{h}, ptr %cp{r}_{h}, align 4")
+            e(f"  store {vec} %accn{r}_{h}, ptr %cp{r}_{h}, align 4")
     e("  ret void")
     e("}")
     return "\n".join(lines)
 
 
 @functools.cache
-def address() -> int | None:
-    """Machine-code address of the MR x 16 kernel, or None where llvmlite cannot compile."""
+def address(mr: int = MR) -> int | None:
+    """Machine-code address of the mr x 16 kernel, or None where llvmlite cannot compile."""
     try:
-        return llvm_host.compile_for_host(kernel_ir(), [f"sgemm_{MR}x16"])[f"sgemm_{MR}x16"]
+        return llvm_host.compile_for_host(kernel_ir(mr), [kernel_name(mr)])[kernel_name(mr)]
     except (ImportError, RuntimeError, OSError):
         return None
 
 
-def compiled_address() -> int:
-    """address(), where the device runs: registry.cpu_fast_problem refuses a host without it first."""
-    addr = address()
+def compiled_address(mr: int = MR) -> int:
+    """address(mr), where the device runs: registry.cpu_fast_problem refuses a host without it first."""
+    addr = address(mr)
     if addr is None:
         raise RuntimeError("the f32 GEMM kernel did not compile for this CPU")
     return addr
+
+
+@functools.cache
+def prefill_rows() -> int:
+    """Rows of the kernel prefill's chunk attention calls: WIDE_MR where the host has AVX-512
+    (without it, 16 rows of 16 floats would not fit the 16 vector registers) and it compiles."""
+    if "+avx512f" in llvm_host.host_features().split(",") and address(WIDE_MR) is not None:
+        return WIDE_MR
+    return MR
