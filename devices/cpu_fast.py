@@ -79,7 +79,8 @@ class FastCpuDevice(DeviceBase):
         self.int8 = ci.available() if int8 is None else int8 and ci.available()
         # the int8 kernels asked for (amx, vnni, avx2): what upload makes follows it, so the weight cache keys it
         self.int8_kernels = ci.kernels_choice() if self.int8 else "float"
-        gemm_ir.address(), gemm_ir.prefill_rows()  # both compiled here, on the constructing thread, not in a round
+        gemm_ir.address()  # the decode GEMM kernel, compiled here on the constructing thread, not in a round
+        gemm_ir.prefill_rows()  # and the prefill one
         self.kv_dtype = np.float16 if kv_f16 else np.float32
         self._jobs: dict[tuple[int, ...], tuple[tuple[FastWeight, ...], list[Int8Group]]] = {}  # ids -> (ws, groups)
         self.decode_graphs = decode_graphs

@@ -97,7 +97,7 @@ def padded_rows(T: Int) -> int:
 
 @cached_njit(parallel=True, nogil=True, fastmath={"reassoc", "nsz", "nnan", "ninf"})
 def _quantize(x: np.ndarray, group: Int, A: np.ndarray, S: np.ndarray, N: np.ndarray, CS: np.ndarray) -> None:
-    """A, S, N, CS (_activations) = x [T, cols] f32 rounded per `group` columns (32 or 256),
+    """A, S, N, CS (activations_for) = x [T, cols] f32 rounded per `group` columns (32 or 256),
     the module docstring's activations; the pad rows zero."""
     T = x.shape[0]
     A[T:] = 0
